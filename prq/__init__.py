@@ -1,0 +1,73 @@
+"""prq: a Redis-backed distributed pending-request queue.
+
+Any node calls `queue_and_wait(request)` (or `call(...)`) for a polling endpoint; the node that
+serves the endpoint dequeues the request, runs it, and applies the response. Optional
+integrations live outside this namespace: `prq.embedded`, `prq.spark`.
+"""
+
+from prq.config import QueueSettings, RedisSettings
+from prq.errors import (
+    CallTimeout,
+    CancelledAfterPickup,
+    CancelledBeforePickup,
+    ConfigurationError,
+    DataLoss,
+    InvalidEndpoint,
+    PayloadTooLarge,
+    PickupTimeout,
+    PrqError,
+    QueueFull,
+    QueueShutdown,
+    QueueUnavailable,
+    ReceiverLost,
+    RemoteError,
+    RequestError,
+    SerializationError,
+)
+from prq.models import (
+    DeliveryInfo,
+    PendingRequest,
+    Request,
+    RequestState,
+    RequestStatus,
+    Response,
+    ServerError,
+)
+from prq.queue import AsyncQueue, QueueStats
+from prq.sync import Queue
+from prq.worker import current_request
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncQueue",
+    "CallTimeout",
+    "CancelledAfterPickup",
+    "CancelledBeforePickup",
+    "ConfigurationError",
+    "DataLoss",
+    "DeliveryInfo",
+    "InvalidEndpoint",
+    "PayloadTooLarge",
+    "PendingRequest",
+    "PickupTimeout",
+    "PrqError",
+    "Queue",
+    "QueueFull",
+    "QueueSettings",
+    "QueueShutdown",
+    "QueueStats",
+    "QueueUnavailable",
+    "ReceiverLost",
+    "RedisSettings",
+    "RemoteError",
+    "Request",
+    "RequestError",
+    "RequestState",
+    "RequestStatus",
+    "Response",
+    "SerializationError",
+    "ServerError",
+    "__version__",
+    "current_request",
+]

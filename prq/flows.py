@@ -1,0 +1,357 @@
+"""The protocol, written once: each operation is a generator of effects (sans I/O).
+
+A flow yields `Exec` (send these calls in one round trip; receive the replies) and `Wait` (wait
+for a pulse signal or a timeout), and returns its result. `AsyncQueue` drives flows with
+`await`, `Queue` drives the same flows with blocking calls; nothing else differs between them.
+
+Sender life of one call (`call_flow`):
+
+    enqueue ─▶ wait(pulse | poll) ─▶ response in pulse? ─yes─▶ done
+                    ▲                       │ no
+                    └── queued/taken ◀── read_response ─▶ done / withdrawn / missing
+    queued past the pickup deadline ─▶ withdraw ─▶ PickupTimeout (or, if taken meanwhile, wait on)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prq._types import Call, Exec, Flow, Reply, Wait, Waitable
+from prq.config import QueueSettings
+from prq.errors import (
+    CallTimeout,
+    CancelledAfterPickup,
+    CancelledBeforePickup,
+    DataLoss,
+    PickupTimeout,
+    SerializationError,
+)
+from prq.keys import KeySchema
+from prq.models import Request, RequestState, RequestStatus, Response, decode_response
+from prq.scripts import (
+    RequestSnapshot,
+    TakenItem,
+    apply_response_call,
+    enqueue_call,
+    parse_apply_response,
+    parse_enqueue,
+    parse_snapshot,
+    parse_take,
+    read_response_call,
+    take_call,
+    withdraw_call,
+)
+
+__all__ = [
+    "Context",
+    "call_flow",
+    "locate_flow",
+    "respond_flow",
+    "status_flow",
+    "take_flow",
+    "withdraw_flow",
+]
+
+#: How many ids one take may pop while skipping dead ones.
+DEFAULT_TAKE_SCAN = 100
+#: How long a take receipt is kept (covers the retry budget of the take itself).
+DEFAULT_TAKE_RECEIPT_TTL_S = 120.0
+#: How often a waiting take checks whether its server loop was asked to stop.
+DEFAULT_STOP_CHECK_S = 0.25
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What flows need to know about the node: its keys, settings, id and clocks."""
+
+    keys: KeySchema
+    settings: QueueSettings
+    node_id: str
+    wall_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
+    monotonic: Callable[[], float] = time.monotonic
+
+
+def _exec(*calls: Call) -> Exec:
+    return Exec(calls)
+
+
+def _first(replies: object) -> Reply:
+    assert isinstance(replies, list)
+    reply: Reply = replies[0]
+    return reply
+
+
+def _wait(signal: Waitable, seen: int, timeout_s: float) -> Wait:
+    return Wait(signal, seen, max(0.0, timeout_s))
+
+
+def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Response | None:
+    """Turn a final state into its outcome: a Response, or the matching error; None if open."""
+    state = snapshot.state
+    if state == RequestState.DONE:
+        response = decode_response(snapshot.response)
+        if response.id != request_id:
+            raise SerializationError(
+                f"stored response for {request_id} names another request ({response.id})"
+            )
+        return response
+    if state in (RequestState.QUEUED, RequestState.TAKEN):
+        return None
+    where = {"request_id": request_id, "endpoint": endpoint}
+    if state == RequestState.WITHDRAWN:
+        if snapshot.reason == "pickup_timeout":
+            raise PickupTimeout(
+                f"no receiver picked up request {request_id} for endpoint {endpoint!r} in "
+                "time; it was withdrawn and will never run. Check that a receiver serves the "
+                "endpoint, then retry.",
+                **where,
+            )
+        if snapshot.reason == "call_timeout":
+            raise CallTimeout(
+                f"request {request_id} timed out before pickup; it was withdrawn and will "
+                "never run",
+                maybe_executed=False,
+                **where,
+            )
+        raise CancelledBeforePickup(
+            f"request {request_id} was cancelled before pickup; it will never run", **where
+        )
+    if state == RequestState.CANCELLED:
+        raise CancelledAfterPickup(
+            f"request {request_id} was cancelled after pickup ({snapshot.reason or 'cancelled'});"
+            " the service may have run it",
+            **where,
+        )
+    if state == "missing":
+        raise DataLoss(
+            f"Redis no longer holds request {request_id} for endpoint {endpoint!r}: it lost "
+            "data (restart, flush or failover). The request may or may not have run; retry "
+            "if it is safe to.",
+            request_id=request_id,
+        )
+    raise SerializationError(f"request {request_id} has an unknown state {state!r} in Redis")
+
+
+def call_flow(
+    ctx: Context,
+    request: Request,
+    body: bytes,
+    signal: Waitable,
+    pickup_timeout_s: float,
+    timeout_s: float | None,
+) -> Flow[Response]:
+    """Enqueue `request` and wait for its outcome (see the module docstring)."""
+    settings = ctx.settings
+    keys = ctx.keys.endpoint(request.endpoint)
+    started = ctx.monotonic()
+    pickup_deadline = started + pickup_timeout_s
+    call_deadline = None if timeout_s is None else started + timeout_s
+    now_ms = ctx.wall_ms()
+    request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
+
+    seen = signal.generation
+    replies = yield _exec(
+        enqueue_call(
+            keys,
+            request.id,
+            body,
+            ctx.node_id,
+            now_ms,
+            now_ms + _ms(pickup_timeout_s),
+            _ms(request_ttl_s),
+            _ms(settings.list_ttl_s),
+        ),
+        Call(
+            (
+                "SET",
+                ctx.keys.locator(request.id),
+                request.endpoint,
+                "PX",
+                _ms(request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s),
+            )
+        ),
+    )
+    outcome = parse_enqueue(_first(replies))
+    picked_up = False
+    if outcome.known is not None:
+        known = resolve(outcome.known, request.id, request.endpoint)
+        if known is not None:
+            return known
+        picked_up = outcome.known.state == RequestState.TAKEN
+
+    while True:
+        now = ctx.monotonic()
+        wake_at = now + settings.poll_interval_s
+        if not picked_up:
+            wake_at = min(wake_at, pickup_deadline)
+        if call_deadline is not None:
+            wake_at = min(wake_at, call_deadline)
+        yield _wait(signal, seen, wake_at - now)
+
+        if signal.generation != seen:
+            seen = signal.generation
+            payload = signal.payload
+            if payload:
+                response = decode_response(payload)
+                if response.id == request.id:
+                    return response
+
+        snapshot = parse_snapshot(_first((yield _exec(read_response_call(keys, request.id)))))
+        result = resolve(snapshot, request.id, request.endpoint)
+        if result is not None:
+            return result
+        picked_up = picked_up or snapshot.state == RequestState.TAKEN
+
+        now = ctx.monotonic()
+        if not picked_up and now >= pickup_deadline:
+            snapshot = yield from withdraw_flow(ctx, request, "pickup_timeout")
+            result = resolve(snapshot, request.id, request.endpoint)
+            if result is not None:
+                return result
+            picked_up = True  # taken just before the deadline: it keeps waiting
+        if call_deadline is not None and now >= call_deadline:
+            if not picked_up:
+                snapshot = yield from withdraw_flow(ctx, request, "call_timeout")
+                result = resolve(snapshot, request.id, request.endpoint)
+                if result is not None:
+                    return result
+            raise CallTimeout(
+                f"request {request.id} to {request.endpoint!r} got no response within "
+                f"{timeout_s:g} s; it was picked up, so the service may have run it",
+                request_id=request.id,
+                endpoint=request.endpoint,
+                maybe_executed=True,
+            )
+
+
+def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSnapshot]:
+    """Withdraw a request not yet picked up; the snapshot says whether it worked."""
+    keys = ctx.keys.endpoint(request.endpoint)
+    replies = yield _exec(
+        withdraw_call(
+            keys,
+            request.id,
+            reason,
+            _ms(ctx.settings.cancel_marker_ttl_s),
+            ctx.wall_ms(),
+            ctx.keys.node_channel_prefix,
+        )
+    )
+    return parse_snapshot(_first(replies))
+
+
+def take_flow(
+    ctx: Context,
+    endpoint: str,
+    signal: Waitable,
+    max_items: int,
+    timeout_s: float,
+    should_stop: Callable[[], bool] | None = None,
+) -> Flow[tuple[str, list[TakenItem]]]:
+    """Take up to `max_items` requests, waiting (pulse or poll) up to `timeout_s` for one.
+
+    Returns the owner token of the take and the requests. Between takes it sends nothing to
+    Redis until a pulse arrives or the poll interval passes; `should_stop` is checked at least
+    every `DEFAULT_STOP_CHECK_S`.
+    """
+    settings = ctx.settings
+    keys = ctx.keys.endpoint(endpoint)
+    deadline = ctx.monotonic() + timeout_s
+    while True:
+        seen = signal.generation
+        token = uuid.uuid4().hex
+        replies = yield _exec(
+            take_call(
+                keys,
+                token,
+                ctx.node_id,
+                ctx.wall_ms(),
+                max_items,
+                DEFAULT_TAKE_SCAN,
+                _ms(settings.in_flight_ttl_s()),
+                _ms(DEFAULT_TAKE_RECEIPT_TTL_S),
+            )
+        )
+        _skipped, items = parse_take(_first(replies))
+        if items:
+            return token, items
+        next_poll = ctx.monotonic() + settings.poll_interval_s
+        while signal.generation == seen:
+            now = ctx.monotonic()
+            if now >= deadline or (should_stop is not None and should_stop()):
+                return token, []
+            if now >= next_poll:
+                break
+            timeout = min(next_poll, deadline) - now
+            if should_stop is not None:
+                timeout = min(timeout, DEFAULT_STOP_CHECK_S)
+            yield _wait(signal, seen, timeout)
+
+
+def respond_flow(
+    ctx: Context, endpoint: str, request_id: str, owner_token: str, response: bytes
+) -> Flow[str]:
+    """Store a response as the request's owner; returns the script's outcome."""
+    replies = yield _exec(
+        apply_response_call(
+            ctx.keys.endpoint(endpoint),
+            request_id,
+            owner_token,
+            response,
+            _ms(ctx.settings.response_ttl_s),
+            ctx.wall_ms(),
+            ctx.keys.node_channel_prefix,
+            ctx.settings.pulse_inline_limit_bytes,
+        )
+    )
+    return parse_apply_response(_first(replies))
+
+
+def locate_flow(ctx: Context, request_id: str) -> Flow[str | None]:
+    """The endpoint a request id was sent to, or None if Redis does not know it."""
+    replies = yield _exec(Call(("GET", ctx.keys.locator(request_id))))
+    endpoint = _first(replies)
+    if isinstance(endpoint, bytes):
+        return endpoint.decode("utf-8", errors="replace")
+    return None
+
+
+#: Fields status() reads from a request hash, in order.
+_STATUS_FIELDS = ("st", "why", "att", "ct", "tk", "dn")
+
+
+def status_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[RequestStatus]:
+    """Where a request stands; `endpoint` None means look it up by id."""
+    if endpoint is None:
+        endpoint = yield from locate_flow(ctx, request_id)
+        if endpoint is None:
+            return RequestStatus(id=request_id, state=RequestState.UNKNOWN)
+    key = ctx.keys.endpoint(endpoint).request(request_id)
+    replies = yield _exec(Call(("HMGET", key, *_STATUS_FIELDS)))
+    values = _first(replies)
+    if not isinstance(values, list) or len(values) != len(_STATUS_FIELDS):
+        raise SerializationError(f"unexpected HMGET reply from Redis: {values!r:.200}")
+    st, why, att, ct, tk, dn = (v.decode() if isinstance(v, bytes) else None for v in values)
+    if st is None:
+        return RequestStatus(id=request_id, state=RequestState.UNKNOWN, endpoint=endpoint)
+    try:
+        state = RequestState(st)
+    except ValueError as exc:
+        raise SerializationError(f"request {request_id} has an unknown state {st!r}") from exc
+    return RequestStatus(
+        id=request_id,
+        state=state,
+        endpoint=endpoint,
+        reason=why or None,
+        attempt=int(att or 0),
+        created_ms=int(ct) if ct else None,
+        taken_ms=int(tk) if tk else None,
+        done_ms=int(dn) if dn else None,
+    )

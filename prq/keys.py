@@ -1,0 +1,104 @@
+"""KeySchema: the only place a Redis key or channel name is spelled.
+
+Layout, for prefix `prq` and an endpoint encoded as `<e>`:
+
+    prq:{<e>}:q              list    ids waiting for pickup (FIFO)          TTL 1 day, refreshed
+    prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
+    prq:{<e>}:t:<token>      list    ids one take handed out (replay-safe)  TTL 1 min
+    prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
+    prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
+    prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
+    prq:node:<node>          channel responses (and later signals) for one node
+
+Invariants:
+- Every key of one endpoint carries the same hash tag `{<e>}`, so one endpoint's keys share a
+  cluster slot and each script touches one slot only.
+- `<e>` is an injective encoding of the endpoint: percent-encoding of its UTF-8 bytes with only
+  `[A-Za-z0-9_.~-]` left as they are. It never contains `{`, `}`, `:`, glob characters,
+  whitespace or control characters, so two different endpoints can never share a key or channel,
+  and no user text reaches a key pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from prq.models import validate_endpoint
+
+__all__ = ["EndpointKeys", "KeySchema", "decode_endpoint", "encode_endpoint"]
+
+
+def encode_endpoint(endpoint: str) -> str:
+    """Encode a (valid) endpoint for use inside a key; injective and free of `{}:*?[]`."""
+    return quote(validate_endpoint(endpoint), safe="")
+
+
+def decode_endpoint(encoded: str) -> str:
+    """Invert `encode_endpoint`."""
+    return unquote(encoded, errors="strict")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointKeys:
+    """The keys and channel of one endpoint."""
+
+    endpoint: str
+    tag: str
+
+    @property
+    def pending(self) -> str:
+        return f"{self.tag}:q"
+
+    @property
+    def request_prefix(self) -> str:
+        """Prefix of request hashes; scripts append the id (same hash tag, same slot)."""
+        return f"{self.tag}:r:"
+
+    def request(self, request_id: str) -> str:
+        return f"{self.tag}:r:{request_id}"
+
+    def take_receipt(self, token: str) -> str:
+        return f"{self.tag}:t:{token}"
+
+    @property
+    def sequence(self) -> str:
+        return f"{self.tag}:seq"
+
+    @property
+    def pulse_channel(self) -> str:
+        return f"{self.tag}:pulse"
+
+
+class KeySchema:
+    """Builds every key and channel name for one key prefix."""
+
+    def __init__(self, prefix: str = "prq") -> None:
+        if not prefix or any(c in prefix for c in "{}*?[] \r\n\t") or not prefix.isprintable():
+            raise ValueError(f"invalid key prefix {prefix!r}: no braces, globs or whitespace")
+        self.prefix = prefix
+        self._cache: dict[str, EndpointKeys] = {}
+
+    def endpoint(self, endpoint: str) -> EndpointKeys:
+        """Keys of `endpoint` (validated; raises InvalidEndpoint)."""
+        keys = self._cache.get(endpoint)
+        if keys is None:
+            keys = EndpointKeys(endpoint, f"{self.prefix}:{{{encode_endpoint(endpoint)}}}")
+            if len(self._cache) < 10_000:
+                self._cache[endpoint] = keys
+        return keys
+
+    def locator(self, request_id: str) -> str:
+        return f"{self.prefix}:loc:{{{request_id}}}"
+
+    def node_channel(self, node_id: str) -> str:
+        return f"{self.prefix}:node:{node_id}"
+
+    @property
+    def node_channel_prefix(self) -> str:
+        """Scripts append the sender's node id to this to reach it."""
+        return f"{self.prefix}:node:"
+
+    def all_keys_pattern(self) -> str:
+        """SCAN pattern for every key of this prefix (tests and admin tools only)."""
+        return f"{self.prefix}:*"

@@ -1,0 +1,215 @@
+"""Wire models: what travels through Redis, always as JSON (never pickle).
+
+A request moves through these states (`RequestState`):
+
+    queued ──take──▶ taken ──apply_response──▶ done
+       │                 │
+       └─withdraw─▶ withdrawn   (pickup timeout, or cancel before pickup)
+                         └─cancel─▶ cancelled
+
+`done`, `withdrawn` and `cancelled` are final; a response that arrives after a final state is
+dropped. `unknown` means Redis holds nothing for the id (never enqueued, expired, or lost).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import threading
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+
+from prq.errors import InvalidEndpoint, SerializationError
+
+__all__ = [
+    "MAX_ENDPOINT_LENGTH",
+    "DeliveryInfo",
+    "PendingRequest",
+    "Request",
+    "RequestState",
+    "RequestStatus",
+    "Response",
+    "ServerError",
+    "decode_request",
+    "decode_response",
+    "validate_endpoint",
+]
+
+#: Longest endpoint name accepted (characters); longer names are rejected, never truncated.
+MAX_ENDPOINT_LENGTH = 200
+#: Request ids: what a uuid4, a uuid5 or a caller's own stable key looks like. No `|`, which
+#: separates fields in pulses, and nothing that needs escaping in a key.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+_REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
+
+Delivery = Literal["at_most_once", "at_least_once"]
+
+
+def validate_endpoint(endpoint: object) -> str:
+    """Return `endpoint` if it is 1-200 printable characters, else raise InvalidEndpoint."""
+    if not isinstance(endpoint, str):
+        raise InvalidEndpoint(f"endpoint must be a string, not {type(endpoint).__name__}")
+    if not 1 <= len(endpoint) <= MAX_ENDPOINT_LENGTH:
+        raise InvalidEndpoint(
+            f"endpoint must be 1-{MAX_ENDPOINT_LENGTH} characters, got {len(endpoint)}"
+        )
+    if not endpoint.isprintable():
+        bad = next(c for c in endpoint if not c.isprintable())
+        raise InvalidEndpoint(
+            f"endpoint {endpoint!r} has a non-printable character {bad!r}; "
+            "use printable characters only"
+        )
+    return endpoint
+
+
+def new_request_id() -> str:
+    """A fresh random request id."""
+    return uuid.uuid4().hex
+
+
+class ServerError(BaseModel):
+    """What a service raised, as carried in `Response.error`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+    details: JsonValue = None
+    retryable: bool = False
+
+
+class Request(BaseModel):
+    """One call to a polling service's `method` at `endpoint`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint: str
+    method: Annotated[str, Field(min_length=1, max_length=200)]
+    params: JsonValue = None
+    service: str = ""
+    id: Annotated[str, Field(default_factory=new_request_id, pattern=REQUEST_ID_PATTERN)]
+    priority: int = 0
+    producer: str | None = None
+    delivery: Delivery = "at_most_once"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        # Raise the typed error (not a pydantic ValidationError) for a bad endpoint.
+        if "endpoint" in data:
+            validate_endpoint(data["endpoint"])
+        super().__init__(**data)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        return validate_endpoint(value)
+
+
+class Response(BaseModel):
+    """The outcome of a request: `result`, or `error` when the service raised."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
+    result: JsonValue = None
+    error: ServerError | None = None
+
+
+class RequestState(enum.StrEnum):
+    """Where a request is in its life (see the module docstring)."""
+
+    QUEUED = "queued"
+    TAKEN = "taken"
+    DONE = "done"
+    WITHDRAWN = "withdrawn"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+class RequestStatus(BaseModel):
+    """A snapshot of one request, as `status(request_id)` reports it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    state: RequestState
+    endpoint: str | None = None
+    reason: str | None = None
+    attempt: int = 0
+    created_ms: int | None = None
+    taken_ms: int | None = None
+    done_ms: int | None = None
+
+
+class DeliveryInfo(BaseModel):
+    """Which attempt this is, and a hash that stays the same on every attempt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int = 1
+    delivery_hash: str
+
+
+def decode_request(raw: bytes | str) -> Request:
+    """Parse a stored request; raise SerializationError on anything that is not one."""
+    try:
+        return Request.model_validate_json(raw)
+    except (ValidationError, ValueError) as exc:
+        raise SerializationError(f"stored request is not valid: {exc}") from exc
+
+
+def decode_response(raw: bytes | str) -> Response:
+    """Parse a stored response; raise SerializationError on anything that is not one."""
+    try:
+        return Response.model_validate_json(raw)
+    except (ValidationError, ValueError) as exc:
+        raise SerializationError(f"stored response is not valid: {exc}") from exc
+
+
+class PendingRequest:
+    """A request a receiver has taken: the request, its delivery and its cancellation signal.
+
+    `owner_token` proves to Redis that this receiver holds the request; `apply_response`
+    presents it, so a receiver that lost the request can no longer answer it.
+    """
+
+    __slots__ = ("_cancel_reason", "_cancelled", "delivery", "owner_token", "request")
+
+    def __init__(self, request: Request, delivery: DeliveryInfo, owner_token: str) -> None:
+        self.request = request
+        self.delivery = delivery
+        self.owner_token = owner_token
+        self._cancelled = threading.Event()
+        self._cancel_reason: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the request was cancelled (by its caller, or because a node was lost)."""
+        return self._cancelled.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why it was cancelled: `cancelled`, `sender_lost`, `data_loss`, ...; None if not."""
+        return self._cancel_reason
+
+    def mark_cancelled(self, reason: str) -> None:
+        """Signal cancellation; the first reason sticks."""
+        if not self._cancelled.is_set():
+            self._cancel_reason = reason
+            self._cancelled.set()
+
+    def wait_cancelled(self, timeout_s: float | None = None) -> bool:
+        """Block until cancelled or `timeout_s` passes; True if cancelled."""
+        return self._cancelled.wait(timeout_s)
+
+    def __repr__(self) -> str:
+        return (
+            f"PendingRequest(id={self.id!r}, endpoint={self.request.endpoint!r}, "
+            f"method={self.request.method!r}, attempt={self.delivery.attempt})"
+        )

@@ -1,0 +1,242 @@
+"""The Lua steps: one file per operation, each with a typed call builder and reply parser.
+
+Operations are data. A builder returns a `Call` (the command to send, KEYS and ARGV included);
+a parser turns the raw reply into typed values. The async and the blocking queue send the same
+calls, so the protocol is written once. Scripts are sent with EVALSHA; the I/O layer loads them
+(SCRIPT LOAD) when Redis answers NOSCRIPT, e.g. after a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final
+
+from prq._types import Call, Reply
+from prq.errors import SerializationError
+from prq.keys import EndpointKeys
+
+__all__ = [
+    "ALL_SCRIPTS",
+    "EnqueueOutcome",
+    "RequestSnapshot",
+    "Script",
+    "TakenItem",
+    "apply_response_call",
+    "enqueue_call",
+    "parse_apply_response",
+    "parse_enqueue",
+    "parse_snapshot",
+    "parse_take",
+    "read_response_call",
+    "script_load_calls",
+    "take_call",
+    "withdraw_call",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script, identified by the SHA1 of its source."""
+
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> Script:
+        source = resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324
+
+    def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:
+        return Call(("EVALSHA", self.sha, len(keys), *keys, *args), self)
+
+
+ENQUEUE: Final = Script.load("enqueue")
+TAKE: Final = Script.load("take")
+APPLY_RESPONSE: Final = Script.load("apply_response")
+WITHDRAW: Final = Script.load("withdraw")
+READ_RESPONSE: Final = Script.load("read_response")
+ALL_SCRIPTS: Final = (ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE)
+
+
+def script_load_calls() -> tuple[Call, ...]:
+    """SCRIPT LOAD for every script, for one round trip."""
+    return tuple(Call(("SCRIPT", "LOAD", script.source)) for script in ALL_SCRIPTS)
+
+
+def _text(value: Reply) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _array(reply: Reply, what: str) -> list[Reply]:
+    if not isinstance(reply, list):
+        raise SerializationError(f"unexpected {what} reply from Redis: {reply!r:.200}")
+    return reply
+
+
+# -- enqueue ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSnapshot:
+    """A request's state as a script saw it; `response` is raw JSON bytes or empty."""
+
+    state: str
+    response: bytes
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOutcome:
+    """`counter` is set when the request was enqueued; `known` when its id already existed."""
+
+    counter: int | None
+    known: RequestSnapshot | None
+
+
+def enqueue_call(
+    keys: EndpointKeys,
+    request_id: str,
+    body: bytes,
+    sender: str,
+    now_ms: int,
+    pickup_deadline_ms: int,
+    request_ttl_ms: int,
+    list_ttl_ms: int,
+) -> Call:
+    return ENQUEUE.call(
+        (keys.request(request_id), keys.pending, keys.sequence),
+        (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
+         keys.pulse_channel),
+    )
+
+
+def parse_enqueue(reply: Reply) -> EnqueueOutcome:
+    items = _array(reply, "enqueue")
+    if items and _text(items[0]) == "new" and len(items) == 2 and isinstance(items[1], int):
+        return EnqueueOutcome(counter=items[1], known=None)
+    if items and _text(items[0]) == "known" and len(items) == 4:
+        return EnqueueOutcome(counter=None, known=_snapshot(items[1:]))
+    raise SerializationError(f"unexpected enqueue reply from Redis: {reply!r:.200}")
+
+
+# -- take ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TakenItem:
+    """One request handed out by `take`: its id, raw body and attempt number."""
+
+    request_id: str
+    body: bytes
+    attempt: int
+
+
+def take_call(
+    keys: EndpointKeys,
+    owner_token: str,
+    receiver: str,
+    now_ms: int,
+    max_items: int,
+    max_scan: int,
+    in_flight_ttl_ms: int,
+    receipt_ttl_ms: int,
+) -> Call:
+    return TAKE.call(
+        (keys.pending, keys.request_prefix, keys.take_receipt(owner_token)),
+        (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms),
+    )
+
+
+def parse_take(reply: Reply) -> tuple[int, list[TakenItem]]:
+    """Return (ids skipped, requests handed out)."""
+    items = _array(reply, "take")
+    if not items or not isinstance(items[0], int) or (len(items) - 1) % 3:
+        raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
+    taken = []
+    for i in range(1, len(items), 3):
+        body = items[i + 1]
+        taken.append(
+            TakenItem(
+                request_id=_text(items[i]),
+                body=body if isinstance(body, bytes) else _text(body).encode(),
+                attempt=int(_text(items[i + 2]) or 1),
+            )
+        )
+    return items[0], taken
+
+
+# -- apply_response -----------------------------------------------------------------------------
+
+#: What apply_response can answer (see apply_response.lua).
+APPLY_OUTCOMES: Final = frozenset({"ok", "replay", "duplicate", "stale", "fenced", "unknown"})
+
+
+def apply_response_call(
+    keys: EndpointKeys,
+    request_id: str,
+    owner_token: str,
+    response: bytes,
+    response_ttl_ms: int,
+    now_ms: int,
+    node_channel_prefix: str,
+    pulse_inline_limit_bytes: int,
+) -> Call:
+    return APPLY_RESPONSE.call(
+        (keys.request(request_id),),
+        (request_id, owner_token, response, response_ttl_ms, now_ms, node_channel_prefix,
+         pulse_inline_limit_bytes),
+    )
+
+
+def parse_apply_response(reply: Reply) -> str:
+    outcome = _text(reply)
+    if outcome not in APPLY_OUTCOMES:
+        raise SerializationError(f"unexpected apply_response reply from Redis: {reply!r:.200}")
+    return outcome
+
+
+# -- withdraw / read_response -------------------------------------------------------------------
+
+
+def withdraw_call(
+    keys: EndpointKeys,
+    request_id: str,
+    reason: str,
+    tombstone_ttl_ms: int,
+    now_ms: int,
+    node_channel_prefix: str,
+) -> Call:
+    return WITHDRAW.call(
+        (keys.request(request_id),),
+        (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id),
+    )
+
+
+def read_response_call(keys: EndpointKeys, request_id: str) -> Call:
+    return READ_RESPONSE.call((keys.request(request_id),), ())
+
+
+def _snapshot(items: list[Reply]) -> RequestSnapshot:
+    raw = items[1]
+    return RequestSnapshot(
+        state=_text(items[0]),
+        response=raw if isinstance(raw, bytes) else _text(raw).encode(),
+        reason=_text(items[2]),
+    )
+
+
+def parse_snapshot(reply: Reply) -> RequestSnapshot:
+    """Parse the {state, response, reason} reply of withdraw and read_response."""
+    items = _array(reply, "request state")
+    if len(items) != 3:
+        raise SerializationError(f"unexpected request state reply from Redis: {reply!r:.200}")
+    return _snapshot(items)

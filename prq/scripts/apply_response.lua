@@ -1,0 +1,49 @@
+--[[ apply_response: store a taken request's response (first one wins) and pulse its waiters.
+
+KEYS[1]  request hash          prq:{e}:r:<id>
+ARGV[1]  request id
+ARGV[2]  owner token of the receiver that answers
+ARGV[3]  response (JSON)
+ARGV[4]  response TTL, ms
+ARGV[5]  now_ms
+ARGV[6]  node channel prefix   prq:node:   (the sender's and watchers' node ids are appended)
+ARGV[7]  largest response carried inside the pulse, bytes (larger ones are read by the sender)
+
+Reply (a status):
+  "ok"         stored and pulsed
+  "replay"     this owner had already stored it (a retried call); nothing changed
+  "duplicate"  another response was stored first; dropped
+  "stale"      the request was withdrawn or cancelled; dropped
+  "fenced"     another receiver owns the request now; dropped
+  "unknown"    nothing is stored under the id (expired or lost); dropped
+
+Invariants:
+- only the owner of a taken request can answer it, and only once
+- value and TTL are written together; the request body is dropped with the answer
+]]
+local st, own, snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd', 'w'))
+if not st then return 'unknown' end
+if st == 'done' then
+  if own == ARGV[2] then return 'replay' end
+  return 'duplicate'
+end
+if st ~= 'taken' then return 'stale' end
+if own ~= ARGV[2] then return 'fenced' end
+
+redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
+redis.call('HDEL', KEYS[1], 'b')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+
+local msg = 'r|' .. ARGV[1] .. '|'
+if string.len(ARGV[3]) <= tonumber(ARGV[7]) then
+  msg = msg .. ARGV[3]
+end
+if snd then
+  redis.call('PUBLISH', ARGV[6] .. snd, msg)
+end
+if watchers then
+  for node in string.gmatch(watchers, '%S+') do
+    redis.call('PUBLISH', ARGV[6] .. node, msg)
+  end
+end
+return 'ok'

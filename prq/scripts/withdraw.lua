@@ -1,0 +1,34 @@
+--[[ withdraw: the sender takes back a request that no receiver has picked up yet.
+
+KEYS[1]  request hash          prq:{e}:r:<id>
+ARGV[1]  reason                "pickup_timeout", "cancelled", "call_timeout", ...
+ARGV[2]  TTL of the tombstone left behind, ms
+ARGV[3]  now_ms
+ARGV[4]  node channel prefix   prq:node:   (the sender and watchers are told, so they stop waiting)
+ARGV[5]  request id
+
+Reply: {state, response, reason}
+  state = "withdrawn"   withdrawn now (or by an earlier run of this same call)
+          "taken", "done", "cancelled"   too late: the request is in that state; response and
+                        reason are filled in where the state has them
+          "missing"     nothing is stored under the id (expired or lost)
+
+Invariants:
+- a withdrawn request is never handed out: its id may stay in the list, but take skips it
+- the tombstone keeps the reason (for other waiters and status) and has a TTL
+]]
+local st, rsp, why = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why'))
+if not st then return {'missing', '', ''} end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'b')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w'))
+  local msg = 'r|' .. ARGV[5] .. '|'
+  if snd then redis.call('PUBLISH', ARGV[4] .. snd, msg) end
+  if watchers then
+    for node in string.gmatch(watchers, '%S+') do redis.call('PUBLISH', ARGV[4] .. node, msg) end
+  end
+  return {'withdrawn', '', ARGV[1]}
+end
+return {st, rsp or '', why or ''}

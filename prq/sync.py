@@ -1,0 +1,275 @@
+"""Queue: the blocking twin of AsyncQueue, driving the same flows with blocking calls.
+
+Same methods, same semantics; pub/sub is read by one daemon thread per queue. Safe to share one
+Queue between threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import JsonValue
+
+from prq._types import Exec, Flow, Handler
+from prq.config import QueueSettings, RedisSettings
+from prq.flows import call_flow, locate_flow, respond_flow, status_flow, take_flow, withdraw_flow
+from prq.models import (
+    PendingRequest,
+    Request,
+    RequestState,
+    RequestStatus,
+    Response,
+    validate_endpoint,
+)
+from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
+from prq.queue import QueueBase, QueueStats
+from prq.redis_io import SyncRedisIO
+from prq.scripts import script_load_calls
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from prq.datastreams import DataStreamStore
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Queue"]
+
+T = TypeVar("T")
+
+
+class Queue(QueueBase):
+    """The pending-request queue for blocking code (see DESIGN.md §2)."""
+
+    def __init__(
+        self,
+        redis_settings: RedisSettings,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+        node_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            redis_settings, prefix=prefix, settings=settings, datastreams=datastreams,
+            node_id=node_id,
+        )
+        self._io = SyncRedisIO(self.redis_settings, self.settings)
+        self._router: PulseRouter[ThreadSignal] = PulseRouter(
+            self.keys.node_channel(self.node_id), ThreadSignal
+        )
+        self._pulses = ThreadPulses(self._io.client, self._router)
+        self._started = False
+        self._start_lock = threading.Lock()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+        redis_settings: RedisSettings | None = None,
+    ) -> Queue:
+        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL)."""
+        if redis_settings is None:
+            redis_settings = RedisSettings.from_url(url)
+        return cls(redis_settings, prefix=prefix, settings=settings, datastreams=datastreams)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> Queue:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Load the scripts and start the pub/sub reader (done on first use if not called)."""
+        with self._start_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise self._shutdown_error()
+            self._io.execute(script_load_calls())
+            self._pulses.start()
+            self._started = True
+            logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
+
+    def close(self) -> None:
+        """Stop background work; callers still waiting fail with QueueShutdown."""
+        if self._closed:
+            return
+        self._closed = True
+        self._router.wake_all()
+        self._pulses.close()
+        self._io.close()
+        logger.info("queue closed node_id=%s", self.node_id)
+
+    @property
+    def stats(self) -> QueueStats:
+        return QueueStats(
+            redis_commands=self._io.commands,
+            round_trips=self._io.round_trips,
+            redis_retries=self._io.retries,
+            subscriptions=self._pulses.subscriptions,
+            pubsub_reconnects=self._pulses.reconnects,
+            pulses_received=self._router.messages,
+            held_requests=len(self._held),
+        )
+
+    def _run(self, flow: Flow[T]) -> T:
+        """Drive a flow: send its calls, wait on its signals, return its result."""
+        reply: object = None
+        while True:
+            try:
+                effect = flow.send(reply)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            if self._closed:
+                flow.close()
+                raise self._shutdown_error()
+            if isinstance(effect, Exec):
+                reply = self._io.execute(effect.calls)
+            else:
+                signal = effect.signal
+                assert isinstance(signal, ThreadSignal)
+                signal.wait(effect.seen, effect.timeout_s)
+                reply = None
+
+    def _ready(self) -> None:
+        if not self._started:
+            self.start()
+        if self._closed:
+            raise self._shutdown_error()
+
+    # -- sender -------------------------------------------------------------------------------
+
+    def queue_and_wait(
+        self,
+        request: Request,
+        *,
+        pickup_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Response:
+        """Enqueue `request` and wait for its response (an error response is returned)."""
+        request, body = self._encode_request(request)
+        self._ready()
+        self._sent[request.id] = request.endpoint
+        try:
+            with self._router.watch_response(request.id) as signal:
+                flow = call_flow(
+                    self.ctx, request, body, signal, self._pickup_timeout(pickup_timeout_s),
+                    timeout_s,
+                )
+                return self._run(flow)
+        finally:
+            self._sent.pop(request.id, None)
+
+    def call(
+        self,
+        endpoint: str,
+        method: str,
+        params: JsonValue = None,
+        *,
+        service: str = "",
+        priority: int = 0,
+        producer: str | None = None,
+        request_id: str | None = None,
+        pickup_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> JsonValue:
+        """Call `method` on the service at `endpoint`; return its result or raise RemoteError."""
+        request = self.build_request(
+            endpoint, method, params, service=service, priority=priority, producer=producer,
+            request_id=request_id,
+        )
+        response = self.queue_and_wait(
+            request, pickup_timeout_s=pickup_timeout_s, timeout_s=timeout_s
+        )
+        return self._result(request, response)
+
+    def cancel(self, request_id: str) -> bool:
+        """Withdraw a request not yet picked up; True if this call withdrew it."""
+        self._ready()
+        endpoint = self._sent.get(request_id)
+        if endpoint is None:
+            endpoint = self._run(locate_flow(self.ctx, request_id))
+            if endpoint is None:
+                return False
+        request = Request(endpoint=endpoint, method="-", id=request_id)
+        snapshot = self._run(withdraw_flow(self.ctx, request, "cancelled"))
+        return snapshot.state == RequestState.WITHDRAWN and snapshot.reason == "cancelled"
+
+    def status(self, request_id: str) -> RequestStatus:
+        """Where a request stands (any node can ask)."""
+        self._ready()
+        return self._run(status_flow(self.ctx, request_id, self._sent.get(request_id)))
+
+    # -- receiver -----------------------------------------------------------------------------
+
+    def dequeue(self, endpoint: str, *, timeout_s: float | None = None) -> PendingRequest | None:
+        """Take the next request of `endpoint`, waiting up to the long-poll; None if idle."""
+        taken = self.dequeue_many(endpoint, 1, timeout_s=timeout_s)
+        return taken[0] if taken else None
+
+    def dequeue_many(
+        self,
+        endpoint: str,
+        max_items: int,
+        *,
+        timeout_s: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[PendingRequest]:
+        """Take up to `max_items` requests of `endpoint` in one step (waits for the first)."""
+        validate_endpoint(endpoint)
+        self._ready()
+        keys = self.keys.endpoint(endpoint)
+        self._pulses.ensure_subscribed(keys.pulse_channel)
+        signal = self._router.endpoint_signal(keys.pulse_channel)
+        timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
+        while True:
+            token, items = self._run(
+                take_flow(self.ctx, endpoint, signal, max_items, timeout, should_stop)
+            )
+            good, bad = self._adopt(endpoint, token, items)
+            for item, exc in bad:
+                self._run(
+                    respond_flow(self.ctx, endpoint, item.request_id, token,
+                                 self._bad_item_response(item, exc))
+                )
+            if good or not items:
+                return good
+
+    def apply_response(self, response: Response) -> None:
+        """Answer a request this node dequeued; the first response wins."""
+        self._ready()
+        flow = self._respond_flow(response)
+        if flow is None:
+            return
+        outcome = self._run(flow)
+        self._after_respond(response.id, outcome)
+
+    def serve(
+        self,
+        endpoint: str,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Run `handler` for every request of `endpoint` until `stop` is set or the queue closes."""
+        from prq.worker import serve_sync
+
+        serve_sync(self, endpoint, handler, concurrency=concurrency, stop=stop)

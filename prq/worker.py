@@ -1,0 +1,229 @@
+"""serve(): the server loop around dequeue, the handler, and apply_response.
+
+The loop takes as many requests as it has free slots (one take for several), runs each in the
+handler (a coroutine function on the loop, a plain function in a worker thread, so the loop and
+its heartbeats never wait on the handler's CPU), and answers. A handler exception becomes
+`Response.error`. A failing Redis never kills the loop: it backs off with jitter and goes on.
+On stop it takes nothing new and finishes what it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, cast
+
+from pydantic import JsonValue, ValidationError
+
+from prq._types import Handler
+from prq.errors import PrqError, QueueShutdown
+from prq.models import PendingRequest, Request, Response, ServerError
+
+if TYPE_CHECKING:
+    from prq.queue import AsyncQueue
+    from prq.sync import Queue
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_response", "current_request", "serve_async", "serve_sync"]
+
+#: Largest pause after a failed dequeue before the loop tries again.
+DEFAULT_ERROR_BACKOFF_MAX_S = 5.0
+
+_current: contextvars.ContextVar[PendingRequest | None] = contextvars.ContextVar(
+    "prq_current_request", default=None
+)
+
+
+def current_request() -> PendingRequest | None:
+    """The PendingRequest being handled (inside a `serve` handler); None elsewhere."""
+    return _current.get()
+
+
+def build_response(request_id: str, result: object = None, exc: BaseException | None = None) -> Response:
+    """The response for a handler's result or exception (a non-JSON result is an error)."""
+    if exc is not None:
+        return Response(
+            id=request_id,
+            error=ServerError(
+                type=type(exc).__name__,
+                message=str(exc),
+                retryable=bool(getattr(exc, "retryable", False)),
+            ),
+        )
+    try:
+        return Response(id=request_id, result=cast(JsonValue, result))
+    except ValidationError as error:
+        return Response(
+            id=request_id,
+            error=ServerError(
+                type="SerializationError",
+                message=f"the handler returned a value that is not JSON: {error.errors()[0]['msg']}",
+            ),
+        )
+
+
+def _is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)
+    )
+
+
+def _backoff_s(failures: int) -> float:
+    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * random.random())
+
+
+def _run_sync_handler(handler: Handler, pending: PendingRequest) -> object:
+    token = _current.set(pending)
+    try:
+        result = handler(pending.request)
+        if inspect.isawaitable(result):
+            return asyncio.run(_await(result))
+        return result
+    finally:
+        _current.reset(token)
+
+
+async def _await(awaitable: Awaitable[object]) -> object:
+    return await awaitable
+
+
+# -- asyncio ------------------------------------------------------------------------------------
+
+
+async def serve_async(
+    queue: AsyncQueue,
+    endpoint: str,
+    handler: Handler,
+    *,
+    concurrency: int = 1,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve `endpoint` with `handler` until `stop` is set or the queue closes."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    is_async = _is_async(handler)
+    executor = None if is_async else ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler")
+    running: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+
+    def stopped() -> bool:
+        return (stop is not None and stop.is_set()) or queue._closed
+
+    async def handle(pending: PendingRequest) -> None:
+        try:
+            if is_async:
+                token = _current.set(pending)
+                try:
+                    result = await cast(Callable[[Request], Awaitable[object]], handler)(
+                        pending.request
+                    )
+                finally:
+                    _current.reset(token)
+            else:
+                context = contextvars.copy_context()
+                result = await loop.run_in_executor(
+                    executor, context.run, _run_sync_handler, handler, pending
+                )
+            response = build_response(pending.id, result)
+        except Exception as exc:
+            response = build_response(pending.id, exc=exc)
+        try:
+            await queue.apply_response(response)
+        except PrqError as exc:
+            logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+
+    failures = 0
+    logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
+    try:
+        while not stopped():
+            free = concurrency - len(running)
+            if free <= 0:
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                taken = await queue.dequeue_many(endpoint, free, should_stop=stopped)
+                failures = 0
+            except QueueShutdown:
+                break
+            except PrqError as exc:
+                failures += 1
+                logger.warning("dequeue failed endpoint=%r error=%s failures=%d",
+                               endpoint, exc, failures)
+                await asyncio.sleep(_backoff_s(failures))
+                continue
+            for pending in taken:
+                task = asyncio.create_task(handle(pending))
+                running.add(task)
+                task.add_done_callback(running.discard)
+    finally:
+        if running:
+            await asyncio.wait(running)
+        if executor is not None:
+            executor.shutdown(wait=False)
+        logger.info("stopped serving endpoint=%r", endpoint)
+
+
+# -- threads ------------------------------------------------------------------------------------
+
+
+def serve_sync(
+    queue: Queue,
+    endpoint: str,
+    handler: Handler,
+    *,
+    concurrency: int = 1,
+    stop: threading.Event | None = None,
+) -> None:
+    """Serve `endpoint` with `handler` in worker threads until `stop` is set or the queue closes."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    slots = threading.BoundedSemaphore(concurrency)
+
+    def stopped() -> bool:
+        return (stop is not None and stop.is_set()) or queue._closed
+
+    def handle(pending: PendingRequest) -> None:
+        try:
+            try:
+                response = build_response(pending.id, _run_sync_handler(handler, pending))
+            except Exception as exc:
+                response = build_response(pending.id, exc=exc)
+            try:
+                queue.apply_response(response)
+            except PrqError as exc:
+                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+        finally:
+            slots.release()
+
+    failures = 0
+    logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler") as pool:
+        while not stopped():
+            if not slots.acquire(timeout=0.25):
+                continue
+            free = 1
+            while free < concurrency and slots.acquire(blocking=False):
+                free += 1
+            try:
+                taken = queue.dequeue_many(endpoint, free, should_stop=stopped)
+                failures = 0
+            except QueueShutdown:
+                taken = []
+            except PrqError as exc:
+                taken = []
+                failures += 1
+                logger.warning("dequeue failed endpoint=%r error=%s failures=%d",
+                               endpoint, exc, failures)
+                (stop or threading.Event()).wait(_backoff_s(failures))
+            for _ in range(free - len(taken)):
+                slots.release()
+            for pending in taken:
+                pool.submit(contextvars.copy_context().run, handle, pending)
+    logger.info("stopped serving endpoint=%r", endpoint)
