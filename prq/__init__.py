@@ -33,7 +33,8 @@ from prq.models import (
     Response,
     ServerError,
 )
-from prq.queue import AsyncQueue, QueueStats
+from prq.node import QueueStats
+from prq.queue import AsyncQueue
 from prq.sync import Queue
 from prq.worker import current_request
 

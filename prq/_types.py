@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, Union
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
 from pydantic import JsonValue
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from prq.scripts import Script
 
 #: A raw reply as redis-py hands it over (bytes, ints, lists of those, None, or an error).
-Reply: TypeAlias = Union[bytes, str, int, float, None, list["Reply"], Exception]
+Reply: TypeAlias = bytes | str | int | float | list["Reply"] | Exception | None
 
 T = TypeVar("T")
 

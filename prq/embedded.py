@@ -114,7 +114,7 @@ class EmbeddedRedis:
         """Start the server and wait (bounded) until it answers PING."""
         if self.process is not None and self.process.poll() is None:
             return self
-        self.process = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+        self.process = subprocess.Popen(
             self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + timeout_s
@@ -126,8 +126,9 @@ class EmbeddedRedis:
                         f"redis-server exited with {self.process.returncode} on port "
                         f"{self.port}; see {self.data_dir / 'redis.log'}"
                     )
-                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError,
-                                         redis.exceptions.BusyLoadingError):
+                with contextlib.suppress(
+                    redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError
+                ):
                     if client.ping():
                         break
                 if time.monotonic() > deadline:

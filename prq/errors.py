@@ -167,8 +167,6 @@ class RemoteError(RequestError):
     maybe_executed = True
 
     def __init__(self, error: ServerError, *, request_id: str, endpoint: str) -> None:
-        super().__init__(
-            f"{error.type}: {error.message}", request_id=request_id, endpoint=endpoint
-        )
+        super().__init__(f"{error.type}: {error.message}", request_id=request_id, endpoint=endpoint)
         self.error = error
         self.retryable = error.retryable

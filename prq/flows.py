@@ -47,6 +47,7 @@ from prq.scripts import (
 
 __all__ = [
     "Context",
+    "TakeResult",
     "call_flow",
     "locate_flow",
     "respond_flow",
@@ -139,25 +140,14 @@ def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Respon
     raise SerializationError(f"request {request_id} has an unknown state {state!r} in Redis")
 
 
-def call_flow(
-    ctx: Context,
-    request: Request,
-    body: bytes,
-    signal: Waitable,
-    pickup_timeout_s: float,
-    timeout_s: float | None,
-) -> Flow[Response]:
-    """Enqueue `request` and wait for its outcome (see the module docstring)."""
+def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s: float) -> Exec:
+    """The enqueue script and the id → endpoint locator, for one round trip."""
     settings = ctx.settings
     keys = ctx.keys.endpoint(request.endpoint)
-    started = ctx.monotonic()
-    pickup_deadline = started + pickup_timeout_s
-    call_deadline = None if timeout_s is None else started + timeout_s
     now_ms = ctx.wall_ms()
     request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
-
-    seen = signal.generation
-    replies = yield _exec(
+    locator_ttl_s = request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s
+    return _exec(
         enqueue_call(
             keys,
             request.id,
@@ -168,67 +158,107 @@ def call_flow(
             _ms(request_ttl_s),
             _ms(settings.list_ttl_s),
         ),
-        Call(
-            (
-                "SET",
-                ctx.keys.locator(request.id),
-                request.endpoint,
-                "PX",
-                _ms(request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s),
-            )
-        ),
+        Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )
-    outcome = parse_enqueue(_first(replies))
-    picked_up = False
+
+
+def _pulse_response(signal: Waitable, request_id: str) -> Response | None:
+    """The response carried by the last pulse, if it is this request's (else read Redis)."""
+    payload = signal.payload
+    if not payload:
+        return None
+    try:
+        response = decode_response(payload)
+    except SerializationError:
+        return None  # a garbled or forged pulse: the read that follows is authoritative
+    return response if response.id == request_id else None
+
+
+@dataclass(slots=True)
+class _CallClock:
+    """The deadlines of one call, on the monotonic clock."""
+
+    pickup_deadline: float
+    call_deadline: float | None
+    poll_interval_s: float
+    picked_up: bool = False
+
+    def wake_at(self, now: float) -> float:
+        wake = now + self.poll_interval_s
+        if not self.picked_up:
+            wake = min(wake, self.pickup_deadline)
+        if self.call_deadline is not None:
+            wake = min(wake, self.call_deadline)
+        return wake
+
+
+def call_flow(
+    ctx: Context,
+    request: Request,
+    body: bytes,
+    signal: Waitable,
+    pickup_timeout_s: float,
+    timeout_s: float | None,
+) -> Flow[Response]:
+    """Enqueue `request` and wait for its outcome (see the module docstring)."""
+    keys = ctx.keys.endpoint(request.endpoint)
+    started = ctx.monotonic()
+    clock = _CallClock(
+        pickup_deadline=started + pickup_timeout_s,
+        call_deadline=None if timeout_s is None else started + timeout_s,
+        poll_interval_s=ctx.settings.poll_interval_s,
+    )
+    seen = signal.generation
+    outcome = parse_enqueue(_first((yield _enqueue_calls(ctx, request, body, pickup_timeout_s))))
     if outcome.known is not None:
         known = resolve(outcome.known, request.id, request.endpoint)
         if known is not None:
             return known
-        picked_up = outcome.known.state == RequestState.TAKEN
+        clock.picked_up = outcome.known.state == RequestState.TAKEN
 
     while True:
         now = ctx.monotonic()
-        wake_at = now + settings.poll_interval_s
-        if not picked_up:
-            wake_at = min(wake_at, pickup_deadline)
-        if call_deadline is not None:
-            wake_at = min(wake_at, call_deadline)
-        yield _wait(signal, seen, wake_at - now)
-
+        yield _wait(signal, seen, clock.wake_at(now) - now)
         if signal.generation != seen:
             seen = signal.generation
-            payload = signal.payload
-            if payload:
-                response = decode_response(payload)
-                if response.id == request.id:
-                    return response
+            response = _pulse_response(signal, request.id)
+            if response is not None:
+                return response
 
         snapshot = parse_snapshot(_first((yield _exec(read_response_call(keys, request.id)))))
         result = resolve(snapshot, request.id, request.endpoint)
+        if result is None:
+            clock.picked_up = clock.picked_up or snapshot.state == RequestState.TAKEN
+            result = yield from _past_deadlines(ctx, request, clock, timeout_s)
         if result is not None:
             return result
-        picked_up = picked_up or snapshot.state == RequestState.TAKEN
 
-        now = ctx.monotonic()
-        if not picked_up and now >= pickup_deadline:
-            snapshot = yield from withdraw_flow(ctx, request, "pickup_timeout")
+
+def _past_deadlines(
+    ctx: Context, request: Request, clock: _CallClock, timeout_s: float | None
+) -> Flow[Response | None]:
+    """Act on a passed pickup or call deadline: withdraw, or raise CallTimeout."""
+    now = ctx.monotonic()
+    if not clock.picked_up and now >= clock.pickup_deadline:
+        snapshot = yield from withdraw_flow(ctx, request, "pickup_timeout")
+        result = resolve(snapshot, request.id, request.endpoint)
+        if result is not None:
+            return result
+        clock.picked_up = True  # taken just before the deadline: it keeps waiting
+    if clock.call_deadline is not None and now >= clock.call_deadline:
+        if not clock.picked_up:
+            snapshot = yield from withdraw_flow(ctx, request, "call_timeout")
             result = resolve(snapshot, request.id, request.endpoint)
             if result is not None:
                 return result
-            picked_up = True  # taken just before the deadline: it keeps waiting
-        if call_deadline is not None and now >= call_deadline:
-            if not picked_up:
-                snapshot = yield from withdraw_flow(ctx, request, "call_timeout")
-                result = resolve(snapshot, request.id, request.endpoint)
-                if result is not None:
-                    return result
-            raise CallTimeout(
-                f"request {request.id} to {request.endpoint!r} got no response within "
-                f"{timeout_s:g} s; it was picked up, so the service may have run it",
-                request_id=request.id,
-                endpoint=request.endpoint,
-                maybe_executed=True,
-            )
+        raise CallTimeout(
+            f"request {request.id} to {request.endpoint!r} got no response within "
+            f"{timeout_s:g} s; it was picked up, so the service may have run it",
+            request_id=request.id,
+            endpoint=request.endpoint,
+            maybe_executed=True,
+        )
+    return None
 
 
 def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSnapshot]:
@@ -247,6 +277,20 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
     return parse_snapshot(_first(replies))
 
 
+@dataclass(frozen=True, slots=True)
+class TakeResult:
+    """What one take handed out, under which owner token.
+
+    `empty_at` is the pulse generation seen just before a take that left the list empty
+    (fewer items than asked for); a later take can wait from there instead of asking Redis
+    again at once, because anything enqueued since then pulses (or is found by the poll).
+    """
+
+    token: str
+    items: list[TakenItem]
+    empty_at: int | None
+
+
 def take_flow(
     ctx: Context,
     endpoint: str,
@@ -254,17 +298,32 @@ def take_flow(
     max_items: int,
     timeout_s: float,
     should_stop: Callable[[], bool] | None = None,
-) -> Flow[tuple[str, list[TakenItem]]]:
+    empty_at: int | None = None,
+) -> Flow[TakeResult]:
     """Take up to `max_items` requests, waiting (pulse or poll) up to `timeout_s` for one.
 
-    Returns the owner token of the take and the requests. Between takes it sends nothing to
-    Redis until a pulse arrives or the poll interval passes; `should_stop` is checked at least
-    every `DEFAULT_STOP_CHECK_S`.
+    Between takes it sends nothing to Redis until a pulse arrives or the poll interval passes;
+    `should_stop` is checked at least every `DEFAULT_STOP_CHECK_S`. With `empty_at` (from an
+    earlier TakeResult) the first take waits for a pulse after that generation.
     """
     settings = ctx.settings
     keys = ctx.keys.endpoint(endpoint)
     deadline = ctx.monotonic() + timeout_s
+    seen = empty_at
+    token = uuid.uuid4().hex
     while True:
+        if seen is not None:
+            next_poll = ctx.monotonic() + settings.poll_interval_s
+            while signal.generation == seen:
+                now = ctx.monotonic()
+                if now >= deadline or (should_stop is not None and should_stop()):
+                    return TakeResult(token, [], seen)
+                if now >= next_poll:
+                    break
+                timeout = min(next_poll, deadline) - now
+                if should_stop is not None:
+                    timeout = min(timeout, DEFAULT_STOP_CHECK_S)
+                yield _wait(signal, seen, timeout)
         seen = signal.generation
         token = uuid.uuid4().hex
         replies = yield _exec(
@@ -281,18 +340,9 @@ def take_flow(
         )
         _skipped, items = parse_take(_first(replies))
         if items:
-            return token, items
-        next_poll = ctx.monotonic() + settings.poll_interval_s
-        while signal.generation == seen:
-            now = ctx.monotonic()
-            if now >= deadline or (should_stop is not None and should_stop()):
-                return token, []
-            if now >= next_poll:
-                break
-            timeout = min(next_poll, deadline) - now
-            if should_stop is not None:
-                timeout = min(timeout, DEFAULT_STOP_CHECK_S)
-            yield _wait(signal, seen, timeout)
+            return TakeResult(token, items, seen if len(items) < max_items else None)
+        if ctx.monotonic() >= deadline:
+            return TakeResult(token, [], seen)
 
 
 def respond_flow(

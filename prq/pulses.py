@@ -310,7 +310,7 @@ class AsyncPulses:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         with contextlib.suppress(Exception):
-            await self._pubsub.aclose()
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 class ThreadPulses:
@@ -318,7 +318,7 @@ class ThreadPulses:
 
     def __init__(self, client: redis.Redis, router: PulseRouter[ThreadSignal]) -> None:
         self.router = router
-        self._pubsub = client.pubsub()
+        self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
         self._desired: set[str] = set()
         self._confirmed: set[str] = set()
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()

@@ -1,4 +1,4 @@
-"""AsyncQueue: the pending-request queue on asyncio (the core), and what both facades share.
+"""AsyncQueue: the pending-request queue on asyncio (the core facade).
 
 A queue object is one node: it has a node id, one connection pool, and one pub/sub connection
 for all its subscriptions. Lifecycle: created → started (scripts loaded, pub/sub reader up; on
@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from pydantic import JsonValue, ValidationError
+from pydantic import JsonValue
 
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import ConfigurationError, PayloadTooLarge, QueueShutdown, RemoteError, SerializationError
-from prq.dedup import delivery_hash
 from prq.flows import (
-    Context,
     call_flow,
     locate_flow,
     respond_flow,
@@ -29,21 +24,18 @@ from prq.flows import (
     take_flow,
     withdraw_flow,
 )
-from prq.keys import KeySchema
 from prq.models import (
-    DeliveryInfo,
     PendingRequest,
     Request,
     RequestState,
     RequestStatus,
     Response,
-    ServerError,
-    decode_request,
     validate_endpoint,
 )
+from prq.node import QueueBase, QueueStats
 from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
-from prq.scripts import TakenItem, script_load_calls
+from prq.scripts import script_load_calls
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -52,164 +44,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncQueue", "QueueStats"]
+__all__ = ["AsyncQueue"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """Client-side counters of one node (for tests, benchmarks and metrics)."""
-
-    redis_commands: int
-    round_trips: int
-    redis_retries: int
-    subscriptions: int
-    pubsub_reconnects: int
-    pulses_received: int
-    held_requests: int
-
-
-class QueueBase:
-    """What both facades share: settings, keys, node identity, and pure request handling."""
-
-    def __init__(
-        self,
-        redis_settings: RedisSettings,
-        *,
-        prefix: str = "prq",
-        settings: QueueSettings | None = None,
-        datastreams: DataStreamStore | None = None,
-        node_id: str | None = None,
-    ) -> None:
-        self.redis_settings = redis_settings
-        self.settings = settings or QueueSettings()
-        self.keys = KeySchema(prefix)
-        self.node_id = node_id or uuid.uuid4().hex[:16]
-        self.datastreams = datastreams
-        self.ctx = Context(self.keys, self.settings, self.node_id)
-        #: Requests this node took and has not answered: id → PendingRequest (owner token).
-        self._held: dict[str, PendingRequest] = {}
-        #: Requests this node sent and still waits for: id → endpoint.
-        self._sent: dict[str, str] = {}
-        self._closed = False
-        if datastreams is not None:
-            raise ConfigurationError(
-                "a DataStreamStore was given, but large payloads beside Redis are not supported "
-                "by this version; bodies up to max_body_bytes are kept inline"
-            )
-
-    # -- building and checking what goes to Redis -------------------------------------------
-
-    def build_request(
-        self,
-        endpoint: str,
-        method: str,
-        params: JsonValue = None,
-        *,
-        service: str = "",
-        priority: int = 0,
-        producer: str | None = None,
-        request_id: str | None = None,
-    ) -> Request:
-        fields: dict[str, object] = {
-            "endpoint": endpoint,
-            "method": method,
-            "params": params,
-            "service": service,
-            "priority": priority,
-            "producer": producer or self.node_id,
-        }
-        if request_id is not None:
-            fields["id"] = request_id
-        return Request(**fields)
-
-    def _encode_request(self, request: Request) -> tuple[Request, bytes]:
-        validate_endpoint(request.endpoint)
-        if request.producer is None:
-            request = request.model_copy(update={"producer": self.node_id})
-        body = request.model_dump_json().encode()
-        self._check_size(body, "request", request.id)
-        return request, body
-
-    def _encode_response(self, response: Response) -> bytes:
-        body = response.model_dump_json().encode()
-        self._check_size(body, "response", response.id)
-        return body
-
-    def _check_size(self, body: bytes, what: str, request_id: str) -> None:
-        limit = self.settings.max_body_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(
-                f"{what} {request_id} is {len(body)} bytes, over max_body_bytes={limit}; "
-                "nothing was written",
-                size_bytes=len(body),
-                limit_bytes=limit,
-            )
-
-    def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
-        return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
-
-    def _adopt(
-        self, endpoint: str, token: str, items: list[TakenItem]
-    ) -> tuple[list[PendingRequest], list[tuple[TakenItem, SerializationError]]]:
-        """Turn taken items into PendingRequests; return undecodable ones separately."""
-        good: list[PendingRequest] = []
-        bad: list[tuple[TakenItem, SerializationError]] = []
-        for item in items:
-            try:
-                request = decode_request(item.body)
-                if request.id != item.request_id or request.endpoint != endpoint:
-                    raise SerializationError(
-                        f"stored request {item.request_id} names another id or endpoint"
-                    )
-            except SerializationError as exc:
-                logger.warning(
-                    "undecodable request skipped endpoint=%r request_id=%s error=%s",
-                    endpoint,
-                    item.request_id,
-                    exc,
-                )
-                bad.append((item, exc))
-                continue
-            delivery = DeliveryInfo(
-                attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
-            )
-            pending = PendingRequest(request, delivery, token)
-            self._held[request.id] = pending
-            good.append(pending)
-        return good, bad
-
-    def _respond_flow(self, response: Response) -> Flow[str] | None:
-        """The flow that answers a held request, or None if this node does not hold it."""
-        pending = self._held.get(response.id)
-        if pending is None:
-            logger.warning("response for a request this node does not hold request_id=%s",
-                           response.id)
-            return None
-        body = self._encode_response(response)
-        return respond_flow(
-            self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
-        )
-
-    def _after_respond(self, request_id: str, outcome: str) -> None:
-        self._held.pop(request_id, None)
-        if outcome not in ("ok", "replay"):
-            logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
-
-    @staticmethod
-    def _bad_item_response(item: TakenItem, exc: SerializationError) -> bytes:
-        error = ServerError(type="SerializationError", message=str(exc)[:500])
-        return Response(id=item.request_id, error=error).model_dump_json().encode()
-
-    @staticmethod
-    def _result(request: Request, response: Response) -> JsonValue:
-        if response.error is not None:
-            raise RemoteError(response.error, request_id=request.id, endpoint=request.endpoint)
-        return response.result
-
-    def _shutdown_error(self) -> QueueShutdown:
-        return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")
 
 
 class AsyncQueue(QueueBase):
@@ -225,7 +62,10 @@ class AsyncQueue(QueueBase):
         node_id: str | None = None,
     ) -> None:
         super().__init__(
-            redis_settings, prefix=prefix, settings=settings, datastreams=datastreams,
+            redis_settings,
+            prefix=prefix,
+            settings=settings,
+            datastreams=datastreams,
             node_id=node_id,
         )
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
@@ -292,6 +132,10 @@ class AsyncQueue(QueueBase):
         logger.info("queue closed node_id=%s", self.node_id)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def stats(self) -> QueueStats:
         return QueueStats(
             redis_commands=self._io.commands,
@@ -345,7 +189,11 @@ class AsyncQueue(QueueBase):
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
-                    self.ctx, request, body, signal, self._pickup_timeout(pickup_timeout_s),
+                    self.ctx,
+                    request,
+                    body,
+                    signal,
+                    self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
                 )
                 return await self._run(flow)
@@ -364,8 +212,9 @@ class AsyncQueue(QueueBase):
             try:
                 await self._run(withdraw_flow(self.ctx, request, "cancelled"))
             except Exception as exc:
-                logger.debug("withdraw after caller cancel failed request_id=%s error=%s",
-                             request.id, exc)
+                logger.debug(
+                    "withdraw after caller cancel failed request_id=%s error=%s", request.id, exc
+                )
 
         task = asyncio.ensure_future(withdraw())
         self._background.add(task)
@@ -386,7 +235,12 @@ class AsyncQueue(QueueBase):
     ) -> JsonValue:
         """Call `method` on the service at `endpoint`; return its result or raise RemoteError."""
         request = self.build_request(
-            endpoint, method, params, service=service, priority=priority, producer=producer,
+            endpoint,
+            method,
+            params,
+            service=service,
+            priority=priority,
+            producer=producer,
             request_id=request_id,
         )
         response = await self.queue_and_wait(
@@ -426,27 +280,44 @@ class AsyncQueue(QueueBase):
         max_items: int,
         *,
         timeout_s: float | None = None,
-        should_stop: Callable[[], bool] | None = None,
     ) -> list[PendingRequest]:
         """Take up to `max_items` requests of `endpoint` in one step (waits for the first)."""
+        timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
+        taken, _ = await self._take(endpoint, max_items, timeout)
+        return taken
+
+    async def _take(
+        self,
+        endpoint: str,
+        max_items: int,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None = None,
+        empty_at: int | None = None,
+    ) -> tuple[list[PendingRequest], int | None]:
+        """Take requests; also return the pulse generation at which the list was seen empty."""
         validate_endpoint(endpoint)
         await self._ready()
         keys = self.keys.endpoint(endpoint)
         await self._pulses.ensure_subscribed(keys.pulse_channel)
         signal = self._router.endpoint_signal(keys.pulse_channel)
-        timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
         while True:
-            token, items = await self._run(
-                take_flow(self.ctx, endpoint, signal, max_items, timeout, should_stop)
+            result = await self._run(
+                take_flow(self.ctx, endpoint, signal, max_items, timeout_s, should_stop, empty_at)
             )
-            good, bad = self._adopt(endpoint, token, items)
+            good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 await self._run(
-                    respond_flow(self.ctx, endpoint, item.request_id, token,
-                                 self._bad_item_response(item, exc))
+                    respond_flow(
+                        self.ctx,
+                        endpoint,
+                        item.request_id,
+                        result.token,
+                        self._bad_item_response(item, exc),
+                    )
                 )
-            if good or not items:
-                return good
+            if good or not result.items:
+                return good, result.empty_at
+            empty_at = result.empty_at
 
     async def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins."""

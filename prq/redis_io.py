@@ -177,7 +177,7 @@ class AsyncRedisIO(_Counters):
 
     async def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         if len(calls) == 1:
-            return [await self.client.execute_command(*calls[0].args)]
+            return [await self.client.execute_command(*calls[0].args)]  # type: ignore[no-untyped-call]
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.execute_command(*call.args)
@@ -231,10 +231,10 @@ class SyncRedisIO(_Counters):
 
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         if len(calls) == 1:
-            return [self.client.execute_command(*calls[0].args)]
+            return [self.client.execute_command(*calls[0].args)]  # type: ignore[no-untyped-call]
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
-                pipe.execute_command(*call.args)
+                pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
             result: list[Reply] = pipe.execute(raise_on_error=False)
             return result
 

@@ -24,8 +24,8 @@ from prq.models import (
     Response,
     validate_endpoint,
 )
+from prq.node import QueueBase, QueueStats
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
-from prq.queue import QueueBase, QueueStats
 from prq.redis_io import SyncRedisIO
 from prq.scripts import script_load_calls
 
@@ -54,7 +54,10 @@ class Queue(QueueBase):
         node_id: str | None = None,
     ) -> None:
         super().__init__(
-            redis_settings, prefix=prefix, settings=settings, datastreams=datastreams,
+            redis_settings,
+            prefix=prefix,
+            settings=settings,
+            datastreams=datastreams,
             node_id=node_id,
         )
         self._io = SyncRedisIO(self.redis_settings, self.settings)
@@ -117,6 +120,10 @@ class Queue(QueueBase):
         logger.info("queue closed node_id=%s", self.node_id)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def stats(self) -> QueueStats:
         return QueueStats(
             redis_commands=self._io.commands,
@@ -170,7 +177,11 @@ class Queue(QueueBase):
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
-                    self.ctx, request, body, signal, self._pickup_timeout(pickup_timeout_s),
+                    self.ctx,
+                    request,
+                    body,
+                    signal,
+                    self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
                 )
                 return self._run(flow)
@@ -192,7 +203,12 @@ class Queue(QueueBase):
     ) -> JsonValue:
         """Call `method` on the service at `endpoint`; return its result or raise RemoteError."""
         request = self.build_request(
-            endpoint, method, params, service=service, priority=priority, producer=producer,
+            endpoint,
+            method,
+            params,
+            service=service,
+            priority=priority,
+            producer=producer,
             request_id=request_id,
         )
         response = self.queue_and_wait(
@@ -230,27 +246,44 @@ class Queue(QueueBase):
         max_items: int,
         *,
         timeout_s: float | None = None,
-        should_stop: Callable[[], bool] | None = None,
     ) -> list[PendingRequest]:
         """Take up to `max_items` requests of `endpoint` in one step (waits for the first)."""
+        timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
+        taken, _ = self._take(endpoint, max_items, timeout)
+        return taken
+
+    def _take(
+        self,
+        endpoint: str,
+        max_items: int,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None = None,
+        empty_at: int | None = None,
+    ) -> tuple[list[PendingRequest], int | None]:
+        """Take requests; also return the pulse generation at which the list was seen empty."""
         validate_endpoint(endpoint)
         self._ready()
         keys = self.keys.endpoint(endpoint)
         self._pulses.ensure_subscribed(keys.pulse_channel)
         signal = self._router.endpoint_signal(keys.pulse_channel)
-        timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
         while True:
-            token, items = self._run(
-                take_flow(self.ctx, endpoint, signal, max_items, timeout, should_stop)
+            result = self._run(
+                take_flow(self.ctx, endpoint, signal, max_items, timeout_s, should_stop, empty_at)
             )
-            good, bad = self._adopt(endpoint, token, items)
+            good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 self._run(
-                    respond_flow(self.ctx, endpoint, item.request_id, token,
-                                 self._bad_item_response(item, exc))
+                    respond_flow(
+                        self.ctx,
+                        endpoint,
+                        item.request_id,
+                        result.token,
+                        self._bad_item_response(item, exc),
+                    )
                 )
-            if good or not items:
-                return good
+            if good or not result.items:
+                return good, result.empty_at
+            empty_at = result.empty_at
 
     def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins."""

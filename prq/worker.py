@@ -46,7 +46,9 @@ def current_request() -> PendingRequest | None:
     return _current.get()
 
 
-def build_response(request_id: str, result: object = None, exc: BaseException | None = None) -> Response:
+def build_response(
+    request_id: str, result: object = None, exc: BaseException | None = None
+) -> Response:
     """The response for a handler's result or exception (a non-JSON result is an error)."""
     if exc is not None:
         return Response(
@@ -64,15 +66,15 @@ def build_response(request_id: str, result: object = None, exc: BaseException | 
             id=request_id,
             error=ServerError(
                 type="SerializationError",
-                message=f"the handler returned a value that is not JSON: {error.errors()[0]['msg']}",
+                message="the handler returned a value that is not JSON: "
+                + str(error.errors()[0]["msg"]),
             ),
         )
 
 
 def _is_async(handler: Handler) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)
-    )
+    call = type(handler).__call__ if not inspect.isfunction(handler) else None
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
 def _backoff_s(failures: int) -> float:
@@ -108,30 +110,15 @@ async def serve_async(
     """Serve `endpoint` with `handler` until `stop` is set or the queue closes."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    is_async = _is_async(handler)
-    executor = None if is_async else ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler")
+    run = _async_runner(handler, concurrency)
     running: set[asyncio.Task[None]] = set()
-    loop = asyncio.get_running_loop()
 
     def stopped() -> bool:
-        return (stop is not None and stop.is_set()) or queue._closed
+        return (stop is not None and stop.is_set()) or queue.closed
 
     async def handle(pending: PendingRequest) -> None:
         try:
-            if is_async:
-                token = _current.set(pending)
-                try:
-                    result = await cast(Callable[[Request], Awaitable[object]], handler)(
-                        pending.request
-                    )
-                finally:
-                    _current.reset(token)
-            else:
-                context = contextvars.copy_context()
-                result = await loop.run_in_executor(
-                    executor, context.run, _run_sync_handler, handler, pending
-                )
-            response = build_response(pending.id, result)
+            response = build_response(pending.id, await run(pending))
         except Exception as exc:
             response = build_response(pending.id, exc=exc)
         try:
@@ -140,6 +127,7 @@ async def serve_async(
             logger.error("could not answer request_id=%s error=%s", pending.id, exc)
 
     failures = 0
+    empty_at: int | None = None
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     try:
         while not stopped():
@@ -148,14 +136,15 @@ async def serve_async(
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                taken = await queue.dequeue_many(endpoint, free, should_stop=stopped)
+                taken, empty_at = await queue._take(
+                    endpoint, free, queue.settings.dequeue_timeout_s, stopped, empty_at
+                )
                 failures = 0
             except QueueShutdown:
                 break
             except PrqError as exc:
-                failures += 1
-                logger.warning("dequeue failed endpoint=%r error=%s failures=%d",
-                               endpoint, exc, failures)
+                failures = _log_failure(endpoint, exc, failures)
+                empty_at = None
                 await asyncio.sleep(_backoff_s(failures))
                 continue
             for pending in taken:
@@ -165,9 +154,39 @@ async def serve_async(
     finally:
         if running:
             await asyncio.wait(running)
-        if executor is not None:
-            executor.shutdown(wait=False)
         logger.info("stopped serving endpoint=%r", endpoint)
+
+
+def _async_runner(
+    handler: Handler, concurrency: int
+) -> Callable[[PendingRequest], Awaitable[object]]:
+    """Run a coroutine handler on the loop, a plain one in a worker thread."""
+    if _is_async(handler):
+        async_handler = cast(Callable[[Request], Awaitable[object]], handler)
+
+        async def run_on_loop(pending: PendingRequest) -> object:
+            token = _current.set(pending)
+            try:
+                return await async_handler(pending.request)
+            finally:
+                _current.reset(token)
+
+        return run_on_loop
+
+    executor = ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler")
+
+    async def run_in_thread(pending: PendingRequest) -> object:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, _run_sync_handler, handler, pending)
+
+    return run_in_thread
+
+
+def _log_failure(endpoint: str, exc: PrqError, failures: int) -> int:
+    failures += 1
+    level = logging.WARNING if failures == 1 else logging.DEBUG
+    logger.log(level, "dequeue failed endpoint=%r error=%s failures=%d", endpoint, exc, failures)
+    return failures
 
 
 # -- threads ------------------------------------------------------------------------------------
@@ -185,9 +204,10 @@ def serve_sync(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     slots = threading.BoundedSemaphore(concurrency)
+    pause = stop or threading.Event()
 
     def stopped() -> bool:
-        return (stop is not None and stop.is_set()) or queue._closed
+        return pause.is_set() or queue.closed
 
     def handle(pending: PendingRequest) -> None:
         try:
@@ -203,27 +223,37 @@ def serve_sync(
             slots.release()
 
     failures = 0
+    empty_at: int | None = None
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     with ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler") as pool:
         while not stopped():
-            if not slots.acquire(timeout=0.25):
+            free = _acquire_free(slots, concurrency)
+            if not free:
                 continue
-            free = 1
-            while free < concurrency and slots.acquire(blocking=False):
-                free += 1
+            taken: list[PendingRequest] = []
             try:
-                taken = queue.dequeue_many(endpoint, free, should_stop=stopped)
+                taken, empty_at = queue._take(
+                    endpoint, free, queue.settings.dequeue_timeout_s, stopped, empty_at
+                )
                 failures = 0
             except QueueShutdown:
-                taken = []
+                pass
             except PrqError as exc:
-                taken = []
-                failures += 1
-                logger.warning("dequeue failed endpoint=%r error=%s failures=%d",
-                               endpoint, exc, failures)
-                (stop or threading.Event()).wait(_backoff_s(failures))
+                failures = _log_failure(endpoint, exc, failures)
+                empty_at = None
+                pause.wait(_backoff_s(failures))
             for _ in range(free - len(taken)):
                 slots.release()
             for pending in taken:
-                pool.submit(contextvars.copy_context().run, handle, pending)
+                pool.submit(handle, pending)
     logger.info("stopped serving endpoint=%r", endpoint)
+
+
+def _acquire_free(slots: threading.BoundedSemaphore, concurrency: int) -> int:
+    """Wait (briefly) for one free slot, then grab every other free one; 0 if none came."""
+    if not slots.acquire(timeout=0.25):
+        return 0
+    free = 1
+    while free < concurrency and slots.acquire(blocking=False):
+        free += 1
+    return free

@@ -47,7 +47,7 @@ class Script:
     @classmethod
     def load(cls, name: str) -> Script:
         source = resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
-        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324
+        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:
         return Call(("EVALSHA", self.sha, len(keys), *keys, *args), self)
@@ -114,8 +114,16 @@ def enqueue_call(
 ) -> Call:
     return ENQUEUE.call(
         (keys.request(request_id), keys.pending, keys.sequence),
-        (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
-         keys.pulse_channel),
+        (
+            request_id,
+            body,
+            sender,
+            now_ms,
+            pickup_deadline_ms,
+            request_ttl_ms,
+            list_ttl_ms,
+            keys.pulse_channel,
+        ),
     )
 
 
@@ -192,8 +200,15 @@ def apply_response_call(
 ) -> Call:
     return APPLY_RESPONSE.call(
         (keys.request(request_id),),
-        (request_id, owner_token, response, response_ttl_ms, now_ms, node_channel_prefix,
-         pulse_inline_limit_bytes),
+        (
+            request_id,
+            owner_token,
+            response,
+            response_ttl_ms,
+            now_ms,
+            node_channel_prefix,
+            pulse_inline_limit_bytes,
+        ),
     )
 
 

@@ -1,0 +1,7 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY prq ./prq
+COPY api ./api
+RUN pip install --no-cache-dir '.[api]'
+ENTRYPOINT ["prq"]

@@ -1,0 +1,202 @@
+"""One node of the queue: identity, settings, keys, and the request handling both facades share.
+
+Nothing here does I/O. `AsyncQueue` (queue.py) and `Queue` (sync.py) add the I/O path: they
+drive the flows of flows.py and own the connections. The node keeps two local maps:
+`_sent` (requests it waits for: id → endpoint) and `_held` (requests it took and has not
+answered: id → PendingRequest with the owner token that answering needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
+
+from prq._types import Flow
+from prq.config import QueueSettings, RedisSettings
+from prq.dedup import delivery_hash
+from prq.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    QueueShutdown,
+    RemoteError,
+    SerializationError,
+)
+from prq.flows import Context, respond_flow
+from prq.keys import KeySchema
+from prq.models import (
+    DeliveryInfo,
+    PendingRequest,
+    Request,
+    Response,
+    ServerError,
+    decode_request,
+    validate_endpoint,
+)
+from prq.scripts import TakenItem
+
+if TYPE_CHECKING:
+    from prq.datastreams import DataStreamStore
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["QueueBase", "QueueStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Client-side counters of one node (for tests, benchmarks and metrics)."""
+
+    redis_commands: int
+    round_trips: int
+    redis_retries: int
+    subscriptions: int
+    pubsub_reconnects: int
+    pulses_received: int
+    held_requests: int
+
+
+class QueueBase:
+    """What both facades share: settings, keys, node identity, and pure request handling."""
+
+    def __init__(
+        self,
+        redis_settings: RedisSettings,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+        node_id: str | None = None,
+    ) -> None:
+        self.redis_settings = redis_settings
+        self.settings = settings or QueueSettings()
+        self.keys = KeySchema(prefix)
+        self.node_id = node_id or uuid.uuid4().hex[:16]
+        self.datastreams = datastreams
+        self.ctx = Context(self.keys, self.settings, self.node_id)
+        #: Requests this node took and has not answered: id → PendingRequest (owner token).
+        self._held: dict[str, PendingRequest] = {}
+        #: Requests this node sent and still waits for: id → endpoint.
+        self._sent: dict[str, str] = {}
+        self._closed = False
+        if datastreams is not None:
+            raise ConfigurationError(
+                "a DataStreamStore was given, but large payloads beside Redis are not supported "
+                "by this version; bodies up to max_body_bytes are kept inline"
+            )
+
+    # -- building and checking what goes to Redis -------------------------------------------
+
+    def build_request(
+        self,
+        endpoint: str,
+        method: str,
+        params: JsonValue = None,
+        *,
+        service: str = "",
+        priority: int = 0,
+        producer: str | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        fields: dict[str, object] = {
+            "endpoint": endpoint,
+            "method": method,
+            "params": params,
+            "service": service,
+            "priority": priority,
+            "producer": producer or self.node_id,
+        }
+        if request_id is not None:
+            fields["id"] = request_id
+        return Request(**fields)
+
+    def _encode_request(self, request: Request) -> tuple[Request, bytes]:
+        validate_endpoint(request.endpoint)
+        if request.producer is None:
+            request = request.model_copy(update={"producer": self.node_id})
+        body = request.model_dump_json().encode()
+        self._check_size(body, "request", request.id)
+        return request, body
+
+    def _encode_response(self, response: Response) -> bytes:
+        body = response.model_dump_json().encode()
+        self._check_size(body, "response", response.id)
+        return body
+
+    def _check_size(self, body: bytes, what: str, request_id: str) -> None:
+        limit = self.settings.max_body_bytes
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"{what} {request_id} is {len(body)} bytes, over max_body_bytes={limit}; "
+                "nothing was written",
+                size_bytes=len(body),
+                limit_bytes=limit,
+            )
+
+    def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
+        return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+
+    def _adopt(
+        self, endpoint: str, token: str, items: list[TakenItem]
+    ) -> tuple[list[PendingRequest], list[tuple[TakenItem, SerializationError]]]:
+        """Turn taken items into PendingRequests; return undecodable ones separately."""
+        good: list[PendingRequest] = []
+        bad: list[tuple[TakenItem, SerializationError]] = []
+        for item in items:
+            try:
+                request = decode_request(item.body)
+                if request.id != item.request_id or request.endpoint != endpoint:
+                    raise SerializationError(
+                        f"stored request {item.request_id} names another id or endpoint"
+                    )
+            except SerializationError as exc:
+                logger.warning(
+                    "undecodable request skipped endpoint=%r request_id=%s error=%s",
+                    endpoint,
+                    item.request_id,
+                    exc,
+                )
+                bad.append((item, exc))
+                continue
+            delivery = DeliveryInfo(
+                attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
+            )
+            pending = PendingRequest(request, delivery, token)
+            self._held[request.id] = pending
+            good.append(pending)
+        return good, bad
+
+    def _respond_flow(self, response: Response) -> Flow[str] | None:
+        """The flow that answers a held request, or None if this node does not hold it."""
+        pending = self._held.get(response.id)
+        if pending is None:
+            logger.warning(
+                "response for a request this node does not hold request_id=%s", response.id
+            )
+            return None
+        body = self._encode_response(response)
+        return respond_flow(
+            self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
+        )
+
+    def _after_respond(self, request_id: str, outcome: str) -> None:
+        self._held.pop(request_id, None)
+        if outcome not in ("ok", "replay"):
+            logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
+
+    @staticmethod
+    def _bad_item_response(item: TakenItem, exc: SerializationError) -> bytes:
+        error = ServerError(type="SerializationError", message=str(exc)[:500])
+        return Response(id=item.request_id, error=error).model_dump_json().encode()
+
+    @staticmethod
+    def _result(request: Request, response: Response) -> JsonValue:
+        if response.error is not None:
+            raise RemoteError(response.error, request_id=request.id, endpoint=request.endpoint)
+        return response.result
+
+    def _shutdown_error(self) -> QueueShutdown:
+        return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")

@@ -1,0 +1,70 @@
+"""KeySchema: injective, tag-safe encoding of endpoints."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prq import InvalidEndpoint
+from prq.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.models import MAX_ENDPOINT_LENGTH
+
+printable = st.text(
+    alphabet=st.characters(codec="utf-8").filter(str.isprintable),
+    min_size=1,
+    max_size=MAX_ENDPOINT_LENGTH,
+)
+
+
+@given(printable)
+def test_encoding_round_trips_and_is_tag_safe(endpoint: str) -> None:
+    encoded = encode_endpoint(endpoint)
+    assert decode_endpoint(encoded) == endpoint
+    assert not set(encoded) & set("{}:*?[]\\ \r\n\t\x00")
+
+
+@given(printable, printable)
+def test_distinct_endpoints_never_share_a_key(a: str, b: str) -> None:
+    keys = KeySchema("prq")
+    if a != b:
+        assert keys.endpoint(a).pending != keys.endpoint(b).pending
+        assert keys.endpoint(a).pulse_channel != keys.endpoint(b).pulse_channel
+
+
+@given(printable)
+def test_every_key_of_an_endpoint_has_one_hash_tag(endpoint: str) -> None:
+    keys = KeySchema("prq").endpoint(endpoint)
+    for key in (keys.pending, keys.request("abc"), keys.sequence, keys.take_receipt("t")):
+        assert key.count("{") == 1
+        assert key.count("}") == 1
+        assert key.startswith(keys.tag)
+
+
+def test_unicode_forms_are_distinct_endpoints() -> None:
+    nfc = unicodedata.normalize("NFC", "poll://café")
+    nfd = unicodedata.normalize("NFD", "poll://café")
+    assert nfc != nfd
+    assert encode_endpoint(nfc) != encode_endpoint(nfd)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["", "a\nb", "a\rb", "a\x00b", "tab\there", "x" * (MAX_ENDPOINT_LENGTH + 1), "\ud800"],
+)
+def test_invalid_endpoints_are_rejected(endpoint: str) -> None:
+    with pytest.raises(InvalidEndpoint):
+        encode_endpoint(endpoint)
+
+
+def test_non_string_endpoint_is_rejected() -> None:
+    with pytest.raises(InvalidEndpoint):
+        encode_endpoint(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "a}b", "a*", "a b", "a?", "a[b]"])
+def test_invalid_prefixes_are_rejected(prefix: str) -> None:
+    with pytest.raises(ValueError, match="invalid key prefix"):
+        KeySchema(prefix)

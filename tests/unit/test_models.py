@@ -1,0 +1,63 @@
+"""Wire models: validation and JSON decoding."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from prq import InvalidEndpoint, Request, Response, SerializationError, ServerError
+from prq.models import decode_request, decode_response
+
+
+def test_request_defaults() -> None:
+    request = Request(endpoint="poll://a", method="ping")
+    assert len(request.id) == 32
+    assert request.delivery == "at_most_once"
+    assert request.priority == 0
+    assert request.headers == {}
+
+
+def test_bad_endpoint_raises_the_typed_error() -> None:
+    with pytest.raises(InvalidEndpoint):
+        Request(endpoint="bad\nname", method="m")
+
+
+@pytest.mark.parametrize("request_id", ["", "a|b", "a b", "x" * 129, "-leading", "é"])
+def test_bad_request_ids_are_rejected(request_id: str) -> None:
+    with pytest.raises(ValueError, match="id"):
+        Request(endpoint="poll://a", method="m", id=request_id)
+
+
+def test_request_round_trips_through_json() -> None:
+    request = Request(endpoint="poll://a", method="m", params={"x": [1, 2.5, None, "s"]})
+    assert decode_request(request.model_dump_json()) == request
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"endpoint": "poll://a"}',
+        b'{"endpoint": "a\\nb", "method": "m"}',
+        b'{"endpoint": "poll://a", "method": "m", "evil": 1}',
+        b"!!python/object/apply:os.system ['true']",
+        pickle.dumps({"endpoint": "poll://a", "method": "m"}),
+        b"\xff\xfe",
+    ],
+)
+def test_malformed_stored_requests_raise_serialization_error(raw: bytes) -> None:
+    with pytest.raises(SerializationError):
+        decode_request(raw)
+
+
+def test_response_with_error_round_trips() -> None:
+    response = Response(id="abc", error=ServerError(type="ValueError", message="no"))
+    assert decode_response(response.model_dump_json()) == response
+
+
+def test_malformed_response_raises_serialization_error() -> None:
+    with pytest.raises(SerializationError):
+        decode_response(b'{"id": 3}')

@@ -1,0 +1,59 @@
+"""Reply parsers of the Lua steps: typed values, or SerializationError for anything else."""
+
+from __future__ import annotations
+
+import pytest
+
+from prq import SerializationError
+from prq.scripts import (
+    ALL_SCRIPTS,
+    parse_apply_response,
+    parse_enqueue,
+    parse_snapshot,
+    parse_take,
+)
+
+
+def test_every_script_documents_keys_argv_reply_and_invariants() -> None:
+    for script in ALL_SCRIPTS:
+        header = script.source.split("]]", 1)[0]
+        for section in ("KEYS[1]", "Reply", "Invariants"):
+            assert section in header, (script.name, section)
+
+
+def test_parse_enqueue() -> None:
+    assert parse_enqueue([b"new", 7]).counter == 7
+    known = parse_enqueue([b"known", b"done", b'{"id":"a"}', b""]).known
+    assert known is not None
+    assert known.state == "done"
+    assert known.response == b'{"id":"a"}'
+
+
+def test_parse_take() -> None:
+    skipped, items = parse_take([2, b"id1", b"{}", b"1", b"id2", b"{}", b"3"])
+    assert skipped == 2
+    assert [(i.request_id, i.attempt) for i in items] == [("id1", 1), ("id2", 3)]
+    assert parse_take([0]) == (0, [])
+
+
+@pytest.mark.parametrize(
+    "reply", [None, b"x", [], [b"0"], [0, b"id"], [0, b"a", b"b"], ValueError("boom")]
+)
+def test_parse_take_rejects_malformed(reply: object) -> None:
+    with pytest.raises(SerializationError):
+        parse_take(reply)  # type: ignore[arg-type]
+
+
+def test_parse_apply_response() -> None:
+    assert parse_apply_response(b"ok") == "ok"
+    with pytest.raises(SerializationError):
+        parse_apply_response(b"weird")
+
+
+def test_parse_snapshot() -> None:
+    snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout"])
+    assert (snapshot.state, snapshot.reason) == ("withdrawn", "pickup_timeout")
+    with pytest.raises(SerializationError):
+        parse_snapshot([b"done"])
+    with pytest.raises(SerializationError):
+        parse_enqueue([b"surprise"])
