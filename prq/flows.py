@@ -27,6 +27,7 @@ from prq.errors import (
     CancelledBeforePickup,
     DataLoss,
     PickupTimeout,
+    QueueUnavailable,
     SerializationError,
 )
 from prq.keys import KeySchema
@@ -201,7 +202,6 @@ def call_flow(
     timeout_s: float | None,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring)."""
-    keys = ctx.keys.endpoint(request.endpoint)
     started = ctx.monotonic()
     clock = _CallClock(
         pickup_deadline=started + pickup_timeout_s,
@@ -209,6 +209,31 @@ def call_flow(
         poll_interval_s=ctx.settings.poll_interval_s,
     )
     seen = signal.generation
+    try:
+        return (
+            yield from _await_outcome(
+                ctx, request, body, signal, seen, pickup_timeout_s, timeout_s, clock
+            )
+        )
+    except QueueUnavailable as exc:
+        raise QueueUnavailable(
+            f"{exc} Request {request.id} may have been enqueued and may still run; retrying "
+            "with the same request id is safe (it is never enqueued twice).",
+            maybe_executed=True,
+        ) from exc
+
+
+def _await_outcome(
+    ctx: Context,
+    request: Request,
+    body: bytes,
+    signal: Waitable,
+    seen: int,
+    pickup_timeout_s: float,
+    timeout_s: float | None,
+    clock: _CallClock,
+) -> Flow[Response]:
+    keys = ctx.keys.endpoint(request.endpoint)
     outcome = parse_enqueue(_first((yield _enqueue_calls(ctx, request, body, pickup_timeout_s))))
     if outcome.known is not None:
         known = resolve(outcome.known, request.id, request.endpoint)

@@ -16,6 +16,7 @@ from pydantic import JsonValue
 
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
+from prq.errors import PrqError
 from prq.flows import (
     call_flow,
     locate_flow,
@@ -148,24 +149,33 @@ class AsyncQueue(QueueBase):
         )
 
     async def _run(self, flow: Flow[T]) -> T:
-        """Drive a flow: send its calls, wait on its signals, return its result."""
+        """Drive a flow: send its calls, wait on its signals, return its result.
+
+        A prq error from Redis is thrown into the flow, so the flow can say what it means at
+        that point (e.g. that an enqueued request may run although Redis went away).
+        """
         reply: object = None
+        error: PrqError | None = None
         while True:
             try:
-                effect = flow.send(reply)
+                effect = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 result: T = stop.value
                 return result
+            error = None
             if self._closed:
                 flow.close()
                 raise self._shutdown_error()
-            if isinstance(effect, Exec):
-                reply = await self._io.execute(effect.calls)
-            else:
-                signal = effect.signal
-                assert isinstance(signal, AsyncSignal)
-                await signal.wait(effect.seen, effect.timeout_s)
-                reply = None
+            try:
+                if isinstance(effect, Exec):
+                    reply = await self._io.execute(effect.calls)
+                else:
+                    signal = effect.signal
+                    assert isinstance(signal, AsyncSignal)
+                    await signal.wait(effect.seen, effect.timeout_s)
+                    reply = None
+            except PrqError as exc:
+                error = exc
 
     async def _ready(self) -> None:
         if not self._started:
