@@ -164,6 +164,77 @@ def _needs_scripts(replies: list[Reply]) -> bool:
     return any(isinstance(reply, NoScriptError) for reply in replies)
 
 
+class _AsyncLink:
+    """The node's command connection, owned (not checked out per call): the batcher sends one
+    pipelined round trip at a time on it. A round trip that fails or is cancelled half-way
+    drops the connection, so no later caller can read an earlier caller's reply."""
+
+    def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
+        self._pool = pool
+        # redis-py's connection classes are only partly typed; this stays internal.
+        self._conn: Any = None
+        self._broken = False
+
+    async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
+        if self._broken:
+            await conn.disconnect(nowait=True)
+            self._broken = False
+        self._broken = True  # until every reply of this round trip is read
+        await conn.connect()
+        await conn.send_packed_command(
+            conn.pack_commands([call.args for call in calls]), check_health=False
+        )
+        replies: list[Reply] = []
+        for _ in calls:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        self._broken = False
+        return replies
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.disconnect(nowait=True)
+
+
+class _SyncLink:
+    """The blocking twin of _AsyncLink (used by one batch leader at a time)."""
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self._pool = pool
+        self._conn: Any = None
+
+    def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._pool.make_connection()
+        try:
+            conn.connect()
+            conn.send_packed_command(
+                conn.pack_commands([call.args for call in calls]), check_health=False
+            )
+            replies: list[Reply] = []
+            for _ in calls:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            conn.disconnect()
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.disconnect()
+
+
 class AsyncRedisIO(_Counters):
     """Round trips to Redis for the asyncio queue.
 
@@ -185,6 +256,7 @@ class AsyncRedisIO(_Counters):
         self._deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         self._flusher: asyncio.Future[None] | None = None
+        self._link = _AsyncLink(self.client.connection_pool)
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
@@ -250,17 +322,7 @@ class AsyncRedisIO(_Counters):
     async def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
         with translate_errors():
-            if len(calls) == 1:
-                try:
-                    reply: Reply = await self.client.execute_command(*calls[0].args)  # type: ignore[no-untyped-call]
-                except ResponseError as exc:
-                    reply = exc
-                return [reply]
-            async with self.client.pipeline(transaction=False) as pipe:
-                for call in calls:
-                    pipe.execute_command(*call.args)
-                result: list[Reply] = await pipe.execute(raise_on_error=False)
-                return result
+            return await self._link.round_trip(calls)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""
@@ -270,6 +332,7 @@ class AsyncRedisIO(_Counters):
                 raise result
 
     async def aclose(self) -> None:
+        await self._link.close()
         await self.client.aclose()
 
 
@@ -310,6 +373,7 @@ class SyncRedisIO(_Counters):
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
         self._leading = False
+        self._link = _SyncLink(self.client.connection_pool)
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
@@ -382,17 +446,7 @@ class SyncRedisIO(_Counters):
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
         with translate_errors():
-            if len(calls) == 1:
-                try:
-                    reply: Reply = self.client.execute_command(*calls[0].args)  # type: ignore[no-untyped-call]
-                except ResponseError as exc:
-                    reply = exc
-                return [reply]
-            with self.client.pipeline(transaction=False) as pipe:
-                for call in calls:
-                    pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
-                result: list[Reply] = pipe.execute(raise_on_error=False)
-                return result
+            return self._link.round_trip(calls)
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""
@@ -402,4 +456,5 @@ class SyncRedisIO(_Counters):
                 raise result
 
     def close(self) -> None:
+        self._link.close()
         self.client.close()
