@@ -41,6 +41,7 @@ from prq.scripts import (
     parse_enqueue,
     parse_snapshot,
     parse_take,
+    parse_withdraw,
     read_response_call,
     take_call,
     withdraw_call,
@@ -55,6 +56,7 @@ __all__ = [
     "status_flow",
     "take_flow",
     "withdraw_flow",
+    "withdraw_mine_flow",
 ]
 
 #: How many ids one take may pop while skipping dead ones.
@@ -287,7 +289,15 @@ def _past_deadlines(
 
 
 def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSnapshot]:
-    """Withdraw a request not yet picked up; the snapshot says whether it worked."""
+    """Withdraw a request not yet picked up; the snapshot says where it stands now."""
+    snapshot, _mine = yield from withdraw_mine_flow(ctx, request, reason)
+    return snapshot
+
+
+def withdraw_mine_flow(
+    ctx: Context, request: Request, reason: str
+) -> Flow[tuple[RequestSnapshot, bool]]:
+    """Withdraw, and say whether this call is the one that withdrew the request."""
     keys = ctx.keys.endpoint(request.endpoint)
     replies = yield _exec(
         withdraw_call(
@@ -297,9 +307,10 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
             _ms(ctx.settings.cancel_marker_ttl_s),
             ctx.wall_ms(),
             ctx.keys.node_channel_prefix,
+            uuid.uuid4().hex,
         )
     )
-    return parse_snapshot(_first(replies))
+    return parse_withdraw(_first(replies))
 
 
 @dataclass(frozen=True, slots=True)

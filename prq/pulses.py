@@ -22,11 +22,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio
-import redis.asyncio.client
 
 from prq.redis_io import RedisUnavailable, translate_errors
 
@@ -164,67 +163,110 @@ class PulseRouter(Generic[S]):
             signal.fire()
 
 
-class _LinkHealth:
-    """Tracks silence on the pub/sub link to decide when to ping and when to reconnect."""
+class _Subscriber:
+    """What both readers share: wanted and confirmed channels, link health, message handling.
 
-    def __init__(self) -> None:
-        self.last_seen = time.monotonic()
-        self.pinged = False
+    Pure: the readers do the I/O and call `handle` with each raw reply of the connection.
+    """
 
-    def saw_traffic(self) -> None:
-        self.last_seen = time.monotonic()
-        self.pinged = False
+    def __init__(self, router: PulseRouter[S]) -> None:
+        self.router: PulseRouter[S] = router
+        self.desired: set[str] = {router.node_channel.decode()}
+        self.confirmed: set[str] = set()
+        self.recovering = False
+        self.reconnects = 0
+        self._last_seen = time.monotonic()
+        self._pinged = False
+
+    def handle(self, reply: object) -> str | None:
+        """Dispatch one reply; return the channel it confirms, if it is a subscribe reply."""
+        self._last_seen = time.monotonic()
+        self._pinged = False
+        if not isinstance(reply, list) or len(reply) < 2:
+            return None
+        kind = reply[0]
+        if kind == b"message" and len(reply) == 3:
+            channel, data = reply[1], reply[2]
+            if isinstance(channel, bytes) and isinstance(data, bytes):
+                self.router.dispatch(channel, data)
+        elif kind == b"subscribe" and isinstance(reply[1], bytes):
+            channel_name = reply[1].decode()
+            self.confirmed.add(channel_name)
+            if self.recovering:
+                self.recovering = False
+                self.router.wake_all()
+            return channel_name
+        return None
 
     def next_action(self) -> str | None:
-        silent = time.monotonic() - self.last_seen
+        """After a quiet read: "ping" the link, "reconnect" a silent one, or nothing."""
+        silent = time.monotonic() - self._last_seen
         if silent > DEFAULT_DEAD_AFTER_S:
             return "reconnect"
-        if silent > DEFAULT_PING_AFTER_S and not self.pinged:
-            self.pinged = True
+        if silent > DEFAULT_PING_AFTER_S and not self._pinged:
+            self._pinged = True
             return "ping"
         return None
 
-
-def _backoff(failures: int) -> float:
-    return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * random.random())
+    def lost(self, exc: BaseException, failures: int) -> float:
+        """Note a lost link; return how long to back off before reconnecting."""
+        level = logging.WARNING if failures == 1 else logging.DEBUG
+        logger.log(level, "pub/sub link lost error=%s failures=%d", exc, failures)
+        self.reconnects += 1
+        self.confirmed.clear()
+        self.recovering = True
+        self.router.wake_all()  # pulses may have been lost: every wait polls now
+        self._last_seen = time.monotonic()
+        return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * random.random())
 
 
 class AsyncPulses:
-    """The node's pub/sub connection, read by one asyncio task."""
+    """The node's pub/sub connection (owned, not pooled), read by one asyncio task."""
 
-    def __init__(self, client: redis.asyncio.Redis, router: PulseRouter[AsyncSignal]) -> None:
+    def __init__(
+        self, pool: redis.asyncio.ConnectionPool, router: PulseRouter[AsyncSignal]
+    ) -> None:
         self.router = router
-        self._pubsub: redis.asyncio.client.PubSub = client.pubsub()
-        self._desired: set[str] = set()
-        self._confirmed: set[str] = set()
+        self._state = _Subscriber(router)
+        # redis-py's connection classes are only partly typed; this stays internal.
+        self._conn: Any = pool.make_connection()  # type: ignore[no-untyped-call]
         self._confirm_waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._lock = asyncio.Lock()
+        self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._health = _LinkHealth()
-        self._recovering = False
-        self.reconnects = 0
 
     @property
     def subscriptions(self) -> int:
-        return len(self._desired)
+        return len(self._state.desired)
+
+    @property
+    def reconnects(self) -> int:
+        return self._state.reconnects
 
     async def start(self) -> None:
-        await self.ensure_subscribed(self.router.node_channel.decode())
+        node_channel = self.router.node_channel.decode()
+        with translate_errors():
+            await self._conn.connect()
+            await self._conn.send_command("SUBSCRIBE", node_channel)
+            async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
+                while node_channel not in self._state.confirmed:
+                    self._handle(
+                        await self._conn.read_response(disconnect_on_error=False, push_request=True)
+                    )
         self._task = asyncio.create_task(self._read_loop(), name="prq-pulses")
 
     async def ensure_subscribed(self, channel: str) -> None:
         """Subscribe (once) and wait, bounded, for Redis to confirm; polling covers failure."""
-        self._desired.add(channel)
-        if channel in self._confirmed:
+        state = self._state
+        if channel in state.confirmed:
             return
         future = asyncio.get_running_loop().create_future()
         self._confirm_waiters.setdefault(channel, []).append(future)
         try:
-            async with self._lock:
-                with translate_errors():
-                    await self._pubsub.subscribe(channel)
-            if self._task is None:  # no reader yet: read the confirmation here
-                await self._read_until_confirmed(channel)
+            if channel not in state.desired:
+                state.desired.add(channel)
+                async with self._send_lock:
+                    with translate_errors():
+                        await self._conn.send_command("SUBSCRIBE", channel)
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
                 await future
         except (RedisUnavailable, TimeoutError) as exc:
@@ -234,30 +276,12 @@ class AsyncPulses:
             if future in waiters:
                 waiters.remove(future)
 
-    async def _read_until_confirmed(self, channel: str) -> None:
-        async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
-            while channel not in self._confirmed:
-                with translate_errors():
-                    message = await self._pubsub.get_message(timeout=0.5)
-                if message is not None:
-                    self._handle(message)
-
-    def _handle(self, message: dict[str, object]) -> None:
-        self._health.saw_traffic()
-        kind = message["type"]
-        channel = message["channel"]
-        if kind == "message" and isinstance(channel, bytes):
-            data = message["data"]
-            self.router.dispatch(channel, data if isinstance(data, bytes) else b"")
-        elif kind == "subscribe" and isinstance(channel, bytes):
-            name = channel.decode()
-            self._confirmed.add(name)
-            for future in self._confirm_waiters.pop(name, []):
+    def _handle(self, reply: object) -> None:
+        confirmed = self._state.handle(reply)
+        if confirmed is not None:
+            for future in self._confirm_waiters.pop(confirmed, []):
                 if not future.done():
                     future.set_result(None)
-            if self._recovering:
-                self._recovering = False
-                self.router.wake_all()
 
     async def _read_loop(self) -> None:
         failures = 0
@@ -270,39 +294,33 @@ class AsyncPulses:
                 raise
             except Exception as exc:
                 failures += 1
-                await self._recover(exc, failures)
+                await self._reconnect(self._state.lost(exc, failures))
 
     async def _step(self) -> None:
-        message = await self._pubsub.get_message(timeout=1.0)
-        if message is not None:
-            self._handle(message)
+        reply = await self._conn.read_response(
+            timeout=1.0, disconnect_on_error=False, push_request=True
+        )
+        if reply is not None:
+            self._handle(reply)
             return
-        action = self._health.next_action()
+        action = self._state.next_action()
         if action == "ping":
-            async with self._lock:
-                await self._pubsub.ping()
+            async with self._send_lock:
+                await self._conn.send_command("PING")
         elif action == "reconnect":
             raise RedisUnavailable("pub/sub link silent; reconnecting")
 
-    async def _recover(self, exc: Exception, failures: int) -> None:
-        level = logging.WARNING if failures == 1 else logging.DEBUG
-        logger.log(level, "pub/sub link lost error=%s failures=%d", exc, failures)
-        self.reconnects += 1
-        self._confirmed.clear()
-        self._recovering = True
-        self.router.wake_all()
-        conn = self._pubsub.connection
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.disconnect()
-        await asyncio.sleep(_backoff(failures))
+    async def _reconnect(self, backoff_s: float) -> None:
+        with contextlib.suppress(Exception):
+            await self._conn.disconnect(nowait=True)
+        await asyncio.sleep(backoff_s)
         try:
-            async with self._lock:
+            async with self._send_lock:
                 with translate_errors():
-                    await self._pubsub.subscribe(*self._desired)
-            self._health.saw_traffic()
-        except Exception as again:
-            logger.debug("pub/sub resubscribe failed error=%s", again)
+                    await self._conn.connect()
+                    await self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
+        except Exception as exc:
+            logger.debug("pub/sub resubscribe failed error=%s", exc)
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -310,28 +328,29 @@ class AsyncPulses:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         with contextlib.suppress(Exception):
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._conn.disconnect(nowait=True)
 
 
 class ThreadPulses:
     """The node's pub/sub connection, read by one daemon thread (the only one touching it)."""
 
-    def __init__(self, client: redis.Redis, router: PulseRouter[ThreadSignal]) -> None:
+    def __init__(self, pool: redis.ConnectionPool, router: PulseRouter[ThreadSignal]) -> None:
         self.router = router
-        self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
-        self._desired: set[str] = set()
-        self._confirmed: set[str] = set()
+        self._state = _Subscriber(router)
+        self._conn: Any = pool.make_connection()
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._confirm = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._health = _LinkHealth()
-        self._recovering = False
-        self.reconnects = 0
+        self._connected = False
 
     @property
     def subscriptions(self) -> int:
-        return len(self._desired)
+        return len(self._state.desired)
+
+    @property
+    def reconnects(self) -> int:
+        return self._state.reconnects
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._read_loop, name="prq-pulses", daemon=True)
@@ -341,30 +360,14 @@ class ThreadPulses:
     def ensure_subscribed(self, channel: str) -> None:
         """Subscribe (once) and wait, bounded, for Redis to confirm; polling covers failure."""
         with self._confirm:
-            if channel in self._confirmed:
+            if channel in self._state.confirmed:
                 return
-            if channel not in self._desired:
-                self._desired.add(channel)
-                self._requests.put(channel)
+            self._state.desired.add(channel)
+            self._requests.put(channel)
             if not self._confirm.wait_for(
-                lambda: channel in self._confirmed, DEFAULT_SUBSCRIBE_CONFIRM_S
+                lambda: channel in self._state.confirmed, DEFAULT_SUBSCRIBE_CONFIRM_S
             ):
                 logger.warning("subscribe not confirmed channel=%s", channel)
-
-    def _handle(self, message: dict[str, object]) -> None:
-        self._health.saw_traffic()
-        kind = message["type"]
-        channel = message["channel"]
-        if kind == "message" and isinstance(channel, bytes):
-            data = message["data"]
-            self.router.dispatch(channel, data if isinstance(data, bytes) else b"")
-        elif kind == "subscribe" and isinstance(channel, bytes):
-            with self._confirm:
-                self._confirmed.add(channel.decode())
-                self._confirm.notify_all()
-            if self._recovering:
-                self._recovering = False
-                self.router.wake_all()
 
     def _read_loop(self) -> None:
         failures = 0
@@ -374,50 +377,41 @@ class ThreadPulses:
                     self._step()
                 failures = 0
             except Exception as exc:
+                if self._stop.is_set():
+                    return
                 failures += 1
-                self._recover(exc, failures)
+                backoff_s = self._state.lost(exc, failures)
+                self._connected = False
+                with contextlib.suppress(Exception):
+                    self._conn.disconnect()
+                self._stop.wait(backoff_s)
 
     def _step(self) -> None:
+        if not self._connected:
+            self._conn.connect()
+            self._connected = True
+            self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
         pending = []
         while not self._requests.empty():
             pending.append(self._requests.get_nowait())
         if pending:
-            self._pubsub.subscribe(*pending)
-        if self._pubsub.connection is None:
-            self._stop.wait(DEFAULT_THREAD_READ_SLICE_S)
+            self._conn.send_command("SUBSCRIBE", *pending)
+        if self._conn.can_read(timeout=DEFAULT_THREAD_READ_SLICE_S):
+            with self._confirm:
+                self._state.handle(
+                    self._conn.read_response(disconnect_on_error=False, push_request=True)
+                )
+                self._confirm.notify_all()
             return
-        message = self._pubsub.get_message(timeout=DEFAULT_THREAD_READ_SLICE_S)
-        if message is not None:
-            self._handle(message)
-            return
-        action = self._health.next_action()
+        action = self._state.next_action()
         if action == "ping":
-            self._pubsub.ping()
+            self._conn.send_command("PING")
         elif action == "reconnect":
             raise RedisUnavailable("pub/sub link silent; reconnecting")
-
-    def _recover(self, exc: Exception, failures: int) -> None:
-        if self._stop.is_set():
-            return
-        level = logging.WARNING if failures == 1 else logging.DEBUG
-        logger.log(level, "pub/sub link lost error=%s failures=%d", exc, failures)
-        self.reconnects += 1
-        with self._confirm:
-            self._confirmed.clear()
-        self._recovering = True
-        self.router.wake_all()
-        conn = self._pubsub.connection
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-        self._stop.wait(_backoff(failures))
-        for channel in list(self._desired):
-            self._requests.put(channel)
-        self._health.saw_traffic()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            self._pubsub.close()
+            self._conn.disconnect()

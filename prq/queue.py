@@ -24,11 +24,11 @@ from prq.flows import (
     status_flow,
     take_flow,
     withdraw_flow,
+    withdraw_mine_flow,
 )
 from prq.models import (
     PendingRequest,
     Request,
-    RequestState,
     RequestStatus,
     Response,
     validate_endpoint,
@@ -73,7 +73,7 @@ class AsyncQueue(QueueBase):
         self._router: PulseRouter[AsyncSignal] = PulseRouter(
             self.keys.node_channel(self.node_id), AsyncSignal
         )
-        self._pulses = AsyncPulses(self._io.client, self._router)
+        self._pulses = AsyncPulses(self._io.client.connection_pool, self._router)
         self._started = False
         self._start_lock = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()
@@ -267,8 +267,8 @@ class AsyncQueue(QueueBase):
             if endpoint is None:
                 return False
         request = Request(endpoint=endpoint, method="-", id=request_id)
-        snapshot = await self._run(withdraw_flow(self.ctx, request, "cancelled"))
-        return snapshot.state == RequestState.WITHDRAWN and snapshot.reason == "cancelled"
+        _snapshot, mine = await self._run(withdraw_mine_flow(self.ctx, request, "cancelled"))
+        return mine
 
     async def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""

@@ -16,11 +16,17 @@ from pydantic import JsonValue
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
-from prq.flows import call_flow, locate_flow, respond_flow, status_flow, take_flow, withdraw_flow
+from prq.flows import (
+    call_flow,
+    locate_flow,
+    respond_flow,
+    status_flow,
+    take_flow,
+    withdraw_mine_flow,
+)
 from prq.models import (
     PendingRequest,
     Request,
-    RequestState,
     RequestStatus,
     Response,
     validate_endpoint,
@@ -65,7 +71,7 @@ class Queue(QueueBase):
         self._router: PulseRouter[ThreadSignal] = PulseRouter(
             self.keys.node_channel(self.node_id), ThreadSignal
         )
-        self._pulses = ThreadPulses(self._io.client, self._router)
+        self._pulses = ThreadPulses(self._io.client.connection_pool, self._router)
         self._started = False
         self._start_lock = threading.Lock()
 
@@ -235,8 +241,8 @@ class Queue(QueueBase):
             if endpoint is None:
                 return False
         request = Request(endpoint=endpoint, method="-", id=request_id)
-        snapshot = self._run(withdraw_flow(self.ctx, request, "cancelled"))
-        return snapshot.state == RequestState.WITHDRAWN and snapshot.reason == "cancelled"
+        _snapshot, mine = self._run(withdraw_mine_flow(self.ctx, request, "cancelled"))
+        return mine
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""

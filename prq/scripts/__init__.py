@@ -29,6 +29,7 @@ __all__ = [
     "parse_enqueue",
     "parse_snapshot",
     "parse_take",
+    "parse_withdraw",
     "read_response_call",
     "script_load_calls",
     "take_call",
@@ -229,11 +230,20 @@ def withdraw_call(
     tombstone_ttl_ms: int,
     now_ms: int,
     node_channel_prefix: str,
+    nonce: str,
 ) -> Call:
     return WITHDRAW.call(
         (keys.request(request_id),),
-        (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id),
+        (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id, nonce),
     )
+
+
+def parse_withdraw(reply: Reply) -> tuple[RequestSnapshot, bool]:
+    """Return the request's snapshot and whether this withdraw call is the one that did it."""
+    items = _array(reply, "withdraw")
+    if len(items) != 4 or not isinstance(items[3], int):
+        raise SerializationError(f"unexpected withdraw reply from Redis: {reply!r:.200}")
+    return _snapshot(items[:3]), items[3] == 1
 
 
 def read_response_call(keys: EndpointKeys, request_id: str) -> Call:
@@ -250,7 +260,7 @@ def _snapshot(items: list[Reply]) -> RequestSnapshot:
 
 
 def parse_snapshot(reply: Reply) -> RequestSnapshot:
-    """Parse the {state, response, reason} reply of withdraw and read_response."""
+    """Parse the {state, response, reason} reply of read_response."""
     items = _array(reply, "request state")
     if len(items) != 3:
         raise SerializationError(f"unexpected request state reply from Redis: {reply!r:.200}")

@@ -6,9 +6,11 @@ ARGV[2]  TTL of the tombstone left behind, ms
 ARGV[3]  now_ms
 ARGV[4]  node channel prefix   prq:node:   (the sender and watchers are told, so they stop waiting)
 ARGV[5]  request id
+ARGV[6]  nonce of this withdraw call (the same when the call is retried)
 
-Reply: {state, response, reason}
-  state = "withdrawn"   withdrawn now (or by an earlier run of this same call)
+Reply: {state, response, reason, mine}
+  mine  = 1 when this call (this nonce) withdrew the request, also on a replay; else 0
+  state = "withdrawn"   withdrawn (by this call, or earlier by another)
           "taken", "done", "cancelled"   too late: the request is in that state; response and
                         reason are filled in where the state has them
           "missing"     nothing is stored under the id (expired or lost)
@@ -17,10 +19,10 @@ Invariants:
 - a withdrawn request is never handed out: its id may stay in the list, but take skips it
 - the tombstone keeps the reason (for other waiters and status) and has a TTL
 ]]
-local st, rsp, why = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why'))
-if not st then return {'missing', '', ''} end
+local st, rsp, why, wn = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn'))
+if not st then return {'missing', '', '', 0} end
 if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3])
+  redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w'))
@@ -29,6 +31,8 @@ if st == 'queued' then
   if watchers then
     for node in string.gmatch(watchers, '%S+') do redis.call('PUBLISH', ARGV[4] .. node, msg) end
   end
-  return {'withdrawn', '', ARGV[1]}
+  return {'withdrawn', '', ARGV[1], 1}
 end
-return {st, rsp or '', why or ''}
+local mine = 0
+if st == 'withdrawn' and wn == ARGV[6] then mine = 1 end
+return {st, rsp or '', why or '', mine}

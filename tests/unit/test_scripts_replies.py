@@ -11,6 +11,7 @@ from prq.scripts import (
     parse_enqueue,
     parse_snapshot,
     parse_take,
+    parse_withdraw,
 )
 
 
@@ -34,6 +35,13 @@ def test_parse_take() -> None:
     assert skipped == 2
     assert [(i.request_id, i.attempt) for i in items] == [("id1", 1), ("id2", 3)]
     assert parse_take([0]) == (0, [])
+
+
+def test_parse_withdraw() -> None:
+    snapshot, mine = parse_withdraw([b"withdrawn", b"", b"cancelled", 1])
+    assert mine and snapshot.reason == "cancelled"
+    with pytest.raises(SerializationError):
+        parse_withdraw([b"withdrawn", b"", b"cancelled"])
 
 
 @pytest.mark.parametrize(

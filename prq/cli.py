@@ -1,0 +1,251 @@
+"""The `prq` command line: one typer app, one function per command.
+
+Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
+default (the variable is named in `--help`). Logging goes to stderr at WARNING (INFO with
+`--verbose`); the library itself never configures logging.
+
+Commands: `demo`, `bench`. Still to come, and meant to slot in beside them as one function
+each: `worker`, `api`, `call`, `stats`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from prq.demo import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PREFIX
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["app", "main"]
+
+#: Where `prq bench` finds the benchmark script: the source checkout's bench/ folder.
+BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "rpc.py"
+
+app = typer.Typer(
+    name="prq",
+    help=(
+        "prq: a Redis-backed distributed pending-request queue.\n\n"
+        "Options come from flags, else from PRQ_* environment variables, else defaults. "
+        "Without PRQ_REDIS_URL (or --url), demo and bench start a private redis-server."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+
+# -- options shared by several commands ----------------------------------------------------------
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="PRQ_REDIS_URL",
+        show_envvar=True,
+        help="Redis URL, e.g. redis://host:6379/0. Unset: start an embedded redis-server.",
+    ),
+]
+PrefixOption = Annotated[
+    str,
+    typer.Option(
+        "--prefix", envvar="PRQ_PREFIX", show_envvar=True, help="Key prefix of the queue."
+    ),
+]
+
+
+def configure_logging(verbose: bool) -> None:
+    """WARNING by default, INFO with --verbose; records go to stderr through rich."""
+    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[handler],
+        force=True,
+    )
+
+
+@app.callback()
+def root(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            envvar="PRQ_VERBOSE",
+            show_envvar=True,
+            help="Log lifecycle events (INFO) instead of warnings only.",
+        ),
+    ] = False,
+) -> None:
+    """Run a demo or a benchmark of prq; more commands (worker, api, call, stats) follow."""
+    configure_logging(verbose)
+
+
+# -- demo ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    url: UrlOption = None,
+    duration: Annotated[
+        float,
+        typer.Option(
+            "--duration",
+            envvar="PRQ_DEMO_DURATION_S",
+            show_envvar=True,
+            min=0,
+            help="Seconds to run; 0 runs until Ctrl-C.",
+        ),
+    ] = DEFAULT_DURATION_S,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            envvar="PRQ_DEMO_CONCURRENCY",
+            show_envvar=True,
+            min=1,
+            help="Sender calls in flight.",
+        ),
+    ] = DEFAULT_CONCURRENCY,
+    prefix: PrefixOption = DEFAULT_PREFIX,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed the senders' random choices (repeatable runs)."),
+    ] = None,
+) -> None:
+    """Start two receiver nodes and drive calls at them, with a live table.
+
+    Node A serves poll://billing-1 and poll://billing-2 with AsyncQueue.serve; node B serves
+    poll://search-1 and poll://search-2 with Queue.serve (worker threads). Each is its own OS
+    process. Senders in this process call echo, sum, sleep and flaky (which raises now and
+    then) and the table shows calls/s, p50/p99 latency, calls in flight and errors per
+    endpoint, refreshed twice a second. Without a terminal it prints a status line every
+    2 s and the final table.
+    """
+    from prq.demo import DemoConfig, run_demo
+
+    config = DemoConfig(
+        url=url, duration_s=duration, concurrency=concurrency, prefix=prefix, seed=seed
+    )
+    raise typer.Exit(run_demo(config))
+
+
+# -- bench ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def bench(
+    url: UrlOption = None,
+    calls: Annotated[
+        int,
+        typer.Option(
+            "--calls",
+            envvar="PRQ_BENCH_CALLS",
+            show_envvar=True,
+            min=1,
+            help="Calls in the throughput phase of each variant.",
+        ),
+    ] = 10_000,
+    seq_calls: Annotated[
+        int,
+        typer.Option(
+            "--seq-calls",
+            envvar="PRQ_BENCH_SEQ_CALLS",
+            show_envvar=True,
+            min=1,
+            help="Calls in the sequential (latency) phase of each variant.",
+        ),
+    ] = 2_000,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            "--warmup",
+            envvar="PRQ_BENCH_WARMUP",
+            show_envvar=True,
+            min=0,
+            help="Unmeasured calls before the phases.",
+        ),
+    ] = 200,
+    inflight: Annotated[
+        int,
+        typer.Option(
+            "--inflight",
+            envvar="PRQ_BENCH_INFLIGHT",
+            show_envvar=True,
+            min=1,
+            help="Calls in flight in the throughput phase (threads for the sync variants).",
+        ),
+    ] = 64,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            envvar="PRQ_BENCH_REPEAT",
+            show_envvar=True,
+            min=1,
+            help="Run the variants this many times, interleaved, and report medians.",
+        ),
+    ] = 1,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="Comma-separated variants to run: raw-async, raw-sync, prq-async, prq-sync.",
+        ),
+    ] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the results as a markdown table.")
+    ] = False,
+) -> None:
+    """Measure prq against a raw redis-py list RPC on the same Redis (runs bench/rpc.py).
+
+    Per variant: p50/p99 of sequential calls, calls/s with --inflight calls in flight, and
+    Redis commands per call (sender side and server side). Prints PASS/MISS against the
+    targets (prq p50 <= 2.5x baseline, throughput >= 0.5x baseline); always exits 0 once
+    the measurements ran.
+    """
+    if not BENCH_SCRIPT.is_file():
+        typer.echo(
+            f"prq bench needs the source checkout's bench/rpc.py (looked at {BENCH_SCRIPT})",
+            err=True,
+        )
+        raise typer.Exit(2)
+    argv = [
+        f"--calls={calls}",
+        f"--seq-calls={seq_calls}",
+        f"--warmup={warmup}",
+        f"--inflight={inflight}",
+        f"--repeat={repeat}",
+    ]
+    if url is not None:
+        argv.append(f"--url={url}")
+    if only is not None:
+        argv.append(f"--only={only}")
+    if markdown:
+        argv.append("--markdown")
+    # Import bench.rpc as a package module (not by path) so that its spawned server processes
+    # can import their entry points by name; spawn passes sys.path on to them.
+    root_dir = str(BENCH_SCRIPT.parent.parent)
+    if root_dir not in sys.path:
+        sys.path.insert(0, root_dir)
+    rpc = importlib.import_module("bench.rpc")
+    code = rpc.main(argv)
+    raise typer.Exit(int(code))
+
+
+def main() -> None:
+    """Entry point of the `prq` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
