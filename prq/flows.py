@@ -52,6 +52,8 @@ __all__ = [
     "TakeResult",
     "call_flow",
     "locate_flow",
+    "new_token",
+    "parse_handoff",
     "respond_flow",
     "status_flow",
     "take_flow",
@@ -80,6 +82,11 @@ class Context:
     node_id: str
     wall_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
     monotonic: Callable[[], float] = time.monotonic
+
+
+def new_token() -> str:
+    """A fresh owner token for a take."""
+    return uuid.uuid4().hex
 
 
 def _exec(*calls: Call) -> Exec:
@@ -160,6 +167,10 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             now_ms + _ms(pickup_timeout_s),
             _ms(request_ttl_s),
             _ms(settings.list_ttl_s),
+            ctx.keys.node_channel_prefix,
+            _ms(settings.in_flight_ttl_s()),
+            _ms(DEFAULT_TAKE_RECEIPT_TTL_S),
+            settings.pulse_inline_limit_bytes,
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )
@@ -315,53 +326,48 @@ def withdraw_mine_flow(
 
 @dataclass(frozen=True, slots=True)
 class TakeResult:
-    """What one take handed out, under which owner token.
-
-    `empty_at` is the pulse generation seen just before a take that left the list empty
-    (fewer items than asked for); a later take can wait from there instead of asking Redis
-    again at once, because anything enqueued since then pulses (or is found by the poll).
-    """
+    """What one take handed out, under which owner token."""
 
     token: str
     items: list[TakenItem]
-    empty_at: int | None
+
+
+def parse_handoff(payload: bytes) -> TakenItem | None:
+    """A hand-off pulse's `<id>|<attempt>|<body>`; None when the body was left out (too large,
+    or garbled): the receipt then has it."""
+    request_id, _, rest = payload.partition(b"|")
+    attempt, _, body = rest.partition(b"|")
+    if not body or not attempt.isdigit():
+        return None
+    return TakenItem(request_id.decode("ascii", errors="replace"), body, int(attempt))
 
 
 def take_flow(
     ctx: Context,
     endpoint: str,
+    token: str,
     signal: Waitable,
+    claim: Callable[[], bytes | None],
     max_items: int,
     timeout_s: float,
     should_stop: Callable[[], bool] | None = None,
-    empty_at: int | None = None,
 ) -> Flow[TakeResult]:
-    """Take up to `max_items` requests, waiting (pulse or poll) up to `timeout_s` for one.
+    """Take up to `max_items` requests, waiting up to `timeout_s` for the first.
 
-    Between takes it sends nothing to Redis until a pulse arrives or the poll interval passes;
-    `should_stop` is checked at least every `DEFAULT_STOP_CHECK_S`. With `empty_at` (from an
-    earlier TakeResult) the first take waits for a pulse after that generation.
+    When there is nothing to take, the take parks the token: a request enqueued meanwhile is
+    handed straight to it (its pulse carries the request, so no second round trip). Between
+    takes nothing is sent to Redis until a pulse or a hand-off arrives or the poll interval
+    passes; `should_stop` is checked at least every `DEFAULT_STOP_CHECK_S`. The last take (at
+    the deadline, or on stop) does not park, and returns whatever the token was handed.
     """
     settings = ctx.settings
     keys = ctx.keys.endpoint(endpoint)
     deadline = ctx.monotonic() + timeout_s
-    seen = empty_at
-    token = uuid.uuid4().hex
+    final = timeout_s <= 0
     while True:
-        if seen is not None:
-            next_poll = ctx.monotonic() + settings.poll_interval_s
-            while signal.generation == seen:
-                now = ctx.monotonic()
-                if now >= deadline or (should_stop is not None and should_stop()):
-                    return TakeResult(token, [], seen)
-                if now >= next_poll:
-                    break
-                timeout = min(next_poll, deadline) - now
-                if should_stop is not None:
-                    timeout = min(timeout, DEFAULT_STOP_CHECK_S)
-                yield _wait(signal, seen, timeout)
         seen = signal.generation
-        token = uuid.uuid4().hex
+        now = ctx.monotonic()
+        park_s = 0.0 if final else min(settings.poll_interval_s, deadline - now)
         replies = yield _exec(
             take_call(
                 keys,
@@ -372,13 +378,32 @@ def take_flow(
                 DEFAULT_TAKE_SCAN,
                 _ms(settings.in_flight_ttl_s()),
                 _ms(DEFAULT_TAKE_RECEIPT_TTL_S),
+                _ms(park_s) if park_s > 0 else 0,
+                _ms(settings.list_ttl_s),
             )
         )
-        _skipped, items = parse_take(_first(replies))
-        if items:
-            return TakeResult(token, items, seen if len(items) < max_items else None)
-        if ctx.monotonic() >= deadline:
-            return TakeResult(token, [], seen)
+        skipped, items = parse_take(_first(replies))
+        if items or final:
+            return TakeResult(token, items)
+        if skipped >= DEFAULT_TAKE_SCAN:
+            continue  # a run of dead ids: keep taking before waiting
+        next_poll = ctx.monotonic() + park_s
+        while signal.generation == seen:
+            now = ctx.monotonic()
+            if now >= deadline or (should_stop is not None and should_stop()):
+                final = True
+                break
+            if now >= next_poll:
+                break
+            timeout = min(next_poll, deadline) - now
+            if should_stop is not None:
+                timeout = min(timeout, DEFAULT_STOP_CHECK_S)
+            yield _wait(signal, seen, timeout)
+        handed = claim()
+        if handed is not None:
+            item = parse_handoff(handed)
+            if item is not None:
+                return TakeResult(token, [item])
 
 
 def respond_flow(

@@ -4,7 +4,9 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
 
     prq:{<e>}:q              list    ids waiting for pickup (FIFO)          TTL 1 day, refreshed
     prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
-    prq:{<e>}:t:<token>      list    ids one take handed out (replay-safe)  TTL 1 min
+    prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
+    prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
+    prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
@@ -60,6 +62,18 @@ class EndpointKeys:
 
     def take_receipt(self, token: str) -> str:
         return f"{self.tag}:t:{token}"
+
+    @property
+    def take_receipt_prefix(self) -> str:
+        return f"{self.tag}:t:"
+
+    @property
+    def parked(self) -> str:
+        return f"{self.tag}:parked"
+
+    @property
+    def parks(self) -> str:
+        return f"{self.tag}:parks"
 
     @property
     def sequence(self) -> str:

@@ -111,22 +111,21 @@ S = TypeVar("S", bound=Signal)
 
 
 class PulseRouter(Generic[S]):
-    """Maps channels and request ids to signals; pure, shared by both readers."""
+    """Maps channels, request ids and take tokens to signals; pure, shared by both readers.
+
+    Each waiting take has its own signal: an endpoint pulse fires the signals of every take
+    waiting on that endpoint; a hand-off (`t|<token>|<id>|<attempt>|<body>`) fires only the
+    signal of its token and leaves `<id>|<attempt>|<body>` to be claimed.
+    """
 
     def __init__(self, node_channel: str, make_signal: Callable[[], S]) -> None:
         self.node_channel = node_channel.encode()
         self._make = make_signal
-        self._endpoints: dict[bytes, S] = {}
+        self._takes: dict[bytes, dict[str, S]] = {}
+        self._tokens: dict[str, S] = {}
+        self._handed: dict[str, bytes] = {}
         self._responses: dict[str, S] = {}
         self.messages = 0
-
-    def endpoint_signal(self, channel: str) -> S:
-        """The shared signal of an endpoint's pulse channel."""
-        key = channel.encode()
-        signal = self._endpoints.get(key)
-        if signal is None:
-            signal = self._endpoints[key] = self._make()
-        return signal
 
     @contextlib.contextmanager
     def watch_response(self, request_id: str) -> Iterator[S]:
@@ -139,27 +138,51 @@ class PulseRouter(Generic[S]):
             if self._responses.get(request_id) is signal:
                 del self._responses[request_id]
 
+    @contextlib.contextmanager
+    def watch_take(self, channel: str, token: str) -> Iterator[S]:
+        """A signal for one take: fired by the endpoint's pulses and by hand-offs to `token`."""
+        signal = self._make()
+        waiting = self._takes.setdefault(channel.encode(), {})
+        waiting[token] = signal
+        self._tokens[token] = signal
+        try:
+            yield signal
+        finally:
+            waiting.pop(token, None)
+            self._tokens.pop(token, None)
+            self._handed.pop(token, None)
+
+    def claim(self, token: str) -> bytes | None:
+        """What was handed to `token` (`<id>|<attempt>|<body>`), once; None if nothing."""
+        return self._handed.pop(token, None)
+
     @property
     def watched_responses(self) -> int:
         return len(self._responses)
 
     def dispatch(self, channel: bytes, data: bytes) -> None:
         self.messages += 1
-        if channel == self.node_channel:
-            kind, _, rest = data.partition(b"|")
-            request_id, _, payload = rest.partition(b"|")
-            if kind == b"r":
-                signal = self._responses.get(request_id.decode("ascii", errors="replace"))
-                if signal is not None:
-                    signal.fire(payload or None)
+        if channel != self.node_channel:
+            for signal in list(self._takes.get(channel, {}).values()):
+                signal.fire()
             return
-        endpoint_signal = self._endpoints.get(channel)
-        if endpoint_signal is not None:
-            endpoint_signal.fire()
+        kind, _, rest = data.partition(b"|")
+        key, _, payload = rest.partition(b"|")
+        name = key.decode("ascii", errors="replace")
+        if kind == b"r":
+            response_signal = self._responses.get(name)
+            if response_signal is not None:
+                response_signal.fire(payload or None)
+        elif kind == b"t":
+            take_signal = self._tokens.get(name)
+            if take_signal is not None:
+                self._handed[name] = payload
+                take_signal.fire()
 
     def wake_all(self) -> None:
         """Fire every signal (after a reconnect, when pulses may have been lost)."""
-        for signal in [*self._endpoints.values(), *self._responses.values()]:
+        takes = [signal for waiting in self._takes.values() for signal in waiting.values()]
+        for signal in [*takes, *self._responses.values()]:
             signal.fire()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
@@ -20,6 +21,7 @@ from prq.errors import PrqError
 from prq.flows import (
     call_flow,
     locate_flow,
+    new_token,
     respond_flow,
     status_flow,
     take_flow,
@@ -293,8 +295,7 @@ class AsyncQueue(QueueBase):
     ) -> list[PendingRequest]:
         """Take up to `max_items` requests of `endpoint` in one step (waits for the first)."""
         timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
-        taken, _ = await self._take(endpoint, max_items, timeout)
-        return taken
+        return await self._take(endpoint, max_items, timeout)
 
     async def _take(
         self,
@@ -302,18 +303,26 @@ class AsyncQueue(QueueBase):
         max_items: int,
         timeout_s: float,
         should_stop: Callable[[], bool] | None = None,
-        empty_at: int | None = None,
-    ) -> tuple[list[PendingRequest], int | None]:
-        """Take requests; also return the pulse generation at which the list was seen empty."""
+    ) -> list[PendingRequest]:
         validate_endpoint(endpoint)
         await self._ready()
-        keys = self.keys.endpoint(endpoint)
-        await self._pulses.ensure_subscribed(keys.pulse_channel)
-        signal = self._router.endpoint_signal(keys.pulse_channel)
+        channel = self.keys.endpoint(endpoint).pulse_channel
+        await self._pulses.ensure_subscribed(channel)
         while True:
-            result = await self._run(
-                take_flow(self.ctx, endpoint, signal, max_items, timeout_s, should_stop, empty_at)
-            )
+            token = new_token()
+            with self._router.watch_take(channel, token) as signal:
+                result = await self._run(
+                    take_flow(
+                        self.ctx,
+                        endpoint,
+                        token,
+                        signal,
+                        partial(self._router.claim, token),
+                        max_items,
+                        timeout_s,
+                        should_stop,
+                    )
+                )
             good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 await self._run(
@@ -326,8 +335,7 @@ class AsyncQueue(QueueBase):
                     )
                 )
             if good or not result.items:
-                return good, result.empty_at
-            empty_at = result.empty_at
+                return good
 
     async def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
@@ -19,6 +20,7 @@ from prq.errors import PrqError
 from prq.flows import (
     call_flow,
     locate_flow,
+    new_token,
     respond_flow,
     status_flow,
     take_flow,
@@ -265,8 +267,7 @@ class Queue(QueueBase):
     ) -> list[PendingRequest]:
         """Take up to `max_items` requests of `endpoint` in one step (waits for the first)."""
         timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
-        taken, _ = self._take(endpoint, max_items, timeout)
-        return taken
+        return self._take(endpoint, max_items, timeout)
 
     def _take(
         self,
@@ -274,18 +275,26 @@ class Queue(QueueBase):
         max_items: int,
         timeout_s: float,
         should_stop: Callable[[], bool] | None = None,
-        empty_at: int | None = None,
-    ) -> tuple[list[PendingRequest], int | None]:
-        """Take requests; also return the pulse generation at which the list was seen empty."""
+    ) -> list[PendingRequest]:
         validate_endpoint(endpoint)
         self._ready()
-        keys = self.keys.endpoint(endpoint)
-        self._pulses.ensure_subscribed(keys.pulse_channel)
-        signal = self._router.endpoint_signal(keys.pulse_channel)
+        channel = self.keys.endpoint(endpoint).pulse_channel
+        self._pulses.ensure_subscribed(channel)
         while True:
-            result = self._run(
-                take_flow(self.ctx, endpoint, signal, max_items, timeout_s, should_stop, empty_at)
-            )
+            token = new_token()
+            with self._router.watch_take(channel, token) as signal:
+                result = self._run(
+                    take_flow(
+                        self.ctx,
+                        endpoint,
+                        token,
+                        signal,
+                        partial(self._router.claim, token),
+                        max_items,
+                        timeout_s,
+                        should_stop,
+                    )
+                )
             good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 self._run(
@@ -298,8 +307,7 @@ class Queue(QueueBase):
                     )
                 )
             if good or not result.items:
-                return good, result.empty_at
-            empty_at = result.empty_at
+                return good
 
     def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins."""

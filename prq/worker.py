@@ -23,7 +23,7 @@ from pydantic import JsonValue, ValidationError
 
 from prq._types import Handler
 from prq.errors import PrqError, QueueShutdown
-from prq.models import PendingRequest, Request, Response, ServerError
+from prq.models import PendingRequest, Request, Response, ServerError, validate_endpoint
 
 if TYPE_CHECKING:
     from prq.queue import AsyncQueue
@@ -108,6 +108,7 @@ async def serve_async(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve `endpoint` with `handler` until `stop` is set or the queue closes."""
+    validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     run = _async_runner(handler, concurrency)
@@ -127,7 +128,6 @@ async def serve_async(
             logger.error("could not answer request_id=%s error=%s", pending.id, exc)
 
     failures = 0
-    empty_at: int | None = None
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     try:
         while not stopped():
@@ -136,15 +136,12 @@ async def serve_async(
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                taken, empty_at = await queue._take(
-                    endpoint, free, queue.settings.dequeue_timeout_s, stopped, empty_at
-                )
+                taken = await queue._take(endpoint, free, queue.settings.dequeue_timeout_s, stopped)
                 failures = 0
             except QueueShutdown:
                 break
             except PrqError as exc:
                 failures = _log_failure(endpoint, exc, failures)
-                empty_at = None
                 await asyncio.sleep(_backoff_s(failures))
                 continue
             for pending in taken:
@@ -201,6 +198,7 @@ def serve_sync(
     stop: threading.Event | None = None,
 ) -> None:
     """Serve `endpoint` with `handler` in worker threads until `stop` is set or the queue closes."""
+    validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     slots = threading.BoundedSemaphore(concurrency)
@@ -223,7 +221,6 @@ def serve_sync(
             slots.release()
 
     failures = 0
-    empty_at: int | None = None
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     with ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler") as pool:
         while not stopped():
@@ -232,15 +229,12 @@ def serve_sync(
                 continue
             taken: list[PendingRequest] = []
             try:
-                taken, empty_at = queue._take(
-                    endpoint, free, queue.settings.dequeue_timeout_s, stopped, empty_at
-                )
+                taken = queue._take(endpoint, free, queue.settings.dequeue_timeout_s, stopped)
                 failures = 0
             except QueueShutdown:
                 pass
             except PrqError as exc:
                 failures = _log_failure(endpoint, exc, failures)
-                empty_at = None
                 pause.wait(_backoff_s(failures))
             for _ in range(free - len(taken)):
                 slots.release()

@@ -112,25 +112,23 @@ def enqueue_call(
     pickup_deadline_ms: int,
     request_ttl_ms: int,
     list_ttl_ms: int,
+    node_channel_prefix: str,
+    in_flight_ttl_ms: int,
+    receipt_ttl_ms: int,
+    pulse_inline_limit_bytes: int,
 ) -> Call:
     return ENQUEUE.call(
-        (keys.request(request_id), keys.pending, keys.sequence),
-        (
-            request_id,
-            body,
-            sender,
-            now_ms,
-            pickup_deadline_ms,
-            request_ttl_ms,
-            list_ttl_ms,
-            keys.pulse_channel,
-        ),
-    )
+        (keys.request(request_id), keys.pending, keys.sequence, keys.parked, keys.parks,
+         keys.take_receipt_prefix),
+        (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
+         keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
+         pulse_inline_limit_bytes),
+    )  # fmt: skip
 
 
 def parse_enqueue(reply: Reply) -> EnqueueOutcome:
     items = _array(reply, "enqueue")
-    if items and _text(items[0]) == "new" and len(items) == 2 and isinstance(items[1], int):
+    if len(items) == 2 and _text(items[0]) in ("new", "handed") and isinstance(items[1], int):
         return EnqueueOutcome(counter=items[1], known=None)
     if items and _text(items[0]) == "known" and len(items) == 4:
         return EnqueueOutcome(counter=None, known=_snapshot(items[1:]))
@@ -158,11 +156,15 @@ def take_call(
     max_scan: int,
     in_flight_ttl_ms: int,
     receipt_ttl_ms: int,
+    park_ms: int,
+    park_ttl_ms: int,
 ) -> Call:
     return TAKE.call(
-        (keys.pending, keys.request_prefix, keys.take_receipt(owner_token)),
-        (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms),
-    )
+        (keys.pending, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
+         keys.parks),
+        (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
+         park_ms, park_ttl_ms),
+    )  # fmt: skip
 
 
 def parse_take(reply: Reply) -> tuple[int, list[TakenItem]]:

@@ -1,26 +1,38 @@
---[[ enqueue: put one request on its endpoint's pending list, unless its id is already known.
+--[[ enqueue: queue one request for its endpoint, or hand it to a parked receiver; once per id.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  pending list          prq:{e}:q
 KEYS[3]  enqueue counter       prq:{e}:seq
+KEYS[4]  parked tokens         prq:{e}:parked
+KEYS[5]  park details          prq:{e}:parks    (token -> "<node>|<until, server ms>")
+KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same hash tag)
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
 ARGV[4]  now_ms
 ARGV[5]  pickup deadline, ms since the epoch
 ARGV[6]  request TTL, ms
-ARGV[7]  list and counter TTL, ms
+ARGV[7]  list, counter and park TTL, ms
 ARGV[8]  the endpoint's pulse channel
+ARGV[9]  node channel prefix   prq:node:   (a parked receiver's node id is appended)
+ARGV[10] TTL of a taken request, ms
+ARGV[11] TTL of a take receipt, ms
+ARGV[12] largest body carried inside a hand-off pulse, bytes
 
 Reply:
-  {"new", counter}                      enqueued; counter = the endpoint's enqueue count so far
+  {"new", counter}                      queued (and the endpoint pulsed); counter = the
+                                        endpoint's enqueue count so far
+  {"handed", counter}                   handed to a parked receiver: taken by its token, listed
+                                        in its receipt, and the request sent in a pulse to it
   {"known", state, response, reason}    the id is already known; nothing was enqueued, the
                                         sender was only added as a watcher of the outcome
 
 Invariants:
-- a known id (queued, taken, answered or withdrawn, until its hash expires) is never pushed
+- a known id (queued, taken, answered or withdrawn, until its hash expires) is never enqueued
   again, so a replay of this script after a lost reply changes nothing
-- the hash is written together with its TTL; the list and counter TTLs are refreshed on push
+- a request goes to a parked receiver only if its park is live by server time; stale parks are
+  dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing
+- the hash is written together with its TTL; the list, counter and park TTLs are refreshed
 - the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
 ]]
 local state = redis.call('HGET', KEYS[1], 'st')
@@ -34,12 +46,45 @@ if state then
   end
   return {'known', state, rsp or '', why or ''}
 end
+
+local counter = redis.call('INCR', KEYS[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[7])
+
+local now_server = nil
+for _ = 1, 100 do
+  local token = redis.call('LPOP', KEYS[4])
+  if not token then break end
+  local park = redis.call('HGET', KEYS[5], token)
+  redis.call('HDEL', KEYS[5], token)
+  local sep = park and string.find(park, '|', 1, true)
+  if sep then
+    if not now_server then
+      local time = redis.call('TIME')
+      now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    end
+    local node = string.sub(park, 1, sep - 1)
+    local until_ms = tonumber(string.sub(park, sep + 1))
+    if until_ms and until_ms >= now_server then
+      redis.call('HSET', KEYS[1], 'st', 'taken', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
+        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', ARGV[4])
+      redis.call('PEXPIRE', KEYS[1], ARGV[10])
+      local receipt = KEYS[6] .. token
+      redis.call('RPUSH', receipt, ARGV[1])
+      redis.call('PEXPIRE', receipt, ARGV[11])
+      local msg = 't|' .. token .. '|' .. ARGV[1] .. '|1|'
+      if string.len(ARGV[2]) <= tonumber(ARGV[12]) then
+        msg = msg .. ARGV[2]
+      end
+      redis.call('PUBLISH', ARGV[9] .. node, msg)
+      return {'handed', counter}
+    end
+  end
+end
+
 redis.call('HSET', KEYS[1], 'st', 'queued', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
   'pd', ARGV[5], 'att', '0')
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
-local counter = redis.call('INCR', KEYS[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[7])
 redis.call('PUBLISH', ARGV[8], '')
 return {'new', counter}

@@ -1,15 +1,19 @@
---[[ take: hand out up to N live requests of one endpoint to one receiver.
+--[[ take: hand out up to N live requests of one endpoint to one receiver, or park it.
 
 KEYS[1]  pending list          prq:{e}:q
 KEYS[2]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[3]  take receipt          prq:{e}:t:<token>
-ARGV[1]  owner token: unique per take call, the same when that call is retried
+KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
+KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, server ms>")
+ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
 ARGV[4]  most requests to hand out (>= 1)
 ARGV[5]  most ids to pop in this call (bounds the work spent skipping dead ids)
 ARGV[6]  TTL of a taken request, ms
 ARGV[7]  TTL of the receipt, ms
+ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
+ARGV[9]  TTL of the park keys, ms
 
 Reply: {skipped, id1, body1, attempt1, id2, body2, attempt2, ...}
   skipped = ids popped and dropped because their request was gone, final or past its deadline
@@ -17,10 +21,17 @@ Reply: {skipped, id1, body1, attempt1, id2, body2, attempt2, ...}
 Invariants:
 - a request is handed out only while it is queued and before its pickup deadline, and it leaves
   "queued" in the same step, so two receivers can never both take it
-- a replay of the same call (same token) hands out the same requests again and takes nothing new
-- a taken request keeps its body (a retried take and redelivery need it) and gets the in-flight
-  TTL; the receipt lives only long enough to cover client retries
+- the receipt lists what was handed to the token (by a take, or by enqueue to a parked token);
+  a take whose receipt is not empty returns those requests and takes nothing new, so a retried
+  call, or a receiver whose hand-off pulse was lost, gets exactly what the token owns
+- a token is parked only when the list had nothing live for it, so while a live park exists the
+  list holds no live request (FIFO is kept); a park expires by server time (TIME), the one clock
+  all nodes share, so a receiver that died parked is handed nothing after its park ends
 ]]
+if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
+  redis.call('LREM', KEYS[4], 1, ARGV[1])
+end
+
 local out = {0}
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
@@ -62,6 +73,14 @@ while got < want and budget > 0 do
 end
 if got > 0 then
   redis.call('PEXPIRE', KEYS[3], ARGV[7])
+elseif tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
+  local time = redis.call('TIME')
+  local until_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    + tonumber(ARGV[8])
+  redis.call('RPUSH', KEYS[4], ARGV[1])
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. '|' .. until_ms)
+  redis.call('PEXPIRE', KEYS[4], ARGV[9])
+  redis.call('PEXPIRE', KEYS[5], ARGV[9])
 end
 out[1] = skipped
 return out

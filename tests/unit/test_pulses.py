@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from prq.flows import parse_handoff
 from prq.pulses import PulseRouter, ThreadSignal
 
 
@@ -31,20 +32,45 @@ def test_unknown_and_garbled_messages_fire_nothing() -> None:
         assert a.generation == 0
 
 
-def test_endpoint_signal_is_shared_and_fired_by_its_channel() -> None:
+def test_endpoint_pulse_fires_every_take_waiting_on_it() -> None:
     router = make_router()
-    first = router.endpoint_signal("prq:{e}:pulse")
-    assert router.endpoint_signal("prq:{e}:pulse") is first
-    router.dispatch(b"prq:{e}:pulse", b"")
-    assert first.generation == 1
+    with (
+        router.watch_take("prq:{e}:pulse", "t1") as one,
+        router.watch_take("prq:{e}:pulse", "t2") as two,
+        router.watch_take("prq:{f}:pulse", "t3") as other,
+    ):
+        router.dispatch(b"prq:{e}:pulse", b"")
+        assert (one.generation, two.generation, other.generation) == (1, 1, 0)
+        assert router.claim("t1") is None
+
+
+def test_handoff_fires_only_its_token_and_is_claimed_once() -> None:
+    router = make_router()
+    with (
+        router.watch_take("prq:{e}:pulse", "t1") as one,
+        router.watch_take("prq:{e}:pulse", "t2") as two,
+    ):
+        router.dispatch(b"prq:node:n1", b't|t2|req-1|1|{"a": "x|y"}')
+        assert (one.generation, two.generation) == (0, 1)
+        assert router.claim("t2") == b'req-1|1|{"a": "x|y"}'
+        assert router.claim("t2") is None
+    router.dispatch(b"prq:node:n1", b"t|t2|req-2|1|{}")  # nobody waits for t2 any more
+    assert router.claim("t2") is None
+
+
+def test_parse_handoff() -> None:
+    item = parse_handoff(b'req-1|2|{"a": "x|y"}')
+    assert item is not None
+    assert (item.request_id, item.attempt, item.body) == ("req-1", 2, b'{"a": "x|y"}')
+    assert parse_handoff(b"req-1|1|") is None  # body left out: the receipt has it
+    assert parse_handoff(b"garbage") is None
 
 
 def test_wake_all_fires_everything() -> None:
     router = make_router()
-    endpoint = router.endpoint_signal("prq:{e}:pulse")
-    with router.watch_response("a") as a:
+    with router.watch_take("prq:{e}:pulse", "t1") as take, router.watch_response("a") as a:
         router.wake_all()
-        assert (endpoint.generation, a.generation) == (1, 1)
+        assert (take.generation, a.generation) == (1, 1)
 
 
 def test_thread_signal_wait_returns_on_fire_and_on_timeout() -> None:
