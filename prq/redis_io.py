@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ from tenacity import (
 
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import ConfigurationError, PrqError, QueueFull, QueueUnavailable
+from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
 from prq.scripts import script_load_calls
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,10 @@ def translate_errors() -> Iterator[None]:
         raise PrqError(f"unexpected Redis error: {exc}") from exc
 
 
-def _retry_kwargs(settings: QueueSettings) -> dict[str, Any]:
+def _retry_kwargs(budget_s: float) -> dict[str, Any]:
     return {
         "retry": retry_if_exception_type(RedisUnavailable),
-        "stop": stop_before_delay(settings.retry_budget_s),
+        "stop": stop_before_delay(max(0.0, budget_s)),
         "wait": wait_random_exponential(
             multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
         ),
@@ -105,9 +106,15 @@ def _client_kwargs(settings: RedisSettings) -> dict[str, Any]:
         "socket_connect_timeout": settings.connect_timeout_s,
         "max_connections": settings.max_connections,
         "retry": Retry(NoBackoff(), 0),
+        "protocol": 3,
         "socket_keepalive": True,
         "decode_responses": False,
     }
+
+
+def _closed_error(cause: BaseException | None = None) -> QueueShutdown:
+    detail = f" ({cause!r})" if cause is not None else ""
+    return QueueShutdown(f"the queue was closed while talking to Redis{detail}")
 
 
 def _unavailable(exc: RedisUnavailable, budget_s: float) -> QueueUnavailable:
@@ -239,9 +246,11 @@ class AsyncRedisIO(_Counters):
     """Round trips to Redis for the asyncio queue.
 
     Steps (a few calls each) are sent in batches: while one pipelined round trip is in flight,
-    the steps that other tasks want to send wait and then go together in the next one. A lone
-    step goes at once, so batching adds no latency, and under load it saves most round trips.
-    Batches are safe to retry as a whole because every prq step is idempotent on replay.
+    the steps that other tasks want to send wait and then go together in the next one. A step
+    that finds the link idle is sent at once by its own task, so batching adds no latency, and
+    under load it saves most round trips. The first attempt is plain; the retry machinery is
+    built only after a connection failure. Batches are safe to retry as a whole because every
+    prq step is idempotent on replay.
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
@@ -251,20 +260,34 @@ class AsyncRedisIO(_Counters):
         self.client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
             redis_settings.url, **_client_kwargs(redis_settings)
         )
-        self._retry = _retry_kwargs(settings)
-        #: Bounds one batch: the budget, one more attempt's socket timeout, and a margin.
-        self._deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         self._flusher: asyncio.Future[None] | None = None
+        self._busy = False
+        self._closed = False
         self._link = _AsyncLink(self.client.connection_pool)
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
-        """Send one step's calls (in the next batch); retried within the budget."""
+        """Send one step's calls (alone if the link is idle, else in the next batch)."""
+        if self._closed:
+            raise _closed_error()
+        if not self._busy and self._flusher is None:
+            self._busy = True
+            try:
+                result = _split([calls], await self._send(calls))[0]
+            finally:
+                self._busy = False
+                self._start_flusher()
+            if isinstance(result, PrqError):
+                raise result
+            return result
         future: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
         self._pending.append((calls, future))
-        if self._flusher is None:
-            self._flusher = asyncio.ensure_future(self._flush())
+        self._start_flusher()
         return await future
+
+    def _start_flusher(self) -> None:
+        if self._pending and self._flusher is None and not self._busy:
+            self._flusher = asyncio.ensure_future(self._flush())
 
     async def _flush(self) -> None:
         try:
@@ -280,44 +303,53 @@ class AsyncRedisIO(_Counters):
     async def _send_batch(
         self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]]
     ) -> None:
-        calls = [call for step, _ in batch for call in step]
         try:
-            async with asyncio.timeout(self._deadline_s):
-                replies = await self._send_retrying(calls)
-        except RedisUnavailable as exc:
-            failure: PrqError = _unavailable(exc, self.settings.retry_budget_s)
-        except TimeoutError:
-            failure = _unavailable(RedisUnavailable("deadline passed"), self._deadline_s)
-        except PrqError as exc:
-            failure = exc
-        else:
-            for (_, future), result in zip(
-                batch, _split([s for s, _ in batch], replies), strict=True
-            ):
-                if future.done():
-                    continue
-                if isinstance(result, PrqError):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-            return
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(failure)
+            replies = await self._send([call for step, _ in batch for call in step])
+        except BaseException as exc:  # never leave a waiting step behind
+            failure = exc if isinstance(exc, PrqError) else _closed_error(exc)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(failure)
+            if isinstance(exc, PrqError):
+                return
+            raise
+        for (_, future), result in zip(batch, _split([s for s, _ in batch], replies), strict=True):
+            if future.done():
+                continue
+            if isinstance(result, PrqError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
-    async def _send_retrying(self, calls: Sequence[Call]) -> list[Reply]:
-        async for attempt in AsyncRetrying(**self._retry):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    self.retries += 1
-                self.count(calls)
-                replies = await self._raw(calls)
-                if _needs_scripts(replies):
-                    await self.load_scripts()
-                    self.count(calls)
-                    replies = await self._raw(calls)
-                return replies
+    async def _send(self, calls: Sequence[Call]) -> list[Reply]:
+        """One round trip, retried on connection errors; QueueUnavailable past the budget."""
+        started = time.monotonic()
+        try:
+            return await self._attempt(calls)
+        except RedisUnavailable as exc:
+            logger.debug("redis attempt failed, retrying error=%s", exc)
+        budget_s = self.settings.retry_budget_s - (time.monotonic() - started)
+        deadline_s = max(0.0, budget_s) + self.redis_settings.socket_timeout_s + 1.0
+        try:
+            async with asyncio.timeout(deadline_s):
+                async for attempt in AsyncRetrying(**_retry_kwargs(budget_s)):
+                    with attempt:
+                        self.retries += 1
+                        return await self._attempt(calls)
+        except RedisUnavailable as exc:
+            raise _unavailable(exc, self.settings.retry_budget_s) from exc
+        except TimeoutError as exc:
+            raise _unavailable(RedisUnavailable("deadline passed"), deadline_s) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
+        self.count(calls)
+        replies = await self._raw(calls)
+        if _needs_scripts(replies):
+            await self.load_scripts()
+            self.count(calls)
+            replies = await self._raw(calls)
+        return replies
 
     async def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
@@ -332,6 +364,16 @@ class AsyncRedisIO(_Counters):
                 raise result
 
     async def aclose(self) -> None:
+        """Fail waiting steps with QueueShutdown, stop the flusher, close the connections."""
+        self._closed = True
+        pending, self._pending = self._pending, []
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(_closed_error())
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._flusher
         await self._link.close()
         await self.client.aclose()
 
@@ -369,14 +411,16 @@ class SyncRedisIO(_Counters):
         self.client: redis.Redis = redis.Redis.from_url(
             redis_settings.url, **_client_kwargs(redis_settings)
         )
-        self._retry = _retry_kwargs(settings)
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
         self._leading = False
+        self._closed = False
         self._link = _SyncLink(self.client.connection_pool)
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
+        if self._closed:
+            raise _closed_error()
         step = _Step(calls)
         with self._lock:
             self._pending.append(step)
@@ -410,38 +454,44 @@ class SyncRedisIO(_Counters):
                     self._leading = False
 
     def _send_batch(self, batch: list[_Step]) -> None:
-        calls = [call for step in batch for call in step.calls]
         try:
-            replies = self._send_retrying(calls)
-        except RedisUnavailable as exc:
-            failure: PrqError = _unavailable(exc, self.settings.retry_budget_s)
+            replies = self._send([call for step in batch for call in step.calls])
         except PrqError as exc:
-            failure = exc
-        except BaseException as exc:  # never leave a waiting thread behind
-            failure = PrqError(f"unexpected error while talking to Redis: {exc!r}")
             for step in batch:
-                step.finish(failure)
-            raise
-        else:
-            for step, result in zip(batch, _split([s.calls for s in batch], replies), strict=True):
-                step.finish(result)
+                step.finish(exc)
             return
-        for step in batch:
-            step.finish(failure)
+        except BaseException as exc:  # never leave a waiting thread behind
+            for step in batch:
+                step.finish(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
+            raise
+        for step, result in zip(batch, _split([s.calls for s in batch], replies), strict=True):
+            step.finish(result)
 
-    def _send_retrying(self, calls: Sequence[Call]) -> list[Reply]:
-        for attempt in Retrying(**self._retry):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
+    def _send(self, calls: Sequence[Call]) -> list[Reply]:
+        """One round trip, retried on connection errors; QueueUnavailable past the budget."""
+        started = time.monotonic()
+        try:
+            return self._attempt(calls)
+        except RedisUnavailable as exc:
+            logger.debug("redis attempt failed, retrying error=%s", exc)
+        budget_s = self.settings.retry_budget_s - (time.monotonic() - started)
+        try:
+            for attempt in Retrying(**_retry_kwargs(budget_s)):
+                with attempt:
                     self.retries += 1
-                self.count(calls)
-                replies = self._raw(calls)
-                if _needs_scripts(replies):
-                    self.load_scripts()
-                    self.count(calls)
-                    replies = self._raw(calls)
-                return replies
+                    return self._attempt(calls)
+        except RedisUnavailable as exc:
+            raise _unavailable(exc, self.settings.retry_budget_s) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
+        self.count(calls)
+        replies = self._raw(calls)
+        if _needs_scripts(replies):
+            self.load_scripts()
+            self.count(calls)
+            replies = self._raw(calls)
+        return replies
 
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
@@ -456,5 +506,6 @@ class SyncRedisIO(_Counters):
                 raise result
 
     def close(self) -> None:
+        self._closed = True
         self._link.close()
         self.client.close()

@@ -197,57 +197,56 @@ def serve_sync(
     concurrency: int = 1,
     stop: threading.Event | None = None,
 ) -> None:
-    """Serve `endpoint` with `handler` in worker threads until `stop` is set or the queue closes."""
+    """Serve `endpoint` with `handler` until `stop` is set or the queue closes.
+
+    Each of the `concurrency` workers is its own take → handle → respond loop in its own
+    thread (the calling thread when `concurrency` is 1), so a request passes no thread hand-off
+    between its pulse and its handler.
+    """
     validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    slots = threading.BoundedSemaphore(concurrency)
     pause = stop or threading.Event()
 
     def stopped() -> bool:
         return pause.is_set() or queue.closed
 
-    def handle(pending: PendingRequest) -> None:
-        try:
-            try:
-                response = build_response(pending.id, _run_sync_handler(handler, pending))
-            except Exception as exc:
-                response = build_response(pending.id, exc=exc)
-            try:
-                queue.apply_response(response)
-            except PrqError as exc:
-                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
-        finally:
-            slots.release()
-
-    failures = 0
-    logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="prq-handler") as pool:
+    def work() -> None:
+        failures = 0
         while not stopped():
-            free = _acquire_free(slots, concurrency)
-            if not free:
-                continue
-            taken: list[PendingRequest] = []
             try:
-                taken = queue._take(endpoint, free, queue.settings.dequeue_timeout_s, stopped)
+                taken = queue._take(endpoint, 1, queue.settings.dequeue_timeout_s, stopped)
                 failures = 0
             except QueueShutdown:
-                pass
+                return
             except PrqError as exc:
                 failures = _log_failure(endpoint, exc, failures)
                 pause.wait(_backoff_s(failures))
-            for _ in range(free - len(taken)):
-                slots.release()
+                continue
             for pending in taken:
-                pool.submit(handle, pending)
+                _answer(queue, handler, pending)
+
+    logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
+    if concurrency == 1:
+        work()
+    else:
+        workers = [
+            threading.Thread(target=work, name=f"prq-serve-{n}", daemon=True)
+            for n in range(concurrency)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
     logger.info("stopped serving endpoint=%r", endpoint)
 
 
-def _acquire_free(slots: threading.BoundedSemaphore, concurrency: int) -> int:
-    """Wait (briefly) for one free slot, then grab every other free one; 0 if none came."""
-    if not slots.acquire(timeout=0.25):
-        return 0
-    free = 1
-    while free < concurrency and slots.acquire(blocking=False):
-        free += 1
-    return free
+def _answer(queue: Queue, handler: Handler, pending: PendingRequest) -> None:
+    try:
+        response = build_response(pending.id, _run_sync_handler(handler, pending))
+    except Exception as exc:
+        response = build_response(pending.id, exc=exc)
+    try:
+        queue.apply_response(response)
+    except PrqError as exc:
+        logger.error("could not answer request_id=%s error=%s", pending.id, exc)
