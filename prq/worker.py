@@ -148,6 +148,9 @@ async def serve_async(
                 task = asyncio.create_task(handle(pending))
                 running.add(task)
                 task.add_done_callback(running.discard)
+            # Let the new handlers start before the next take: a quick handler's response
+            # then goes out first, instead of queueing behind the take that parks this loop.
+            await asyncio.sleep(0)
     finally:
         if running:
             await asyncio.wait(running)
