@@ -1,0 +1,46 @@
+"""The demo: two receiver nodes, senders driving calls, and a live table of what happens.
+
+Processes:
+
+    main process ─┬─ EmbeddedRedis (only when no URL is given)
+                  ├─ senders: asyncio tasks on one AsyncQueue, `concurrency` calls in flight
+                  ├─ node A (spawned): AsyncQueue.serve  poll://billing-1, poll://billing-2
+                  └─ node B (spawned): Queue.serve        poll://search-1, poll://search-2
+
+Lifecycle: start Redis → start the nodes (bounded wait for "ready") → drive calls until the
+duration passes or Ctrl-C → let senders finish their calls (bounded, then cancel) → stop the
+nodes (stop event, bounded join, terminate, kill) → stop Redis → one summary line.
+
+Every wait is bounded; a node that dies or hangs is reported and killed, never waited on forever.
+Run it as `prq demo`; `python -m prq.demo` does the same with default options.
+
+Modules, in lifecycle order:
+
+    config.py    DemoConfig and NodeSpec: what to run (defaults, the two nodes)
+    services.py  the methods the nodes serve: echo, sum, sleep, flaky (no I/O)
+    nodes.py     the receiver node processes: their entry point, start and stop
+    stats.py     what the senders saw: per-endpoint windows, latency sample, percentiles
+    senders.py   the load generators: asyncio tasks making random calls
+    table.py     the rich live table and the headless status line
+    run.py       run_demo: Redis, nodes, senders, screen, summary
+"""
+
+from __future__ import annotations
+
+from prq.demo.config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_DURATION_S,
+    DEFAULT_PREFIX,
+    DemoConfig,
+    NodeSpec,
+)
+from prq.demo.run import run_demo
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_DURATION_S",
+    "DEFAULT_PREFIX",
+    "DemoConfig",
+    "NodeSpec",
+    "run_demo",
+]

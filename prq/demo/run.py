@@ -1,0 +1,195 @@
+"""The run: Redis (given or embedded), the nodes, the senders and the screen, then a summary.
+
+`run_demo` owns the lifecycle drawn in the package docstring and every bounded wait in it;
+`_drive` runs in one event loop: senders, the live table (or headless status lines) and
+Ctrl-C / SIGTERM, until the duration passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+from rich.console import Console
+from rich.live import Live
+
+from prq.config import QueueSettings
+from prq.demo.config import DemoConfig, NodeSpec
+from prq.demo.nodes import ReceiverNodes
+from prq.demo.senders import DEFAULT_PICKUP_TIMEOUT_S, Senders
+from prq.demo.stats import EndpointStats, percentile
+from prq.demo.table import fmt_ms, render_table, status_line
+from prq.errors import PrqError
+from prq.queue import AsyncQueue
+
+__all__ = ["DemoResult", "run_demo"]
+
+#: Table refresh period (twice a second).
+DEFAULT_REFRESH_S = 0.5
+#: Without a terminal, print one status line this often instead of a live table.
+DEFAULT_HEADLESS_LINE_S = 2.0
+#: How long the demo waits for a given Redis to answer its first PING.
+DEFAULT_PING_TIMEOUT_S = 3.0
+#: Columns assumed when printing without a terminal.
+DEFAULT_HEADLESS_WIDTH = 120
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    calls: int
+    errors: int
+    failed: int
+    elapsed_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+
+
+@contextlib.contextmanager
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) ends the demo cleanly instead of tearing through it."""
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
+            pass
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+async def _drive(
+    config: DemoConfig, url: str, nodes: ReceiverNodes, console: Console
+) -> DemoResult:
+    stats = {
+        endpoint: EndpointStats(endpoint, nodes.node_of(endpoint))
+        for spec in config.nodes
+        for endpoint in spec.endpoints
+    }
+    stop = asyncio.Event()
+    settings = QueueSettings(pickup_timeout_s=DEFAULT_PICKUP_TIMEOUT_S)
+    async with AsyncQueue.from_url(url, prefix=config.prefix, settings=settings) as queue:
+        senders = Senders(queue, stats, config.concurrency, config.seed)
+        started = time.monotonic()
+        deadline = started + config.duration_s if config.duration_s > 0 else None
+        until = f"{config.duration_s:g} s" if deadline is not None else "Ctrl-C"
+        title = f"prq demo: {config.concurrency} senders, 2 nodes, until {until}"
+        with _stop_on_signals(asyncio.get_running_loop(), stop), contextlib.ExitStack() as screen:
+            live: Live | None = None
+            if console.is_terminal:
+                live = screen.enter_context(Live(console=console, auto_refresh=False))
+            senders.start()
+            next_line = started + DEFAULT_HEADLESS_LINE_S
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), DEFAULT_REFRESH_S)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    stop.set()
+                if live is not None:
+                    live.update(render_table(stats, now - started, title), refresh=True)
+                elif now >= next_line:
+                    console.print(status_line(stats, now - started), highlight=False)
+                    next_line = now + DEFAULT_HEADLESS_LINE_S
+            await senders.stop()
+            elapsed = time.monotonic() - started
+            final = render_table(stats, elapsed, title)
+            if live is not None:
+                live.update(final, refresh=True)
+            else:
+                console.print(final)
+    values = sorted(senders.sample.values)
+    return DemoResult(
+        calls=sum(s.calls for s in stats.values()),
+        errors=sum(s.errors for s in stats.values()),
+        failed=sum(s.failed for s in stats.values()),
+        elapsed_s=elapsed,
+        p50_ms=percentile(values, 0.50),
+        p99_ms=percentile(values, 0.99),
+    )
+
+
+def _summary(result: DemoResult, nodes: ReceiverNodes) -> str:
+    rate = result.calls / result.elapsed_s if result.elapsed_s > 0 else 0.0
+    handled = ", ".join(
+        f"{n.spec.name}={sum(n.handled.values()) if n.handled is not None else '?'}"
+        for n in nodes.nodes
+    )
+    return (
+        f"prq demo: {result.calls} calls in {result.elapsed_s:.1f} s ({rate:.0f} calls/s), "
+        f"p50 {fmt_ms(result.p50_ms)} ms, p99 {fmt_ms(result.p99_ms)} ms, "
+        f"{result.errors} errors raised by the service, {result.failed} failed; "
+        f"handled by node {handled}"
+    )
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> int:
+    """Run the demo (see the module docstring); returns the process exit code."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # A pipe or a log file has no width; rich would assume 80 columns and squeeze.
+            console = Console(width=max(console.width, DEFAULT_HEADLESS_WIDTH))
+    with contextlib.ExitStack() as stack:
+        url = config.url
+        if url is None:
+            from prq.embedded import EmbeddedRedis
+
+            server = EmbeddedRedis().start()
+            stack.callback(server.cleanup)
+            url = server.url
+            console.print(f"embedded redis-server on {url} (set PRQ_REDIS_URL to use yours)")
+        else:
+            problem = _unreachable(url)
+            if problem is not None:
+                console.print(f"[red]cannot reach Redis at {url}: {problem}[/red]")
+                return 1
+            console.print(f"using Redis at {url}")
+        nodes = ReceiverNodes(url, config.prefix, config.nodes)
+        stack.callback(nodes.stop)
+        console.print("starting receiver nodes " + ", ".join(_describe(s) for s in config.nodes))
+        try:
+            nodes.start()
+        except RuntimeError as exc:
+            console.print(f"[red]demo could not start: {exc}[/red]")
+            return 1
+        try:
+            result = asyncio.run(_drive(config, url, nodes, console))
+        except PrqError as exc:
+            console.print(f"[red]demo stopped: {type(exc).__name__}: {exc}[/red]")
+            return 1
+        nodes.stop()
+        console.print(_summary(result, nodes), highlight=False, soft_wrap=True)
+        return 0 if result.calls > 0 else 1
+    return 1  # pragma: no cover  (ExitStack does not swallow exceptions)
+
+
+def _unreachable(url: str) -> str | None:
+    """Why Redis at `url` cannot be used, or None; fails fast instead of after retry budgets."""
+    try:
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=DEFAULT_PING_TIMEOUT_S,
+            socket_connect_timeout=DEFAULT_PING_TIMEOUT_S,
+        )
+    except ValueError as exc:
+        return str(exc)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        client.close()
+    return None
+
+
+def _describe(spec: NodeSpec) -> str:
+    return f"{spec.name} ({spec.facade}: {', '.join(spec.endpoints)})"
