@@ -1,0 +1,168 @@
+"""Costs per request: Redis commands and round trips per call, and pub/sub subscriptions.
+
+How commands are counted on the server (measured on Redis 7.0): `INFO commandstats` and
+`total_commands_processed` both include the commands a Lua script runs (50 fast calls raised
+total_commands_processed by ~1,200 while the clients sent 200 commands), so neither measures
+what a client sends. MONITOR marks script-run commands with `[0 lua]`; `CommandMonitor` counts
+the others, which is what the client side (`queue.stats`) counts too. `cmdstat_evalsha` is a
+second, independent check: a script cannot call EVALSHA, so its delta is client-sent only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from prq import Request
+from prq.embedded import EmbeddedRedis
+from tests.queue_facades import AnyQueue, QueueFactory, run_all
+from tests.redis_servers import CommandMonitor, async_wait_until
+
+pytestmark = pytest.mark.integration
+
+#: A sender spends the enqueue script and the locator SET per call...
+SENDER_COMMANDS_PER_CALL = 2
+#: ...sent together in one round trip; the response arrives inside the pulse (no read).
+SENDER_ROUND_TRIPS_PER_CALL = 1
+#: A receiver serving sequential calls spends the apply_response script and one take, which
+#: parks it so that the next request is handed to it directly (no take on the critical path).
+RECEIVER_COMMANDS_PER_CALL = 2
+#: Sequential calls measured (after a warm-up that loads scripts and subscribes).
+BUDGET_CALLS = 50
+WARM_UP_CALLS = 3
+#: Calls made at once in the subscription test.
+SUBSCRIPTION_CALLS = 500
+#: Pub/sub link upkeep, not per-request cost: left out of the server-side count.
+PUBSUB_UPKEEP = frozenset({"PING", "SUBSCRIBE", "PSUBSCRIBE", "UNSUBSCRIBE"})
+#: What this test itself sends while the monitor runs (to see the receiver parked again).
+TEST_PROBES = frozenset({"HLEN"})
+
+
+def echo(request: Request) -> object:
+    return request.params
+
+
+async def settled(*queues: AnyQueue, quiet_s: float = 0.3, timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until the nodes have sent nothing for `quiet_s` (e.g. a receiver's next
+    take has gone out), so a measuring window starts and ends between steps, not inside one."""
+    last: list[int] = []
+    since = time.monotonic()
+
+    def quiet() -> bool:
+        nonlocal last, since
+        now = [queue.stats.redis_commands for queue in queues]
+        if now != last:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= quiet_s
+
+    await async_wait_until(quiet, timeout_s, 0.02, "nodes went quiet")
+
+
+async def test_a_fast_round_trip_stays_within_its_command_budget(
+    make_own_queue: QueueFactory, own_redis: EmbeddedRedis, own_redis_client: redis.Redis
+) -> None:
+    # Given one sender and one receiver serving sequentially, warmed up, on a server of our own
+    # (long poll interval and long-poll, so no poll falls into the measured window)
+    sender = make_own_queue(poll_interval_s=30, dequeue_timeout_s=30)
+    receiver = make_own_queue(poll_interval_s=30, dequeue_timeout_s=30)
+    endpoint = "poll://budget"
+    make_own_queue.serve(receiver, endpoint, echo, concurrency=1)
+    for i in range(WARM_UP_CALLS):
+        assert await asyncio.wait_for(sender.call(endpoint, "m", i), 10) == i
+    await settled(sender, receiver)
+    sender_0, receiver_0 = sender.stats, receiver.stats
+    evalsha_0 = own_redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+
+    # When 50 calls are made one after another
+    parks = sender.keys.endpoint(endpoint).parks
+    with CommandMonitor(own_redis.url) as monitor:
+        for i in range(BUDGET_CALLS):
+            assert await asyncio.wait_for(sender.call(endpoint, "m", i), 10) == i
+        # (and the receiver's last take, which parks it for the next call, has landed)
+        await async_wait_until(lambda: own_redis_client.hlen(parks) == 1, 5)
+        await settled(sender, receiver)
+
+    # Then, as the nodes count them, each call stays within the budget
+    sender_1, receiver_1 = sender.stats, receiver.stats
+    sender_commands = sender_1.redis_commands - sender_0.redis_commands
+    sender_round_trips = sender_1.round_trips - sender_0.round_trips
+    receiver_commands = receiver_1.redis_commands - receiver_0.redis_commands
+    assert sender_commands <= SENDER_COMMANDS_PER_CALL * BUDGET_CALLS
+    assert sender_round_trips <= SENDER_ROUND_TRIPS_PER_CALL * BUDGET_CALLS
+    assert receiver_commands <= RECEIVER_COMMANDS_PER_CALL * BUDGET_CALLS
+    # And the server saw exactly what the nodes say they sent (scripts' own commands aside)
+    sent = {
+        name: n
+        for name, n in monitor.client.items()
+        if name not in PUBSUB_UPKEEP and name not in TEST_PROBES
+    }
+    assert sum(sent.values()) == sender_commands + receiver_commands, sent
+    assert (
+        sum(sent.values()) <= (SENDER_COMMANDS_PER_CALL + RECEIVER_COMMANDS_PER_CALL) * BUDGET_CALLS
+    ), sent
+    assert monitor.lua, "MONITOR should have reported the scripts' own commands apart"
+    evalsha_1 = own_redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert evalsha_1 - evalsha_0 == sent.get("EVALSHA", 0)
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def pubsub_clients(client: redis.Redis) -> int:
+    """Connections subscribed to at least one channel or pattern."""
+    return sum(1 for c in client.client_list() if int(c["sub"]) + int(c["psub"]) > 0)
+
+
+async def test_subscriptions_do_not_grow_with_the_number_of_requests(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis, facade: str, key_prefix: str
+) -> None:
+    # Given one sender node and one receiver node serving one endpoint
+    sender = make_own_queue(pickup_timeout_s=30)
+    receiver = make_own_queue()
+    endpoint = "poll://many"
+    make_own_queue.serve(receiver, endpoint, echo, concurrency=16)
+    limit = asyncio.Semaphore(200 if facade == "sync" else SUBSCRIPTION_CALLS)
+    peak_channels = 0
+    sampling = True
+
+    async def sample() -> None:
+        nonlocal peak_channels
+        while sampling:
+            channels = own_redis_client.pubsub_channels(f"{key_prefix}:*")
+            peak_channels = max(peak_channels, len(channels))
+            await asyncio.sleep(0.02)  # a sampling interval, not a synchronisation
+
+    async def one(i: int) -> object:
+        async with limit:
+            return await sender.call(endpoint, "m", i)
+
+    # When 500 calls are made at once (while the server's channels are sampled)
+    sampler = asyncio.create_task(sample())
+    try:
+        results = await run_all((one(i) for i in range(SUBSCRIPTION_CALLS)), 60)
+    finally:
+        sampling = False
+        await asyncio.wait_for(sampler, 5)
+    assert results == list(range(SUBSCRIPTION_CALLS))
+
+    # Then the sender holds 1 subscription (its node channel) and the receiver 2 (its node
+    # channel and the endpoint's pulse channel), on one pub/sub connection each
+    assert (sender.stats.subscriptions, receiver.stats.subscriptions) == (1, 2)
+    expected = {
+        sender.keys.node_channel(sender.node_id),
+        receiver.keys.node_channel(receiver.node_id),
+        receiver.keys.endpoint(endpoint).pulse_channel,
+    }
+    channels = {text(c) for c in own_redis_client.pubsub_channels(f"{key_prefix}:*")}
+    assert channels == expected
+    assert {text(c): n for c, n in own_redis_client.pubsub_numsub(*expected)} == dict.fromkeys(
+        expected, 1
+    )
+    assert own_redis_client.pubsub_numpat() == 0
+    assert pubsub_clients(own_redis_client) == 2
+    # And at no moment during the calls were there more channels than that
+    assert peak_channels == len(expected)

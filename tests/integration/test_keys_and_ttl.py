@@ -1,0 +1,130 @@
+"""What Redis keeps: every key has a TTL and all of them go; oversized bodies write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+
+import prq.flows
+from prq import CancelledBeforePickup, PayloadTooLarge, PickupTimeout, Request, RequestState
+from tests.queue_facades import QueueFactory, run_all, wait_for_state
+from tests.redis_servers import async_wait_until, scan_keys
+
+pytestmark = pytest.mark.integration
+
+#: Tiny TTLs, so that a test can watch every key expire. With them the longest-lived key is a
+#: locator: request TTL (pickup 2 s + extra 1 s) + in-flight TTL (max(response 1 s, receiver
+#: timeout 1 s + extra 1 s) = 2 s) + response TTL 1 s = 6 s.
+TINY_TTLS: dict[str, Any] = {
+    "response_ttl_s": 1.0,
+    "request_ttl_extra_s": 1.0,
+    "list_ttl_s": 2.0,
+    "cancel_marker_ttl_s": 1.0,
+    "receiver_timeout_s": 1.0,
+    "pickup_timeout_s": 0.5,
+}
+#: No key may live longer than this under TINY_TTLS (the 6 s locator, plus margin).
+LONGEST_TTL_MS = 7_000
+#: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
+ALL_EXPIRED_WITHIN_S = 15.0
+#: Body limit in the payload tests.
+MAX_BODY_BYTES = 1024
+
+
+async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
+    make_queue: QueueFactory,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given tiny TTLs (the take receipt's 2-minute TTL is a DEFAULT_* constant, patched here)
+    monkeypatch.setattr(prq.flows, "DEFAULT_TAKE_RECEIPT_TTL_S", 1.0)
+    sender, receiver = make_queue(**TINY_TTLS), make_queue(**TINY_TTLS)
+    served, unserved = "poll://ttl-served", "poll://ttl-unserved"
+    serving = make_queue.serve(receiver, served, lambda request: request.params, concurrency=2)
+
+    # When traffic runs: completed calls, a pickup timeout, and a cancel before pickup
+    results = await run_all((sender.call(served, "m", i) for i in range(5)), 10)
+    assert results == list(range(5))
+    with pytest.raises(PickupTimeout):
+        await asyncio.wait_for(sender.call(unserved, "m"), 10)
+    request = Request(endpoint=unserved, method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=2.0))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    assert await sender.cancel(request.id)
+    with pytest.raises(CancelledBeforePickup):
+        await asyncio.wait_for(call, 10)
+    await serving.stop()
+
+    # Then every key of the prefix has a TTL, and a short one
+    keys = scan_keys(redis_client, key_prefix)
+    assert sender.keys.locator(request.id).encode() in keys, "the scan must see the traffic"
+    ttls = {key: redis_client.pttl(key) for key in keys}
+    ttls = {key: ttl for key, ttl in ttls.items() if ttl != -2}  # -2: expired meanwhile
+    assert [key for key, ttl in ttls.items() if ttl == -1] == [], "keys without a TTL"
+    assert {k: t for k, t in ttls.items() if t > LONGEST_TTL_MS} == {}, "keys living too long"
+    # And once the TTLs pass, no key of the prefix remains
+    await async_wait_until(
+        lambda: not scan_keys(redis_client, key_prefix),
+        ALL_EXPIRED_WITHIN_S,
+        0.2,
+        "every key of the prefix expired",
+    )
+
+
+def body_bytes(request: Request) -> int:
+    """Size of a request's stored body, encoded as prq encodes it."""
+    return len(request.model_dump_json().encode())
+
+
+def request_of_size(endpoint: str, producer: str, size: int) -> Request:
+    """A request whose stored body is exactly `size` bytes (ASCII params, so 1 char = 1 byte)."""
+    empty = Request(endpoint=endpoint, method="m", params="", producer=producer, id="sized-1")
+    request = empty.model_copy(update={"params": "x" * (size - body_bytes(empty))})
+    assert body_bytes(request) == size
+    return request
+
+
+async def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a sender with max_body_bytes=1024 and a request whose body is one byte more
+    limits: dict[str, Any] = {
+        "max_body_bytes": MAX_BODY_BYTES,
+        "inline_limit_bytes": MAX_BODY_BYTES,
+    }
+    sender = make_queue(**limits)
+    await sender.start()
+    endpoint = "poll://sized"
+    too_large = request_of_size(endpoint, sender.node_id, MAX_BODY_BYTES + 1)
+    before = scan_keys(redis_client, key_prefix)
+
+    # When it is sent
+    with pytest.raises(PayloadTooLarge) as raised:
+        await asyncio.wait_for(sender.queue_and_wait(too_large), 10)
+
+    # Then it is refused with its size and the limit, and nothing was written
+    assert (raised.value.size_bytes, raised.value.limit_bytes) == (MAX_BODY_BYTES + 1, 1024)
+    assert isinstance(raised.value, ValueError) and not raised.value.maybe_executed
+    assert scan_keys(redis_client, key_prefix) == before
+    assert (await sender.status(too_large.id)).state == RequestState.UNKNOWN
+
+
+async def test_a_body_at_max_body_bytes_goes_through(make_queue: QueueFactory) -> None:
+    # Given a sender and a receiver with max_body_bytes=1024, and a body of exactly 1024 bytes
+    limits: dict[str, Any] = {
+        "max_body_bytes": MAX_BODY_BYTES,
+        "inline_limit_bytes": MAX_BODY_BYTES,
+    }
+    sender, receiver = make_queue(**limits), make_queue(**limits)
+    make_queue.serve(receiver, "poll://sized", lambda request: len(str(request.params)))
+    at_limit = request_of_size("poll://sized", sender.node_id, MAX_BODY_BYTES)
+
+    # When it is sent
+    response = await asyncio.wait_for(sender.queue_and_wait(at_limit), 10)
+
+    # Then it is served
+    assert response.error is None and response.result == len(str(at_limit.params))

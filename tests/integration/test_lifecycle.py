@@ -1,0 +1,47 @@
+"""Closing a node: its waiting callers fail with QueueShutdown and it leaves no connection open."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from prq import QueueShutdown
+from tests.queue_facades import QueueFactory
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+#: Calls waiting when the node closes (the sync facade has one thread per waiting call).
+WAITING_CALLS = {"async": 2_000, "sync": 200}
+
+
+def connected_clients(client: redis.Redis) -> int:
+    return len(client.client_list())
+
+
+@pytest.mark.parametrize("when", ["all queued", "mid-burst"])
+async def test_closing_a_node_fails_its_callers_and_closes_its_connections(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis, facade: str, when: str
+) -> None:
+    # Given a started node with many calls waiting (no receiver), either all enqueued already
+    # or still being sent
+    sender = make_own_queue(pickup_timeout_s=60)
+    await sender.start()
+    endpoint = "poll://nobody"
+    pending_list = sender.keys.endpoint(endpoint).pending
+    count = WAITING_CALLS[facade]
+    calls = [asyncio.create_task(sender.call(endpoint, "m", i)) for i in range(count)]
+    enqueued = count if when == "all queued" else 1
+    await async_wait_until(lambda: own_redis_client.llen(pending_list) >= enqueued, 20)
+
+    # When the node closes
+    await asyncio.wait_for(sender.aclose(), 10)
+
+    # Then every waiting caller fails with QueueShutdown, promptly
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+    kinds = {type(outcome).__name__ for outcome in outcomes}
+    assert kinds == {QueueShutdown.__name__}, kinds
+    # And none of the node's connections stays open on the server (only this test's client)
+    await async_wait_until(lambda: connected_clients(own_redis_client) == 1, 5)

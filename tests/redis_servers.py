@@ -1,0 +1,177 @@
+"""Redis servers for the suite, and the bounded waits every test uses instead of sleeps.
+
+- `shared_server_url()` picks the one server a session shares: `PRQ_TEST_REDIS_URL` if set, else
+  a private `EmbeddedRedis` on a free loopback port (never 127.0.0.1:6379).
+- `wait_until` / `async_wait_until` poll a predicate until it holds or a deadline passes (then
+  fail the test); `async_stays_false` asserts that something does NOT happen inside a window.
+- `scan_keys` lists the keys of one prefix; `CommandMonitor` records the commands clients send
+  (MONITOR) between two sentinels, so a test can count what reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+
+__all__ = [
+    "CommandMonitor",
+    "async_stays_false",
+    "async_wait_until",
+    "new_prefix",
+    "scan_keys",
+    "wait_until",
+]
+
+#: Environment variable naming an existing Redis for the shared server (optional).
+TEST_REDIS_URL_ENV = "PRQ_TEST_REDIS_URL"
+#: Default bound of a wait, seconds.
+DEFAULT_WAIT_S = 10.0
+#: Default interval between two checks of a predicate, seconds.
+DEFAULT_INTERVAL_S = 0.01
+
+
+def new_prefix() -> str:
+    """A fresh key prefix, so tests sharing a server never see each other's keys."""
+    return f"prq-t-{uuid.uuid4().hex[:8]}"
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_s: float = DEFAULT_WAIT_S,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    message: str = "",
+) -> Any:
+    """Poll `predicate` until it returns something truthy (returned) or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s:g} s: {message}")
+        time.sleep(interval_s)  # a poll interval, not a synchronisation
+
+
+async def _evaluate(predicate: Callable[[], Any]) -> Any:
+    value = predicate()
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+async def async_wait_until(
+    predicate: Callable[[], Any | Awaitable[Any]],
+    timeout_s: float = DEFAULT_WAIT_S,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    message: str = "",
+) -> Any:
+    """Async twin of `wait_until`; `predicate` may be a plain or a coroutine function."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await _evaluate(predicate)
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s:g} s: {message}")
+        await asyncio.sleep(interval_s)  # a poll interval, not a synchronisation
+
+
+async def async_stays_false(
+    predicate: Callable[[], Any | Awaitable[Any]],
+    window_s: float,
+    interval_s: float = 0.02,
+    message: str = "",
+) -> None:
+    """Assert that `predicate` stays falsy for the whole window (a negative timing assertion)."""
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:
+        if await _evaluate(predicate):
+            raise AssertionError(f"condition became true within {window_s:g} s: {message}")
+        await asyncio.sleep(interval_s)
+    if await _evaluate(predicate):
+        raise AssertionError(f"condition became true within {window_s:g} s: {message}")
+
+
+def scan_keys(client: redis.Redis, prefix: str) -> list[bytes]:
+    """Every key of `prefix` (prefixes are glob-free, see KeySchema)."""
+    return sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    """Remove every key of `prefix` (teardown on a shared server)."""
+    keys = scan_keys(client, prefix)
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+
+
+class CommandMonitor:
+    """Records the commands clients send to a server (MONITOR), between two sentinels.
+
+    Commands that Lua scripts run are reported by MONITOR as coming from `lua`; they are kept
+    apart (`lua`) from what clients sent (`client`), because only the latter cost a client a
+    command. The sentinels are `ECHO` commands sent by this object and are not recorded.
+    Use only on a server owned by the test (MONITOR sees every client).
+    """
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(url, socket_timeout=10)
+        self._token = uuid.uuid4().hex
+        self._attached = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.client: Counter[str] = Counter()
+        self.lua: Counter[str] = Counter()
+
+    def __enter__(self) -> CommandMonitor:
+        self._thread = threading.Thread(target=self._record, name="monitor", daemon=True)
+        self._thread.start()
+
+        def probe() -> bool:
+            self._client.echo(f"prq-monitor-start-{self._token}")
+            return self._attached.wait(0.05)
+
+        wait_until(probe, timeout_s=10, message="MONITOR attached")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._client.echo(f"prq-monitor-end-{self._token}")
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+        self._client.close()
+        if self._thread.is_alive():
+            raise AssertionError("MONITOR did not see its end sentinel within 10 s")
+        if self._error is not None:
+            raise AssertionError(f"MONITOR failed: {self._error!r}")
+
+    def _record(self) -> None:
+        start, end = f"prq-monitor-start-{self._token}", f"prq-monitor-end-{self._token}"
+        recording = False
+        try:
+            with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
+                for entry in monitor.listen():
+                    command: str = entry["command"]
+                    name, _, rest = command.partition(" ")
+                    name = name.upper()
+                    if name == "ECHO" and rest.startswith("prq-monitor-"):
+                        if rest == start:
+                            recording = True
+                            self._attached.set()
+                        elif rest == end:
+                            return
+                        continue
+                    if not recording:
+                        continue
+                    if entry["client_type"] == "lua":
+                        self.lua[name] += 1
+                    else:
+                        self.client[name] += 1
+        except BaseException as exc:  # reported by __exit__
+            self._error = exc
