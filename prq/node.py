@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import JsonValue
 
@@ -36,6 +36,8 @@ from prq.models import (
     decode_request,
     validate_endpoint,
 )
+from prq.pulses import PulseRouter, PulsesBase
+from prq.redis_io import IOCounters
 from prq.scripts import TakenItem
 
 if TYPE_CHECKING:
@@ -61,6 +63,41 @@ class QueueStats:
 
 class QueueBase:
     """What both facades share: settings, keys, node identity, and pure request handling."""
+
+    _io: IOCounters
+    _pulses: PulsesBase
+    _router: PulseRouter[Any]
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+        redis_settings: RedisSettings | None = None,
+    ) -> Self:
+        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL)."""
+        if redis_settings is None:
+            redis_settings = RedisSettings.from_url(url)
+        return cls(redis_settings, prefix=prefix, settings=settings, datastreams=datastreams)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def stats(self) -> QueueStats:
+        return QueueStats(
+            redis_commands=self._io.commands,
+            round_trips=self._io.round_trips,
+            redis_retries=self._io.retries,
+            subscriptions=self._pulses.subscriptions,
+            pubsub_reconnects=self._pulses.reconnects,
+            pulses_received=self._router.messages,
+            held_requests=len(self._held),
+        )
 
     def __init__(
         self,

@@ -31,7 +31,15 @@ from prq.redis_io import RedisUnavailable, translate_errors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncPulses", "AsyncSignal", "PulseRouter", "Signal", "ThreadPulses", "ThreadSignal"]
+__all__ = [
+    "AsyncPulses",
+    "AsyncSignal",
+    "PulseRouter",
+    "PulsesBase",
+    "Signal",
+    "ThreadPulses",
+    "ThreadSignal",
+]
 
 #: How long a subscribe waits for Redis to confirm before relying on polling alone.
 DEFAULT_SUBSCRIBE_CONFIRM_S = 2.0
@@ -186,7 +194,7 @@ class PulseRouter(Generic[S]):
             signal.fire()
 
 
-class _Subscriber:
+class _Subscriber(Generic[S]):
     """What both readers share: wanted and confirmed channels, link health, message handling.
 
     Pure: the readers do the I/O and call `handle` with each raw reply of the connection.
@@ -243,7 +251,21 @@ class _Subscriber:
         return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * random.random())
 
 
-class AsyncPulses:
+class PulsesBase:
+    """What both readers report: how many channels they hold and how often they reconnected."""
+
+    _state: _Subscriber[Any]
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._state.desired)
+
+    @property
+    def reconnects(self) -> int:
+        return self._state.reconnects
+
+
+class AsyncPulses(PulsesBase):
     """The node's pub/sub connection (owned, not pooled), read by one asyncio task."""
 
     def __init__(
@@ -256,14 +278,6 @@ class AsyncPulses:
         self._confirm_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-
-    @property
-    def subscriptions(self) -> int:
-        return len(self._state.desired)
-
-    @property
-    def reconnects(self) -> int:
-        return self._state.reconnects
 
     async def start(self) -> None:
         node_channel = self.router.node_channel.decode()
@@ -354,7 +368,7 @@ class AsyncPulses:
             await self._conn.disconnect(nowait=True)
 
 
-class ThreadPulses:
+class ThreadPulses(PulsesBase):
     """The node's pub/sub connection, read by one daemon thread (the only one touching it)."""
 
     def __init__(self, pool: redis.ConnectionPool, router: PulseRouter[ThreadSignal]) -> None:
@@ -366,14 +380,6 @@ class ThreadPulses:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._connected = False
-
-    @property
-    def subscriptions(self) -> int:
-        return len(self._state.desired)
-
-    @property
-    def reconnects(self) -> int:
-        return self._state.reconnects
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._read_loop, name="prq-pulses", daemon=True)

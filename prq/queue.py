@@ -35,7 +35,7 @@ from prq.models import (
     Response,
     validate_endpoint,
 )
-from prq.node import QueueBase, QueueStats
+from prq.node import QueueBase
 from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
 from prq.scripts import script_load_calls
@@ -55,6 +55,10 @@ T = TypeVar("T")
 class AsyncQueue(QueueBase):
     """The pending-request queue for asyncio code (see DESIGN.md §2)."""
 
+    _io: AsyncRedisIO
+    _pulses: AsyncPulses
+    _router: PulseRouter[AsyncSignal]
+
     def __init__(
         self,
         redis_settings: RedisSettings,
@@ -72,28 +76,11 @@ class AsyncQueue(QueueBase):
             node_id=node_id,
         )
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
-        self._router: PulseRouter[AsyncSignal] = PulseRouter(
-            self.keys.node_channel(self.node_id), AsyncSignal
-        )
+        self._router = PulseRouter(self.keys.node_channel(self.node_id), AsyncSignal)
         self._pulses = AsyncPulses(self._io.client.connection_pool, self._router)
         self._started = False
         self._start_lock = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str | None = None,
-        *,
-        prefix: str = "prq",
-        settings: QueueSettings | None = None,
-        datastreams: DataStreamStore | None = None,
-        redis_settings: RedisSettings | None = None,
-    ) -> AsyncQueue:
-        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL)."""
-        if redis_settings is None:
-            redis_settings = RedisSettings.from_url(url)
-        return cls(redis_settings, prefix=prefix, settings=settings, datastreams=datastreams)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -133,22 +120,6 @@ class AsyncQueue(QueueBase):
         await self._pulses.aclose()
         await self._io.aclose()
         logger.info("queue closed node_id=%s", self.node_id)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def stats(self) -> QueueStats:
-        return QueueStats(
-            redis_commands=self._io.commands,
-            round_trips=self._io.round_trips,
-            redis_retries=self._io.retries,
-            subscriptions=self._pulses.subscriptions,
-            pubsub_reconnects=self._pulses.reconnects,
-            pulses_received=self._router.messages,
-            held_requests=len(self._held),
-        )
 
     async def _run(self, flow: Flow[T]) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.

@@ -48,7 +48,13 @@ from prq.scripts import script_load_calls
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncRedisIO", "RedisUnavailable", "SyncRedisIO", "translate_errors"]
+__all__ = [
+    "AsyncRedisIO",
+    "IOCounters",
+    "RedisUnavailable",
+    "SyncRedisIO",
+    "translate_errors",
+]
 
 #: First backoff between retries, seconds.
 DEFAULT_RETRY_INITIAL_S = 0.05
@@ -128,7 +134,7 @@ def _unavailable(exc: RedisUnavailable, budget_s: float) -> QueueUnavailable:
 DEFAULT_MAX_BATCH_STEPS = 512
 
 
-class _Counters:
+class IOCounters:
     """Client-side counts, for tests and metrics: commands sent and round trips made."""
 
     def __init__(self) -> None:
@@ -242,7 +248,7 @@ class _SyncLink:
                 self._conn.disconnect()
 
 
-class AsyncRedisIO(_Counters):
+class AsyncRedisIO(IOCounters):
     """Round trips to Redis for the asyncio queue.
 
     Steps (a few calls each) are sent in batches: while one pipelined round trip is in flight,
@@ -396,7 +402,7 @@ class _Step:
         self.event.set()
 
 
-class SyncRedisIO(_Counters):
+class SyncRedisIO(IOCounters):
     """Round trips to Redis for the blocking queue.
 
     Batches like AsyncRedisIO, by group commit: the thread that finds no round trip in flight

@@ -33,7 +33,7 @@ from prq.models import (
     Response,
     validate_endpoint,
 )
-from prq.node import QueueBase, QueueStats
+from prq.node import QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
 from prq.redis_io import SyncRedisIO
 from prq.scripts import script_load_calls
@@ -53,6 +53,10 @@ T = TypeVar("T")
 class Queue(QueueBase):
     """The pending-request queue for blocking code (see DESIGN.md §2)."""
 
+    _io: SyncRedisIO
+    _pulses: ThreadPulses
+    _router: PulseRouter[ThreadSignal]
+
     def __init__(
         self,
         redis_settings: RedisSettings,
@@ -70,27 +74,10 @@ class Queue(QueueBase):
             node_id=node_id,
         )
         self._io = SyncRedisIO(self.redis_settings, self.settings)
-        self._router: PulseRouter[ThreadSignal] = PulseRouter(
-            self.keys.node_channel(self.node_id), ThreadSignal
-        )
+        self._router = PulseRouter(self.keys.node_channel(self.node_id), ThreadSignal)
         self._pulses = ThreadPulses(self._io.client.connection_pool, self._router)
         self._started = False
         self._start_lock = threading.Lock()
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str | None = None,
-        *,
-        prefix: str = "prq",
-        settings: QueueSettings | None = None,
-        datastreams: DataStreamStore | None = None,
-        redis_settings: RedisSettings | None = None,
-    ) -> Queue:
-        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL)."""
-        if redis_settings is None:
-            redis_settings = RedisSettings.from_url(url)
-        return cls(redis_settings, prefix=prefix, settings=settings, datastreams=datastreams)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -127,22 +114,6 @@ class Queue(QueueBase):
         self._pulses.close()
         self._io.close()
         logger.info("queue closed node_id=%s", self.node_id)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def stats(self) -> QueueStats:
-        return QueueStats(
-            redis_commands=self._io.commands,
-            round_trips=self._io.round_trips,
-            redis_retries=self._io.retries,
-            subscriptions=self._pulses.subscriptions,
-            pubsub_reconnects=self._pulses.reconnects,
-            pulses_received=self._router.messages,
-            held_requests=len(self._held),
-        )
 
     def _run(self, flow: Flow[T]) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
