@@ -51,6 +51,7 @@ __all__ = [
     "Context",
     "TakeResult",
     "call_flow",
+    "cancel_flow",
     "locate_flow",
     "new_token",
     "parse_handoff",
@@ -58,7 +59,6 @@ __all__ = [
     "status_flow",
     "take_flow",
     "withdraw_flow",
-    "withdraw_mine_flow",
 ]
 
 #: How many ids one take may pop while skipping dead ones.
@@ -301,19 +301,29 @@ def _past_deadlines(
 
 def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSnapshot]:
     """Withdraw a request not yet picked up; the snapshot says where it stands now."""
-    snapshot, _mine = yield from withdraw_mine_flow(ctx, request, reason)
+    snapshot, _mine = yield from _withdraw(ctx, request.endpoint, request.id, reason)
     return snapshot
 
 
-def withdraw_mine_flow(
-    ctx: Context, request: Request, reason: str
+def cancel_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[bool]:
+    """Withdraw a request before pickup, from any node; True if this call withdrew it.
+
+    `endpoint` None means look it up by id (the locator key)."""
+    if endpoint is None:
+        endpoint = yield from locate_flow(ctx, request_id)
+        if endpoint is None:
+            return False
+    _snapshot, mine = yield from _withdraw(ctx, endpoint, request_id, "cancelled")
+    return mine
+
+
+def _withdraw(
+    ctx: Context, endpoint: str, request_id: str, reason: str
 ) -> Flow[tuple[RequestSnapshot, bool]]:
-    """Withdraw, and say whether this call is the one that withdrew the request."""
-    keys = ctx.keys.endpoint(request.endpoint)
     replies = yield _exec(
         withdraw_call(
-            keys,
-            request.id,
+            ctx.keys.endpoint(endpoint),
+            request_id,
             reason,
             _ms(ctx.settings.cancel_marker_ttl_s),
             ctx.wall_ms(),

@@ -44,6 +44,7 @@ from tenacity import (
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
+from prq.links import AsyncLink, SyncLink
 from prq.scripts import script_load_calls
 
 logger = logging.getLogger(__name__)
@@ -177,77 +178,6 @@ def _needs_scripts(replies: list[Reply]) -> bool:
     return any(isinstance(reply, NoScriptError) for reply in replies)
 
 
-class _AsyncLink:
-    """The node's command connection, owned (not checked out per call): the batcher sends one
-    pipelined round trip at a time on it. A round trip that fails or is cancelled half-way
-    drops the connection, so no later caller can read an earlier caller's reply."""
-
-    def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
-        self._pool = pool
-        # redis-py's connection classes are only partly typed; this stays internal.
-        self._conn: Any = None
-        self._broken = False
-
-    async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-        if self._broken:
-            await conn.disconnect(nowait=True)
-            self._broken = False
-        self._broken = True  # until every reply of this round trip is read
-        await conn.connect()
-        await conn.send_packed_command(
-            conn.pack_commands([call.args for call in calls]), check_health=False
-        )
-        replies: list[Reply] = []
-        for _ in calls:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-        self._broken = False
-        return replies
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.disconnect(nowait=True)
-
-
-class _SyncLink:
-    """The blocking twin of _AsyncLink (used by one batch leader at a time)."""
-
-    def __init__(self, pool: redis.ConnectionPool) -> None:
-        self._pool = pool
-        self._conn: Any = None
-
-    def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._pool.make_connection()
-        try:
-            conn.connect()
-            conn.send_packed_command(
-                conn.pack_commands([call.args for call in calls]), check_health=False
-            )
-            replies: list[Reply] = []
-            for _ in calls:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException:
-            conn.disconnect()
-            raise
-
-    def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.disconnect()
-
-
 class AsyncRedisIO(IOCounters):
     """Round trips to Redis for the asyncio queue.
 
@@ -270,7 +200,7 @@ class AsyncRedisIO(IOCounters):
         self._flusher: asyncio.Future[None] | None = None
         self._busy = False
         self._closed = False
-        self._link = _AsyncLink(self.client.connection_pool)
+        self._link = AsyncLink(self.client.connection_pool)
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (alone if the link is idle, else in the next batch)."""
@@ -421,7 +351,7 @@ class SyncRedisIO(IOCounters):
         self._pending: list[_Step] = []
         self._leading = False
         self._closed = False
-        self._link = _SyncLink(self.client.connection_pool)
+        self._link = SyncLink(self.client.connection_pool)
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""

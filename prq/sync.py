@@ -19,12 +19,11 @@ from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
 from prq.flows import (
     call_flow,
-    locate_flow,
+    cancel_flow,
     new_token,
     respond_flow,
     status_flow,
     take_flow,
-    withdraw_mine_flow,
 )
 from prq.models import (
     PendingRequest,
@@ -206,16 +205,9 @@ class Queue(QueueBase):
         return self._result(request, response)
 
     def cancel(self, request_id: str) -> bool:
-        """Withdraw a request not yet picked up; True if this call withdrew it."""
+        """Withdraw a request not yet picked up (from any node); True if this call withdrew it."""
         self._ready()
-        endpoint = self._sent.get(request_id)
-        if endpoint is None:
-            endpoint = self._run(locate_flow(self.ctx, request_id))
-            if endpoint is None:
-                return False
-        request = Request(endpoint=endpoint, method="-", id=request_id)
-        _snapshot, mine = self._run(withdraw_mine_flow(self.ctx, request, "cancelled"))
-        return mine
+        return self._run(cancel_flow(self.ctx, request_id, self._sent.get(request_id)))
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""
