@@ -175,10 +175,11 @@ class QueueFactory:
         url: str | None = None,
         prefix: str | None = None,
         node_id: str | None = None,
+        redis_settings: RedisSettings | None = None,
         **overrides: Any,
     ) -> AnyQueue:
         """A new queue (a new node) with FAST_SETTINGS updated by `overrides`."""
-        redis_settings = RedisSettings.from_url(url or self.url)
+        redis_settings = redis_settings or RedisSettings.from_url(url or self.url)
         kwargs: dict[str, Any] = {
             "prefix": prefix or self.prefix,
             "settings": self.settings(**overrides),

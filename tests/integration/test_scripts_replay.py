@@ -1,0 +1,152 @@
+"""Every Lua step is safe to replay: a client retry after a lost reply changes no outcome.
+
+Each script call is built exactly as the queue builds it, sent once, then sent again with the
+same arguments (what the retry policy does when a reply is lost), and the second run must
+neither change the stored state nor hand out or enqueue anything again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+
+from prq import Request
+from prq.keys import KeySchema
+from prq.scripts import (
+    ALL_SCRIPTS,
+    apply_response_call,
+    enqueue_call,
+    parse_apply_response,
+    parse_enqueue,
+    parse_take,
+    parse_withdraw,
+    take_call,
+    withdraw_call,
+)
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://replay"
+TTL_MS = 60_000
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    for script in ALL_SCRIPTS:
+        client.script_load(script.source)
+    return client
+
+
+def send(client: redis.Redis, call: object) -> object:
+    return client.execute_command(*call.args)  # type: ignore[attr-defined]
+
+
+def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, bytes]:
+    return client.hgetall(keys.endpoint(ENDPOINT).request(request_id))  # type: ignore[return-value]
+
+
+def enqueue(keys: KeySchema, request: Request, now_ms: int) -> object:
+    return enqueue_call(
+        keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
+        now_ms, now_ms + TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 16384,
+    )  # fmt: skip
+
+
+def take(keys: KeySchema, token: str, now_ms: int) -> object:
+    return take_call(
+        keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 10, 100, TTL_MS, TTL_MS, 0, TTL_MS
+    )
+
+
+def test_enqueue_replay_enqueues_nothing_twice(client: redis.Redis, key_prefix: str) -> None:
+    # Given a request enqueued once
+    keys = KeySchema(key_prefix)
+    request = Request(endpoint=ENDPOINT, method="m")
+    now_ms = int(time.time() * 1000)
+    first = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
+    assert first.counter == 1
+    # When the same call is replayed
+    again = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
+    # Then it is reported as known, and the list holds the id once
+    assert again.known is not None and again.known.state == "queued"
+    assert client.lrange(keys.endpoint(ENDPOINT).pending, 0, -1) == [request.id.encode()]
+    assert client.get(keys.endpoint(ENDPOINT).sequence) == b"1"
+
+
+def test_take_replay_returns_the_same_requests_and_takes_no_more(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given two queued requests and a take of one of them
+    keys = KeySchema(key_prefix)
+    now_ms = int(time.time() * 1000)
+    requests = [Request(endpoint=ENDPOINT, method="m") for _ in range(2)]
+    for request in requests:
+        send(client, enqueue(keys, request, now_ms))
+    token = uuid.uuid4().hex
+    call = take_call(
+        keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 1, 100, TTL_MS, TTL_MS, 0, TTL_MS
+    )
+    _, first = parse_take(send(client, call))
+    # When the take is replayed
+    _, again = parse_take(send(client, call))
+    # Then it hands out the same request, and the second one is still queued
+    assert [i.request_id for i in again] == [i.request_id for i in first] == [requests[0].id]
+    assert state(client, keys, requests[1].id)[b"st"] == b"queued"
+    assert state(client, keys, requests[0].id)[b"att"] == b"1"
+
+
+def test_apply_response_replay_is_reported_and_changes_nothing(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a taken request answered once by its owner
+    keys = KeySchema(key_prefix)
+    now_ms = int(time.time() * 1000)
+    request = Request(endpoint=ENDPOINT, method="m")
+    send(client, enqueue(keys, request, now_ms))
+    token = uuid.uuid4().hex
+    send(client, take(keys, token, now_ms))
+
+    def answer(body: bytes, owner: str) -> str:
+        call = apply_response_call(
+            keys.endpoint(ENDPOINT), request.id, owner, body, TTL_MS, now_ms,
+            keys.node_channel_prefix, 16384,
+        )  # fmt: skip
+        return parse_apply_response(send(client, call))
+
+    first_body = b'{"id": "%s", "result": 1}' % request.id.encode()
+    assert answer(first_body, token) == "ok"
+    # When the call is replayed, or another receiver answers
+    assert answer(first_body, token) == "replay"
+    assert answer(b'{"id": "%s", "result": 2}' % request.id.encode(), "other") == "duplicate"
+    # Then the first response stands
+    assert state(client, keys, request.id)[b"rsp"] == first_body
+
+
+def test_withdraw_replay_is_still_this_calls_withdrawal(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a queued request withdrawn once
+    keys = KeySchema(key_prefix)
+    now_ms = int(time.time() * 1000)
+    request = Request(endpoint=ENDPOINT, method="m")
+    send(client, enqueue(keys, request, now_ms))
+
+    def withdraw(nonce: str) -> tuple[str, bool]:
+        call = withdraw_call(
+            keys.endpoint(ENDPOINT), request.id, "cancelled", TTL_MS, now_ms,
+            keys.node_channel_prefix, nonce,
+        )  # fmt: skip
+        snapshot, mine = parse_withdraw(send(client, call))
+        return snapshot.state, mine
+
+    assert withdraw("n1") == ("withdrawn", True)
+    # When the same call is replayed, and another cancel comes
+    assert withdraw("n1") == ("withdrawn", True)
+    assert withdraw("n2") == ("withdrawn", False)
+    # Then a take hands nothing out
+    _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
+    assert items == []
