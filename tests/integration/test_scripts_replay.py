@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from prq import Request
+from prq._types import Call, Reply
 from prq.keys import KeySchema
 from prq.scripts import (
     ALL_SCRIPTS,
@@ -41,22 +42,23 @@ def client(redis_url: str) -> redis.Redis:
     return client
 
 
-def send(client: redis.Redis, call: object) -> object:
-    return client.execute_command(*call.args)  # type: ignore[attr-defined]
+def send(client: redis.Redis, call: Call) -> Reply:
+    reply: Reply = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+    return reply
 
 
 def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, bytes]:
     return client.hgetall(keys.endpoint(ENDPOINT).request(request_id))  # type: ignore[return-value]
 
 
-def enqueue(keys: KeySchema, request: Request, now_ms: int) -> object:
+def enqueue(keys: KeySchema, request: Request, now_ms: int) -> Call:
     return enqueue_call(
         keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
         now_ms, now_ms + TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 16384,
     )  # fmt: skip
 
 
-def take(keys: KeySchema, token: str, now_ms: int) -> object:
+def take(keys: KeySchema, token: str, now_ms: int) -> Call:
     return take_call(
         keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 10, 100, TTL_MS, TTL_MS, 0, TTL_MS
     )
