@@ -24,18 +24,24 @@ Reply:
                                         endpoint's enqueue count so far
   {"handed", counter}                   handed to a parked receiver: taken by its token, listed
                                         in its receipt, and the request sent in a pulse to it
-  {"known", state, response, reason}    the id is already known; nothing was enqueued, the
+  {"known", state, response, reason}    the id is known (not withdrawn); nothing was enqueued, the
                                         sender was only added as a watcher of the outcome
 
 Invariants:
-- a known id (queued, taken, answered or withdrawn, until its hash expires) is never enqueued
-  again, so a replay of this script after a lost reply changes nothing
+- a known id (queued, taken, answered or cancelled, until its hash expires) is never enqueued
+  again, so a replay of this script after a lost reply changes nothing; a withdrawn id (it never
+  ran) is enqueued afresh, so a caller may retry a PickupTimeout with the same id
 - a request goes to a parked receiver only if its park is live by server time; stale parks are
   dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing
 - the hash is written together with its TTL; the list, counter and park TTLs are refreshed
 - the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
 ]]
 local state = redis.call('HGET', KEYS[1], 'st')
+if state == 'withdrawn' then
+  -- it never ran and never will: a retry with the same id is a fresh request
+  redis.call('DEL', KEYS[1])
+  state = nil
+end
 if state then
   local snd, watchers, rsp, why = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w', 'rsp', 'why'))
   if snd ~= ARGV[3] then
