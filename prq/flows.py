@@ -27,7 +27,9 @@ from prq.errors import (
     CancelledBeforePickup,
     DataLoss,
     PickupTimeout,
+    PrqError,
     QueueUnavailable,
+    ReceiverLost,
     SerializationError,
 )
 from prq.keys import KeySchema
@@ -36,6 +38,7 @@ from prq.scripts import (
     RequestSnapshot,
     TakenItem,
     apply_response_call,
+    cancel_call,
     enqueue_call,
     parse_apply_response,
     parse_enqueue,
@@ -135,11 +138,7 @@ def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Respon
             f"request {request_id} was cancelled before pickup; it will never run", **where
         )
     if state == RequestState.CANCELLED:
-        raise CancelledAfterPickup(
-            f"request {request_id} was cancelled after pickup ({snapshot.reason or 'cancelled'});"
-            " the service may have run it",
-            **where,
-        )
+        raise _cancelled_error(snapshot.reason, request_id, endpoint)
     if state == "missing":
         raise DataLoss(
             f"Redis no longer holds request {request_id} for endpoint {endpoint!r}: it lost "
@@ -206,6 +205,35 @@ class _CallClock:
         return wake
 
 
+def _cancelled_error(reason: str, request_id: str, endpoint: str) -> PrqError:
+    """The error for a request cancelled after pickup, by why it was cancelled."""
+    where = {"request_id": request_id, "endpoint": endpoint}
+    if reason == "receiver_lost":
+        return ReceiverLost(
+            f"the node holding request {request_id} for {endpoint!r} stopped sending heartbeats "
+            "and is presumed lost; the service may or may not have run it. Retry if it is safe.",
+            **where,
+        )
+    if reason == "data_loss":
+        return DataLoss(
+            f"Redis lost data while request {request_id} was in flight; it may have run. "
+            "Retry if it is safe.",
+            request_id=request_id,
+        )
+    if reason == "call_timeout":
+        return CallTimeout(
+            f"request {request_id} to {endpoint!r} timed out after pickup and was cancelled; "
+            "the service may have run it",
+            maybe_executed=True,
+            **where,
+        )
+    return CancelledAfterPickup(
+        f"request {request_id} was cancelled after pickup ({reason or 'cancelled'}); "
+        "the service may have run it",
+        **where,
+    )
+
+
 def call_flow(
     ctx: Context,
     request: Request,
@@ -213,8 +241,11 @@ def call_flow(
     signal: Waitable,
     pickup_timeout_s: float,
     timeout_s: float | None,
+    on_counter: Callable[[int], None] | None = None,
 ) -> Flow[Response]:
-    """Enqueue `request` and wait for its outcome (see the module docstring)."""
+    """Enqueue `request` and wait for its outcome (see the module docstring).
+
+    `on_counter` receives the endpoint's enqueue counter (for the data-loss watch)."""
     started = ctx.monotonic()
     clock = _CallClock(
         pickup_deadline=started + pickup_timeout_s,
@@ -225,7 +256,7 @@ def call_flow(
     try:
         return (
             yield from _await_outcome(
-                ctx, request, body, signal, seen, pickup_timeout_s, timeout_s, clock
+                ctx, request, body, signal, seen, pickup_timeout_s, timeout_s, clock, on_counter
             )
         )
     except QueueUnavailable as exc:
@@ -245,9 +276,12 @@ def _await_outcome(
     pickup_timeout_s: float,
     timeout_s: float | None,
     clock: _CallClock,
+    on_counter: Callable[[int], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
     outcome = parse_enqueue(_first((yield _enqueue_calls(ctx, request, body, pickup_timeout_s))))
+    if outcome.counter is not None and on_counter is not None:
+        on_counter(outcome.counter)
     if outcome.known is not None:
         known = resolve(outcome.known, request.id, request.endpoint)
         if known is not None:
@@ -263,7 +297,13 @@ def _await_outcome(
             if response is not None:
                 return response
 
-        snapshot = parse_snapshot(_first((yield _exec(read_response_call(keys, request.id)))))
+        read = read_response_call(
+            keys,
+            request.id,
+            _ms(ctx.settings.receiver_timeout_s) if clock.picked_up else 0,
+            ctx.keys.node_channel_prefix,
+        )
+        snapshot = parse_snapshot(_first((yield _exec(read))))
         result = resolve(snapshot, request.id, request.endpoint)
         if result is None:
             clock.picked_up = clock.picked_up or snapshot.state == RequestState.TAKEN
@@ -284,18 +324,8 @@ def _past_deadlines(
             return result
         clock.picked_up = True  # taken just before the deadline: it keeps waiting
     if clock.call_deadline is not None and now >= clock.call_deadline:
-        if not clock.picked_up:
-            snapshot = yield from withdraw_flow(ctx, request, "call_timeout")
-            result = resolve(snapshot, request.id, request.endpoint)
-            if result is not None:
-                return result
-        raise CallTimeout(
-            f"request {request.id} to {request.endpoint!r} got no response within "
-            f"{timeout_s:g} s; it was picked up, so the service may have run it",
-            request_id=request.id,
-            endpoint=request.endpoint,
-            maybe_executed=True,
-        )
+        snapshot, _mine = yield from _cancel(ctx, request.endpoint, request.id, "call_timeout")
+        return resolve(snapshot, request.id, request.endpoint)  # raises unless it was answered
     return None
 
 
@@ -306,15 +336,31 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
 
 
 def cancel_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[bool]:
-    """Withdraw a request before pickup, from any node; True if this call withdrew it.
+    """Cancel a request from any node, before or after pickup; True if this call did it.
 
     `endpoint` None means look it up by id (the locator key)."""
     if endpoint is None:
         endpoint = yield from locate_flow(ctx, request_id)
         if endpoint is None:
             return False
-    _snapshot, mine = yield from _withdraw(ctx, endpoint, request_id, "cancelled")
+    _snapshot, mine = yield from _cancel(ctx, endpoint, request_id, "cancelled")
     return mine
+
+
+def _cancel(
+    ctx: Context, endpoint: str, request_id: str, reason: str
+) -> Flow[tuple[RequestSnapshot, bool]]:
+    replies = yield _exec(
+        cancel_call(
+            ctx.keys.endpoint(endpoint),
+            request_id,
+            reason,
+            _ms(ctx.settings.cancel_marker_ttl_s),
+            ctx.keys.node_channel_prefix,
+            uuid.uuid4().hex,
+        )
+    )
+    return parse_withdraw(_first(replies))
 
 
 def _withdraw(

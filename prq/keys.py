@@ -10,6 +10,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
+    prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks, refreshed
     prq:node:<node>          channel responses (and later signals) for one node
 
 Invariants:
@@ -104,6 +105,9 @@ class KeySchema:
 
     def locator(self, request_id: str) -> str:
         return f"{self.prefix}:loc:{{{request_id}}}"
+
+    def canary(self, node_id: str) -> str:
+        return f"{self.prefix}:canary:{{{node_id}}}"
 
     def node_channel(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"

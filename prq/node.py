@@ -9,6 +9,7 @@ answered: id → PendingRequest with the owner token that answering needs).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -20,6 +21,7 @@ from prq.config import QueueSettings, RedisSettings
 from prq.dedup import delivery_hash
 from prq.errors import (
     ConfigurationError,
+    DataLoss,
     PayloadTooLarge,
     QueueShutdown,
     RemoteError,
@@ -39,6 +41,7 @@ from prq.models import (
 from prq.pulses import PulseRouter, PulsesBase
 from prq.redis_io import IOCounters
 from prq.scripts import TakenItem
+from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore
@@ -59,6 +62,8 @@ class QueueStats:
     pubsub_reconnects: int
     pulses_received: int
     held_requests: int
+    heartbeats_sent: int = 0
+    data_loss_events: int = 0
 
 
 class QueueBase:
@@ -67,6 +72,7 @@ class QueueBase:
     _io: IOCounters
     _pulses: PulsesBase
     _router: PulseRouter[Any]
+    _watch: NodeWatch
 
     @classmethod
     def from_url(
@@ -97,6 +103,8 @@ class QueueBase:
             pubsub_reconnects=self._pulses.reconnects,
             pulses_received=self._router.messages,
             held_requests=len(self._held),
+            heartbeats_sent=self._watch.liveness.beats_sent,
+            data_loss_events=self._watch.data_loss.events,
         )
 
     def __init__(
@@ -116,8 +124,6 @@ class QueueBase:
         self.ctx = Context(self.keys, self.settings, self.node_id)
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
         self._held: dict[str, PendingRequest] = {}
-        #: Requests this node sent and still waits for: id → endpoint.
-        self._sent: dict[str, str] = {}
         self._closed = False
         if datastreams is not None:
             raise ConfigurationError(
@@ -203,6 +209,7 @@ class QueueBase:
             )
             pending = PendingRequest(request, delivery, token)
             self._held[request.id] = pending
+            self._watch.hold(pending, time.monotonic())
             good.append(pending)
         return good, bad
 
@@ -221,6 +228,7 @@ class QueueBase:
 
     def _after_respond(self, request_id: str, outcome: str) -> None:
         self._held.pop(request_id, None)
+        self._watch.liveness.release(request_id)
         if outcome not in ("ok", "replay"):
             logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
 
@@ -234,6 +242,23 @@ class QueueBase:
         if response.error is not None:
             raise RemoteError(response.error, request_id=request.id, endpoint=request.endpoint)
         return response.result
+
+    # -- calls in flight ------------------------------------------------------------------------
+
+    def _sending(self, request: Request) -> None:
+        self._watch.liveness.send(request.id, request.endpoint, time.monotonic())
+
+    def _sent_endpoint(self, request_id: str) -> str | None:
+        lease = self._watch.liveness.sent.get(request_id)
+        return lease.endpoint if lease is not None else None
+
+    def _check_epoch(self, epoch: int | None) -> None:
+        """Raise DataLoss if the node declared data loss since a call began."""
+        if epoch is not None and epoch != self._watch.epoch:
+            raise DataLoss(
+                "Redis lost or rolled back its data while this call was in flight; the request "
+                "may or may not have run. Retry if it is safe (the same request id is fine)."
+            )
 
     def _shutdown_error(self) -> QueueShutdown:
         return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")

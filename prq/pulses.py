@@ -121,7 +121,9 @@ S = TypeVar("S", bound=Signal)
 class PulseRouter(Generic[S]):
     """Maps channels, request ids and take tokens to signals; pure, shared by both readers.
 
-    Each waiting take has its own signal: an endpoint pulse fires the signals of every take
+    Node channel messages: `r|<id>|<response or empty>` (a response), `t|<token>|...` (a
+    hand-off), `c|<id>|<reason>` (a held request was cancelled). Each waiting take has its own
+    signal: an endpoint pulse fires the signals of every take
     waiting on that endpoint; a hand-off (`t|<token>|<id>|<attempt>|<body>`) fires only the
     signal of its token and leaves `<id>|<attempt>|<body>` to be claimed.
     """
@@ -134,6 +136,8 @@ class PulseRouter(Generic[S]):
         self._handed: dict[str, bytes] = {}
         self._responses: dict[str, S] = {}
         self.messages = 0
+        #: Called with (request id, reason) for a `c|<id>|<reason>` pulse (a cancel after pickup).
+        self.on_cancel: Callable[[str, str], None] | None = None
 
     @contextlib.contextmanager
     def watch_response(self, request_id: str) -> Iterator[S]:
@@ -186,6 +190,14 @@ class PulseRouter(Generic[S]):
             if take_signal is not None:
                 self._handed[name] = payload
                 take_signal.fire()
+        elif kind == b"c" and self.on_cancel is not None:
+            self.on_cancel(name, payload.decode("ascii", errors="replace"))
+
+    def poke_response(self, request_id: str) -> None:
+        """Wake the wait for one response so that it reads Redis now."""
+        signal = self._responses.get(request_id)
+        if signal is not None:
+            signal.fire()
 
     def wake_all(self) -> None:
         """Fire every signal (after a reconnect, when pulses may have been lost)."""

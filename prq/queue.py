@@ -8,7 +8,9 @@ first use or `async with`) → closed (waiting callers fail with QueueShutdown).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -17,7 +19,7 @@ from pydantic import JsonValue
 
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError
+from prq.errors import DataLoss, PrqError
 from prq.flows import (
     call_flow,
     cancel_flow,
@@ -25,7 +27,6 @@ from prq.flows import (
     respond_flow,
     status_flow,
     take_flow,
-    withdraw_flow,
 )
 from prq.models import (
     PendingRequest,
@@ -38,6 +39,7 @@ from prq.node import QueueBase
 from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
 from prq.scripts import script_load_calls
+from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -77,6 +79,9 @@ class AsyncQueue(QueueBase):
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), AsyncSignal)
         self._pulses = AsyncPulses(self._io.client.connection_pool, self._router)
+        self._watch = NodeWatch(self.ctx, self._router)
+        self._watch_wake = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()
@@ -106,6 +111,7 @@ class AsyncQueue(QueueBase):
                 raise self._shutdown_error()
             await self._io.execute(script_load_calls())
             await self._pulses.start()
+            self._watch_task = asyncio.create_task(self._watch_loop(), name="prq-watch")
             self._started = True
             logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
 
@@ -116,15 +122,20 @@ class AsyncQueue(QueueBase):
         self._closed = True
         self._router.wake_all()
         await asyncio.sleep(0)  # let woken waiters observe the shutdown
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
         await self._pulses.aclose()
         await self._io.aclose()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    async def _run(self, flow: Flow[T]) -> T:
+    async def _run(self, flow: Flow[T], epoch: int | None = None) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
-        that point (e.g. that an enqueued request may run although Redis went away).
+        that point (e.g. that an enqueued request may run although Redis went away). With an
+        `epoch`, the call fails with DataLoss as soon as the node declares data loss.
         """
         reply: object = None
         error: PrqError | None = None
@@ -134,10 +145,19 @@ class AsyncQueue(QueueBase):
             except StopIteration as stop:
                 result: T = stop.value
                 return result
+            except DataLoss:
+                self._watch.data_loss.check_soon()
+                self._wake_watch()
+                raise
             error = None
             if self._closed:
                 flow.close()
                 raise self._shutdown_error()
+            try:
+                self._check_epoch(epoch)
+            except DataLoss:
+                flow.close()
+                raise
             try:
                 if isinstance(effect, Exec):
                     reply = await self._io.execute(effect.calls)
@@ -148,6 +168,25 @@ class AsyncQueue(QueueBase):
                     reply = None
             except PrqError as exc:
                 error = exc
+
+    def _wake_watch(self) -> None:
+        self._watch_wake.set()
+
+    async def _watch_loop(self) -> None:
+        """Beat, look for cancellations, check for data loss; never dies on an error."""
+        while not self._closed:
+            plan = self._watch.plan(time.monotonic())
+            if plan.steps:
+                try:
+                    results = await self._io.execute_many(plan.steps)
+                except PrqError as exc:
+                    logger.debug("watch turn failed error=%s", exc)
+                else:
+                    self._watch.settle(plan, results)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._watch.wait_s(time.monotonic())):
+                    await self._watch_wake.wait()
+            self._watch_wake.clear()
 
     async def _ready(self) -> None:
         if not self._started:
@@ -167,7 +206,7 @@ class AsyncQueue(QueueBase):
         """Enqueue `request` and wait for its response (an error response is returned)."""
         request, body = self._encode_request(request)
         await self._ready()
-        self._sent[request.id] = request.endpoint
+        self._sending(request)
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
@@ -177,28 +216,29 @@ class AsyncQueue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
+                    partial(self._watch.observe_counter, request.endpoint),
                 )
-                return await self._run(flow)
+                return await self._run(flow, self._watch.epoch)
         except asyncio.CancelledError:
             self._withdraw_in_background(request)
             raise
         finally:
-            self._sent.pop(request.id, None)
+            self._watch.liveness.release(request.id)
 
     def _withdraw_in_background(self, request: Request) -> None:
-        """The caller gave up: take the request back if no receiver has it yet."""
+        """The caller gave up: cancel the request (withdrawn, or its receiver told)."""
         if self._closed:
             return
 
-        async def withdraw() -> None:
+        async def cancel() -> None:
             try:
-                await self._run(withdraw_flow(self.ctx, request, "cancelled"))
+                await self._run(cancel_flow(self.ctx, request.id, request.endpoint))
             except Exception as exc:
                 logger.debug(
-                    "withdraw after caller cancel failed request_id=%s error=%s", request.id, exc
+                    "cancel after caller gave up failed request_id=%s error=%s", request.id, exc
                 )
 
-        task = asyncio.ensure_future(withdraw())
+        task = asyncio.ensure_future(cancel())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -233,12 +273,12 @@ class AsyncQueue(QueueBase):
     async def cancel(self, request_id: str) -> bool:
         """Withdraw a request not yet picked up (from any node); True if this call withdrew it."""
         await self._ready()
-        return await self._run(cancel_flow(self.ctx, request_id, self._sent.get(request_id)))
+        return await self._run(cancel_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
 
     async def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""
         await self._ready()
-        return await self._run(status_flow(self.ctx, request_id, self._sent.get(request_id)))
+        return await self._run(status_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
 
     # -- receiver -----------------------------------------------------------------------------
 

@@ -221,6 +221,25 @@ class AsyncRedisIO(IOCounters):
         self._start_flusher()
         return await future
 
+    async def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
+        """Send several independent steps in one batch; each gets its own replies or error."""
+        if self._closed:
+            raise _closed_error()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[list[Reply]]] = []
+        for calls in steps:
+            future: asyncio.Future[list[Reply]] = loop.create_future()
+            self._pending.append((calls, future))
+            futures.append(future)
+        self._start_flusher()
+        results: list[list[Reply] | PrqError] = []
+        for future in futures:
+            try:
+                results.append(await future)
+            except PrqError as exc:
+                results.append(exc)
+        return results
+
     def _start_flusher(self) -> None:
         if self._pending and self._flusher is None and not self._busy:
             self._flusher = asyncio.ensure_future(self._flush())
@@ -355,26 +374,34 @@ class SyncRedisIO(IOCounters):
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
+        result = self.execute_many([calls])[0]
+        if isinstance(result, PrqError):
+            raise result
+        return result
+
+    def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
+        """Send several independent steps in one batch; each gets its own replies or error."""
         if self._closed:
             raise _closed_error()
-        step = _Step(calls)
+        mine = [_Step(calls) for calls in steps]
         with self._lock:
-            self._pending.append(step)
+            self._pending.extend(mine)
             lead = not self._leading
             self._leading = True
         while True:
             if lead:
                 self._lead()
-            if step.done:
+            waiting = next((step for step in mine if not step.done), None)
+            if waiting is None:
                 break
-            step.event.wait()
-            step.event.clear()
-            lead = not step.done  # woken without a result: this thread leads the next batch
-        result = step.result
-        if isinstance(result, PrqError):
-            raise result
-        assert result is not None
-        return result
+            waiting.event.wait()
+            waiting.event.clear()
+            lead = not waiting.done  # woken without a result: this thread leads the next batch
+        results: list[list[Reply] | PrqError] = []
+        for step in mine:
+            assert step.result is not None
+            results.append(step.result)
+        return results
 
     def _lead(self) -> None:
         try:

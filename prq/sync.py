@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -16,7 +17,7 @@ from pydantic import JsonValue
 
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError
+from prq.errors import DataLoss, PrqError
 from prq.flows import (
     call_flow,
     cancel_flow,
@@ -36,6 +37,7 @@ from prq.node import QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
 from prq.redis_io import SyncRedisIO
 from prq.scripts import script_load_calls
+from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -75,6 +77,9 @@ class Queue(QueueBase):
         self._io = SyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), ThreadSignal)
         self._pulses = ThreadPulses(self._io.client.connection_pool, self._router)
+        self._watch = NodeWatch(self.ctx, self._router)
+        self._watch_wake = threading.Event()
+        self._watch_thread: threading.Thread | None = None
         self._started = False
         self._start_lock = threading.Lock()
 
@@ -101,6 +106,10 @@ class Queue(QueueBase):
                 raise self._shutdown_error()
             self._io.execute(script_load_calls())
             self._pulses.start()
+            self._watch_thread = threading.Thread(
+                target=self._watch_loop, name="prq-watch", daemon=True
+            )
+            self._watch_thread.start()
             self._started = True
             logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
 
@@ -110,15 +119,19 @@ class Queue(QueueBase):
             return
         self._closed = True
         self._router.wake_all()
+        self._watch_wake.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(timeout=10)
         self._pulses.close()
         self._io.close()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _run(self, flow: Flow[T], epoch: int | None = None) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
-        that point (e.g. that an enqueued request may run although Redis went away).
+        that point (e.g. that an enqueued request may run although Redis went away). With an
+        `epoch`, the call fails with DataLoss as soon as the node declares data loss.
         """
         reply: object = None
         error: PrqError | None = None
@@ -128,10 +141,19 @@ class Queue(QueueBase):
             except StopIteration as stop:
                 result: T = stop.value
                 return result
+            except DataLoss:
+                self._watch.data_loss.check_soon()
+                self._wake_watch()
+                raise
             error = None
             if self._closed:
                 flow.close()
                 raise self._shutdown_error()
+            try:
+                self._check_epoch(epoch)
+            except DataLoss:
+                flow.close()
+                raise
             try:
                 if isinstance(effect, Exec):
                     reply = self._io.execute(effect.calls)
@@ -142,6 +164,23 @@ class Queue(QueueBase):
                     reply = None
             except PrqError as exc:
                 error = exc
+
+    def _wake_watch(self) -> None:
+        self._watch_wake.set()
+
+    def _watch_loop(self) -> None:
+        """Beat, look for cancellations, check for data loss; never dies on an error."""
+        while not self._closed:
+            plan = self._watch.plan(time.monotonic())
+            if plan.steps:
+                try:
+                    results = self._io.execute_many(plan.steps)
+                except PrqError as exc:
+                    logger.debug("watch turn failed error=%s", exc)
+                else:
+                    self._watch.settle(plan, results)
+            self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
+            self._watch_wake.clear()
 
     def _ready(self) -> None:
         if not self._started:
@@ -161,7 +200,7 @@ class Queue(QueueBase):
         """Enqueue `request` and wait for its response (an error response is returned)."""
         request, body = self._encode_request(request)
         self._ready()
-        self._sent[request.id] = request.endpoint
+        self._sending(request)
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
@@ -171,10 +210,11 @@ class Queue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
+                    partial(self._watch.observe_counter, request.endpoint),
                 )
-                return self._run(flow)
+                return self._run(flow, self._watch.epoch)
         finally:
-            self._sent.pop(request.id, None)
+            self._watch.liveness.release(request.id)
 
     def call(
         self,
@@ -207,12 +247,12 @@ class Queue(QueueBase):
     def cancel(self, request_id: str) -> bool:
         """Withdraw a request not yet picked up (from any node); True if this call withdrew it."""
         self._ready()
-        return self._run(cancel_flow(self.ctx, request_id, self._sent.get(request_id)))
+        return self._run(cancel_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""
         self._ready()
-        return self._run(status_flow(self.ctx, request_id, self._sent.get(request_id)))
+        return self._run(status_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
 
     # -- receiver -----------------------------------------------------------------------------
 

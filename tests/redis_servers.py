@@ -105,6 +105,11 @@ def scan_keys(client: redis.Redis, prefix: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
 
 
+def request_keys(client: redis.Redis, prefix: str) -> list[bytes]:
+    """Keys of `prefix` that traffic writes: all but the nodes' own data-loss canaries."""
+    return [key for key in scan_keys(client, prefix) if b":canary:{" not in key]
+
+
 def delete_prefix(client: redis.Redis, prefix: str) -> None:
     """Remove every key of `prefix` (teardown on a shared server)."""
     keys = scan_keys(client, prefix)

@@ -24,8 +24,13 @@ __all__ = [
     "Script",
     "TakenItem",
     "apply_response_call",
+    "beat_call",
+    "canary_call",
+    "cancel_call",
     "enqueue_call",
     "parse_apply_response",
+    "parse_beat",
+    "parse_canary",
     "parse_enqueue",
     "parse_snapshot",
     "parse_take",
@@ -59,7 +64,10 @@ TAKE: Final = Script.load("take")
 APPLY_RESPONSE: Final = Script.load("apply_response")
 WITHDRAW: Final = Script.load("withdraw")
 READ_RESPONSE: Final = Script.load("read_response")
-ALL_SCRIPTS: Final = (ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE)
+BEAT: Final = Script.load("beat")
+CANCEL: Final = Script.load("cancel")
+CANARY: Final = Script.load("canary")
+ALL_SCRIPTS: Final = (ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY)
 
 
 def script_load_calls() -> tuple[Call, ...]:
@@ -241,15 +249,71 @@ def withdraw_call(
 
 
 def parse_withdraw(reply: Reply) -> tuple[RequestSnapshot, bool]:
-    """Return the request's snapshot and whether this withdraw call is the one that did it."""
+    """Return the request's snapshot and whether this withdraw (or cancel) call did it."""
     items = _array(reply, "withdraw")
     if len(items) != 4 or not isinstance(items[3], int):
         raise SerializationError(f"unexpected withdraw reply from Redis: {reply!r:.200}")
     return _snapshot(items[:3]), items[3] == 1
 
 
-def read_response_call(keys: EndpointKeys, request_id: str) -> Call:
-    return READ_RESPONSE.call((keys.request(request_id),), ())
+def read_response_call(
+    keys: EndpointKeys, request_id: str, receiver_timeout_ms: int, node_channel_prefix: str
+) -> Call:
+    return READ_RESPONSE.call(
+        (keys.request(request_id),), (receiver_timeout_ms, node_channel_prefix, request_id)
+    )
+
+
+# -- beat / cancel / canary ---------------------------------------------------------------------
+
+
+def beat_call(
+    keys: EndpointKeys,
+    request_id: str,
+    role: str,
+    owner_token: str,
+    record: bool,
+    sender_timeout_ms: int,
+    in_flight_ttl_ms: int,
+    node_channel_prefix: str,
+) -> Call:
+    return BEAT.call(
+        (keys.request(request_id),),
+        (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
+         node_channel_prefix, request_id),
+    )  # fmt: skip
+
+
+def parse_beat(reply: Reply) -> tuple[str, str]:
+    """Return (state, reason) as a beat saw them."""
+    items = _array(reply, "beat")
+    if len(items) != 2:
+        raise SerializationError(f"unexpected beat reply from Redis: {reply!r:.200}")
+    return _text(items[0]), _text(items[1])
+
+
+def cancel_call(
+    keys: EndpointKeys,
+    request_id: str,
+    reason: str,
+    marker_ttl_ms: int,
+    node_channel_prefix: str,
+    nonce: str,
+) -> Call:
+    return CANCEL.call(
+        (keys.request(request_id),),
+        (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
+    )
+
+
+def canary_call(key: str, ttl_ms: int, last: int | None) -> Call:
+    return CANARY.call((key,), (ttl_ms, -1 if last is None else last))
+
+
+def parse_canary(reply: Reply) -> int:
+    if not isinstance(reply, int):
+        raise SerializationError(f"unexpected canary reply from Redis: {reply!r:.200}")
+    return reply
 
 
 def _snapshot(items: list[Reply]) -> RequestSnapshot:

@@ -72,7 +72,7 @@ for _ = 1, 100 do
     local until_ms = tonumber(string.sub(park, sep + 1))
     if until_ms and until_ms >= now_server then
       redis.call('HSET', KEYS[1], 'st', 'taken', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
-        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', ARGV[4])
+        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', now_server)
       redis.call('PEXPIRE', KEYS[1], ARGV[10])
       local receipt = KEYS[6] .. token
       redis.call('RPUSH', receipt, ARGV[1])

@@ -24,6 +24,7 @@ Invariants:
 - the receipt lists what was handed to the token (by a take, or by enqueue to a parked token);
   a take whose receipt is not empty returns those requests and takes nothing new, so a retried
   call, or a receiver whose hand-off pulse was lost, gets exactly what the token owns
+- "tk" (taken at) is server time (TIME), the clock heartbeats are judged by
 - a token is parked only when the list had nothing live for it, so while a live park exists the
   list holds no live request (FIFO is kept); a park expires by server time (TIME), the one clock
   all nodes share, so a receiver that died parked is handed nothing after its park ends
@@ -47,6 +48,8 @@ if #receipt > 0 then
 end
 
 local now = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 local got, skipped = 0, 0
@@ -59,7 +62,7 @@ while got < want and budget > 0 do
   deadline = tonumber(deadline)
   if st == 'queued' and body and deadline and deadline >= now then
     att = (tonumber(att) or 0) + 1
-    redis.call('HSET', key, 'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', ARGV[3],
+    redis.call('HSET', key, 'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server,
       'att', att)
     redis.call('PEXPIRE', key, ARGV[6])
     redis.call('RPUSH', KEYS[3], id)
@@ -74,9 +77,7 @@ end
 if got > 0 then
   redis.call('PEXPIRE', KEYS[3], ARGV[7])
 elseif tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
-  local time = redis.call('TIME')
-  local until_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    + tonumber(ARGV[8])
+  local until_ms = now_server + tonumber(ARGV[8])
   redis.call('RPUSH', KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. '|' .. until_ms)
   redis.call('PEXPIRE', KEYS[4], ARGV[9])

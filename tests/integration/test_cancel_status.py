@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from prq import CancelledBeforePickup, Request, RequestState, Response
+from prq import CancelledAfterPickup, CancelledBeforePickup, Request, RequestState, Response
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until
 
@@ -45,26 +45,40 @@ async def test_cancel_before_pickup_withdraws_the_request(
     assert await node.cancel(request.id) is False
 
 
-async def test_cancel_of_an_unknown_or_picked_up_request_returns_false(
+async def test_cancel_of_an_unknown_request_returns_false(make_queue: QueueFactory) -> None:
+    # When an id is cancelled that Redis never saw
+    # Then nothing is cancelled
+    assert await make_queue().cancel(uuid.uuid4().hex) is False
+
+
+async def test_cancel_after_pickup_signals_the_receiver_and_fails_the_caller(
     make_queue: QueueFactory,
 ) -> None:
     # Given a request that a receiver has picked up
-    sender, receiver = make_queue(pickup_timeout_s=30), make_queue()
+    sender, receiver, other = make_queue(pickup_timeout_s=30), make_queue(), make_queue()
     endpoint = "poll://busy"
     request = Request(endpoint=endpoint, method="m")
     call = asyncio.create_task(sender.queue_and_wait(request))
     pending = await receiver.dequeue(endpoint, timeout_s=5)
-    assert pending is not None
+    assert pending is not None and not pending.cancelled
 
-    # When ids are cancelled that Redis never saw, or that were already picked up
-    unknown = await sender.cancel(uuid.uuid4().hex)
-    picked_up = await receiver.cancel(request.id)
+    # When a third node cancels it (it knows only the id)
+    started = time.monotonic()
+    assert await other.cancel(request.id) is True
 
-    # Then neither is withdrawn before pickup (the picked-up one still gets its response)
-    assert unknown is False
-    assert picked_up is False
-    await receiver.apply_response(Response(id=request.id, result="ran"))
-    assert (await asyncio.wait_for(call, 10)).result == "ran"
+    # Then the receiver's PendingRequest is signalled, with the reason
+    await async_wait_until(lambda: pending.cancelled, 5, 0.01, "receiver signalled")
+    assert pending.cancel_reason == "cancelled"
+    # And the caller fails with CancelledAfterPickup (maybe executed), promptly
+    with pytest.raises(CancelledAfterPickup) as raised:
+        await asyncio.wait_for(call, 5)
+    assert raised.value.maybe_executed
+    assert time.monotonic() - started < 2.0
+    # And a response applied afterwards is dropped; a second cancel changes nothing
+    await receiver.apply_response(Response(id=request.id, result="late"))
+    assert await other.cancel(request.id) is False
+    status = await other.status(request.id)
+    assert (status.state, status.reason) == (RequestState.CANCELLED, "cancelled")
 
 
 async def test_status_reports_queued_taken_done_and_unknown(make_queue: QueueFactory) -> None:

@@ -12,7 +12,7 @@ import redis
 from prq import InvalidEndpoint, Request, RequestState, Response
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
-from tests.redis_servers import async_wait_until, scan_keys
+from tests.redis_servers import async_wait_until, request_keys
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +138,7 @@ async def test_an_invalid_endpoint_is_refused_before_anything_is_written(
     # Given a started node and the keys and channels of its prefix
     queue = make_queue()
     await queue.start()
-    keys_before = scan_keys(redis_client, key_prefix)
+    keys_before = request_keys(redis_client, key_prefix)
     channels_before = set(redis_client.pubsub_channels(f"{key_prefix}:*"))
 
     # When the invalid name is used to build a request, call, or dequeue
@@ -151,7 +151,7 @@ async def test_an_invalid_endpoint_is_refused_before_anything_is_written(
 
     # Then it is refused with InvalidEndpoint (a ValueError), and nothing was written
     assert issubclass(InvalidEndpoint, ValueError)
-    assert scan_keys(redis_client, key_prefix) == keys_before
+    assert request_keys(redis_client, key_prefix) == keys_before
     assert set(redis_client.pubsub_channels(f"{key_prefix}:*")) == channels_before
 
 

@@ -11,7 +11,7 @@ import redis
 import prq.flows
 from prq import CancelledBeforePickup, PayloadTooLarge, PickupTimeout, Request, RequestState
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
-from tests.redis_servers import async_wait_until, scan_keys
+from tests.redis_servers import async_wait_until, request_keys, scan_keys
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,9 @@ TINY_TTLS: dict[str, Any] = {
     "cancel_marker_ttl_s": 1.0,
     "receiver_timeout_s": 1.0,
     "pickup_timeout_s": 0.5,
+    "data_loss_check_interval_s": 1.0,
 }
+#: A node's canary lives 3 check intervals + 1 s = 4 s while the node runs.
 #: No key may live longer than this under TINY_TTLS (the 6 s locator, plus margin).
 LONGEST_TTL_MS = 7_000
 #: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
@@ -66,7 +68,9 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     ttls = {key: ttl for key, ttl in ttls.items() if ttl != -2}  # -2: expired meanwhile
     assert [key for key, ttl in ttls.items() if ttl == -1] == [], "keys without a TTL"
     assert {k: t for k, t in ttls.items() if t > LONGEST_TTL_MS} == {}, "keys living too long"
-    # And once the TTLs pass, no key of the prefix remains
+    # And once the nodes stop and the TTLs pass, no key of the prefix remains
+    await sender.aclose()
+    await receiver.aclose()
     await async_wait_until(
         lambda: not scan_keys(redis_client, key_prefix),
         ALL_EXPIRED_WITHIN_S,
@@ -100,7 +104,7 @@ async def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(
     await sender.start()
     endpoint = "poll://sized"
     too_large = request_of_size(endpoint, sender.node_id, MAX_BODY_BYTES + 1)
-    before = scan_keys(redis_client, key_prefix)
+    before = request_keys(redis_client, key_prefix)
 
     # When it is sent
     with pytest.raises(PayloadTooLarge) as raised:
@@ -109,7 +113,7 @@ async def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(
     # Then it is refused with its size and the limit, and nothing was written
     assert (raised.value.size_bytes, raised.value.limit_bytes) == (MAX_BODY_BYTES + 1, 1024)
     assert isinstance(raised.value, ValueError) and not raised.value.maybe_executed
-    assert scan_keys(redis_client, key_prefix) == before
+    assert request_keys(redis_client, key_prefix) == before
     assert (await sender.status(too_large.id)).state == RequestState.UNKNOWN
 
 

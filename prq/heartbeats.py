@@ -1,0 +1,154 @@
+"""Liveness of in-flight requests: each node beats for what it sends and what it holds.
+
+A request this node *sent* and still waits for, or *holds* (took, not yet answered), is a
+`Lease`. Beats are Redis writes (beat.lua: a field in the request hash, on server time), not
+pub/sub messages, so a lost pulse can never make a live node look dead; the other side judges
+them when it polls (read_response.lua for the sender, beat.lua for the receiver).
+
+Timeline of one lease:
+
+    since ──(initial delay, 7 s)── first beat ──(every 15 s)── beat ── ... until released
+    holder only: every poll interval, look whether the request was cancelled (same script,
+    without recording a beat), so a cancel reaches the handler even if its pulse was lost
+
+A call that ends before the initial delay and the first poll costs nothing here. Pure: the
+facade's watch loop sends `due()`'s calls in one round trip and hands the replies to `settle()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from prq._types import Call, Reply
+from prq.errors import PrqError
+from prq.flows import Context
+from prq.models import PendingRequest
+from prq.scripts import beat_call, parse_beat
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Lease", "Liveness"]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+@dataclass(slots=True)
+class Lease:
+    """One request in flight on this node, as a sender (`pending` None) or as its holder."""
+
+    request_id: str
+    endpoint: str
+    since: float
+    pending: PendingRequest | None = None
+    last_beat: float | None = None
+    last_look: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.last_look = self.since
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a beat learned about a lease: the request's state and why, if it ended."""
+
+    lease: Lease
+    state: str
+    reason: str
+
+
+class Liveness:
+    """The leases of one node and which beats are due."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.sent: dict[str, Lease] = {}
+        self.held: dict[str, Lease] = {}
+        self.beats_sent = 0
+
+    def send(self, request_id: str, endpoint: str, now: float) -> None:
+        self.sent[request_id] = Lease(request_id, endpoint, now)
+
+    def hold(self, pending: PendingRequest, now: float) -> None:
+        self.held[pending.id] = Lease(pending.id, pending.request.endpoint, now, pending)
+
+    def release(self, request_id: str) -> None:
+        self.sent.pop(request_id, None)
+        self.held.pop(request_id, None)
+
+    def _beat_due(self, lease: Lease, now: float) -> bool:
+        settings = self.ctx.settings
+        if now - lease.since < settings.heartbeat_initial_delay_s:
+            return False
+        return lease.last_beat is None or now - lease.last_beat >= settings.heartbeat_interval_s
+
+    def due(self, now: float) -> list[tuple[Lease, Call]]:
+        """The beats (and holders' looks) due now, one call each."""
+        settings = self.ctx.settings
+        keys = self.ctx.keys
+        calls: list[tuple[Lease, Call]] = []
+        in_flight_ttl_ms = _ms(settings.in_flight_ttl_s())
+        for lease in self.sent.values():
+            if self._beat_due(lease, now):
+                lease.last_beat = now
+                call = beat_call(
+                    keys.endpoint(lease.endpoint), lease.request_id, "s", "", True,
+                    0, in_flight_ttl_ms, keys.node_channel_prefix,
+                )  # fmt: skip
+                calls.append((lease, call))
+        for lease in self.held.values():
+            record = self._beat_due(lease, now)
+            if not record and now - lease.last_look < settings.poll_interval_s:
+                continue
+            lease.last_look = now
+            if record:
+                lease.last_beat = now
+            assert lease.pending is not None
+            call = beat_call(
+                keys.endpoint(lease.endpoint), lease.request_id, "r",
+                lease.pending.owner_token, record, _ms(settings.sender_timeout_s),
+                in_flight_ttl_ms, keys.node_channel_prefix,
+            )  # fmt: skip
+            calls.append((lease, call))
+        self.beats_sent += len(calls)
+        return calls
+
+    def settle(self, leases: list[Lease], replies: list[Reply]) -> list[Verdict]:
+        """Read the beats' replies; return the leases whose request is no longer in flight."""
+        ended: list[Verdict] = []
+        for lease, reply in zip(leases, replies, strict=True):
+            if isinstance(reply, Exception):
+                continue
+            try:
+                state, reason = parse_beat(reply)
+            except PrqError as exc:
+                logger.warning(
+                    "unreadable beat reply request_id=%s error=%s", lease.request_id, exc
+                )
+                continue
+            if state in ("taken", "queued"):
+                continue
+            if state == "missing":
+                reason = "data_loss"
+            elif state == "fenced":
+                reason = "fenced"
+            ended.append(Verdict(lease, state, reason or state))
+        return ended
+
+    def next_due_in(self, now: float) -> float:
+        """Seconds until the watch loop should look again (bounded by the poll interval)."""
+        settings = self.ctx.settings
+        wait = settings.poll_interval_s
+        for lease in (*self.sent.values(), *self.held.values()):
+            start = lease.since + settings.heartbeat_initial_delay_s
+            beat_at = (
+                start
+                if lease.last_beat is None
+                else lease.last_beat + (settings.heartbeat_interval_s)
+            )
+            wait = min(wait, beat_at - now)
+            if lease.pending is not None:
+                wait = min(wait, lease.last_look + settings.poll_interval_s - now)
+        return max(0.01, wait)

@@ -1,0 +1,45 @@
+--[[ cancel: stop a request from any node: withdraw it before pickup, or cancel it after.
+
+KEYS[1]  request hash          prq:{e}:r:<id>
+ARGV[1]  reason                "cancelled", "call_timeout", ...
+ARGV[2]  TTL of the cancelled request's record (the polled cancel marker), ms
+ARGV[3]  node channel prefix   prq:node:
+ARGV[4]  request id
+ARGV[5]  nonce of this cancel call (the same when the call is retried)
+
+Reply: {state, response, reason, mine}
+  state = "withdrawn"   it was queued: it will never run (CancelledBeforePickup)
+          "cancelled"   it was taken: its receiver is told (pub/sub "c|<id>|<reason>", and the
+                        state it polls), and a response that comes later is dropped
+          "done"        too late: it has its response (returned)
+          "missing"     nothing is stored under the id
+  mine  = 1 when this call (this nonce) made the change, also on a replay; else 0
+
+Invariants:
+- a cancel and a response race through one atomic step each: exactly one of them wins
+- the sender and the watchers are pulsed so that their waits end at once
+]]
+local st, rsp, why, wn, rcv, snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp',
+  'why', 'wn', 'rcv', 'snd', 'w'))
+if not st then return {'missing', '', '', 0} end
+if st == 'queued' or st == 'taken' then
+  local after = st == 'taken'
+  st = after and 'cancelled' or 'withdrawn'
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
+  redis.call('HDEL', KEYS[1], 'b')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if after and rcv then
+    redis.call('PUBLISH', ARGV[3] .. rcv, 'c|' .. ARGV[4] .. '|' .. ARGV[1])
+  end
+  local msg = 'r|' .. ARGV[4] .. '|'
+  if snd then redis.call('PUBLISH', ARGV[3] .. snd, msg) end
+  if watchers then
+    for node in string.gmatch(watchers, '%S+') do redis.call('PUBLISH', ARGV[3] .. node, msg) end
+  end
+  return {st, '', ARGV[1], 1}
+end
+local mine = 0
+if (st == 'withdrawn' or st == 'cancelled') and wn == ARGV[5] then mine = 1 end
+return {st, rsp or '', why or '', mine}

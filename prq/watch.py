@@ -1,0 +1,109 @@
+"""The node's watch: one loop that beats for in-flight requests and checks for data loss.
+
+Each turn the facade asks `plan()` for what is due (beats, holders' cancellation looks, a
+data-loss check), sends it as independent steps in one round trip, and gives the results to
+`settle()`, which acts on them: a held request that was cancelled (or whose sender was lost, or
+that Redis lost) gets its PendingRequest cancelled; a sent request that ended wakes its caller;
+a data-loss sign starts a new epoch. A failed turn (Redis away) is simply tried again next turn,
+so heartbeats resume by themselves after a blip. Pure; the facades own the loop (an asyncio task
+or a daemon thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from prq._types import Call, Reply
+from prq.data_loss import DataLossWatch
+from prq.errors import PrqError
+from prq.flows import Context
+from prq.heartbeats import Lease, Liveness
+from prq.models import PendingRequest
+from prq.pulses import PulseRouter
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NodeWatch", "WatchPlan"]
+
+
+@dataclass(slots=True)
+class WatchPlan:
+    """One turn's work: a step per beat, then (maybe) the data-loss check as one step."""
+
+    beats: list[Lease] = field(default_factory=list)
+    check_endpoints: list[str] | None = None
+    steps: list[list[Call]] = field(default_factory=list)
+
+
+class NodeWatch:
+    """Liveness and data-loss bookkeeping of one node."""
+
+    def __init__(self, ctx: Context, router: PulseRouter[Any]) -> None:
+        self.liveness = Liveness(ctx)
+        self.data_loss = DataLossWatch(ctx)
+        self.router = router
+        router.on_cancel = self.cancelled_by_pulse
+
+    @property
+    def epoch(self) -> int:
+        return self.data_loss.epoch
+
+    def plan(self, now: float) -> WatchPlan:
+        plan = WatchPlan()
+        for lease, call in self.liveness.due(now):
+            plan.beats.append(lease)
+            plan.steps.append([call])
+        if self.data_loss.check_due(now):
+            calls, plan.check_endpoints = self.data_loss.calls(now)
+            plan.steps.append(calls)
+        return plan
+
+    def settle(self, plan: WatchPlan, results: list[list[Reply] | PrqError]) -> None:
+        beat_replies: list[Reply] = [
+            result if isinstance(result, PrqError) else result[0]
+            for result in results[: len(plan.beats)]
+        ]
+        for verdict in self.liveness.settle(plan.beats, beat_replies):
+            self._ended(verdict.lease, verdict.reason)
+        if plan.check_endpoints is not None:
+            check = results[len(plan.beats)]
+            if isinstance(check, PrqError):
+                logger.debug("data-loss check failed error=%s", check)
+                return
+            reason = self.data_loss.settle(plan.check_endpoints, check)
+            if reason:
+                self.declare_data_loss(reason)
+
+    def _ended(self, lease: Lease, reason: str) -> None:
+        self.liveness.release(lease.request_id)
+        if lease.pending is not None:
+            logger.info("held request ended request_id=%s reason=%s", lease.request_id, reason)
+            lease.pending.mark_cancelled(reason)
+        else:
+            self.router.poke_response(lease.request_id)  # its caller reads the outcome now
+
+    def cancelled_by_pulse(self, request_id: str, reason: str) -> None:
+        """A `c|<id>|<reason>` pulse: the request this node holds was cancelled."""
+        lease = self.liveness.held.get(request_id)
+        if lease is not None:
+            self._ended(lease, reason or "cancelled")
+
+    def observe_counter(self, endpoint: str, counter: int) -> None:
+        """An enqueue reported the endpoint's counter (the next check compares against it)."""
+        self.data_loss.observe(endpoint, counter)
+
+    def declare_data_loss(self, reason: str) -> None:
+        self.data_loss.declare(reason)
+        for lease in list(self.liveness.held.values()):
+            self._ended(lease, "data_loss")
+        self.router.wake_all()
+
+    def hold(self, pending: PendingRequest, now: float) -> None:
+        self.liveness.hold(pending, now)
+        self.data_loss.watch_endpoint(pending.request.endpoint)
+
+    def wait_s(self, now: float) -> float:
+        """How long the loop may sleep before its next turn."""
+        return max(0.01, min(self.liveness.next_due_in(now), self.data_loss.next_check - now))
