@@ -50,10 +50,6 @@ class DataLossWatch:
     def check_due(self, now: float) -> bool:
         return now >= self.next_check
 
-    def check_soon(self) -> None:
-        """Check at the next turn of the watch loop (a wait found its request gone)."""
-        self.next_check = 0.0
-
     def calls(self, now: float) -> tuple[list[Call], list[str]]:
         """The calls of one check, and the endpoints whose counters they read."""
         interval = self.ctx.settings.data_loss_check_interval_s

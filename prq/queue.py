@@ -146,8 +146,7 @@ class AsyncQueue(QueueBase):
                 result: T = stop.value
                 return result
             except DataLoss:
-                self._watch.data_loss.check_soon()
-                self._wake_watch()
+                await self._check_data_loss_now()
                 raise
             error = None
             if self._closed:
@@ -169,8 +168,13 @@ class AsyncQueue(QueueBase):
             except PrqError as exc:
                 error = exc
 
-    def _wake_watch(self) -> None:
-        self._watch_wake.set()
+    async def _check_data_loss_now(self) -> None:
+        """A call found its request gone: check now, so that a retry starts in the new epoch."""
+        plan = self._watch.plan(time.monotonic(), check_only=True)
+        try:
+            self._watch.settle(plan, await self._io.execute_many(plan.steps))
+        except PrqError as exc:
+            logger.debug("data-loss check failed error=%s", exc)
 
     async def _watch_loop(self) -> None:
         """Beat, look for cancellations, check for data loss; never dies on an error."""

@@ -142,8 +142,7 @@ class Queue(QueueBase):
                 result: T = stop.value
                 return result
             except DataLoss:
-                self._watch.data_loss.check_soon()
-                self._wake_watch()
+                self._check_data_loss_now()
                 raise
             error = None
             if self._closed:
@@ -165,8 +164,13 @@ class Queue(QueueBase):
             except PrqError as exc:
                 error = exc
 
-    def _wake_watch(self) -> None:
-        self._watch_wake.set()
+    def _check_data_loss_now(self) -> None:
+        """A call found its request gone: check now, so that a retry starts in the new epoch."""
+        plan = self._watch.plan(time.monotonic(), check_only=True)
+        try:
+            self._watch.settle(plan, self._io.execute_many(plan.steps))
+        except PrqError as exc:
+            logger.debug("data-loss check failed error=%s", exc)
 
     def _watch_loop(self) -> None:
         """Beat, look for cancellations, check for data loss; never dies on an error."""

@@ -50,12 +50,14 @@ class NodeWatch:
     def epoch(self) -> int:
         return self.data_loss.epoch
 
-    def plan(self, now: float) -> WatchPlan:
+    def plan(self, now: float, *, check_only: bool = False) -> WatchPlan:
+        """What is due now; with `check_only`, just a data-loss check (whether due or not)."""
         plan = WatchPlan()
-        for lease, call in self.liveness.due(now):
-            plan.beats.append(lease)
-            plan.steps.append([call])
-        if self.data_loss.check_due(now):
+        if not check_only:
+            for lease, call in self.liveness.due(now):
+                plan.beats.append(lease)
+                plan.steps.append([call])
+        if check_only or self.data_loss.check_due(now):
             calls, plan.check_endpoints = self.data_loss.calls(now)
             plan.steps.append(calls)
         return plan

@@ -1,0 +1,121 @@
+"""Data loss: a flush, a canary rolled back, or an enqueue counter gone back fails every call in
+flight with DataLoss at once, cancels what the node holds, and new calls work again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from prq import DataLoss, Request, RequestState
+from prq.embedded import EmbeddedRedis
+from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+CHECK_S = 0.5
+#: Detection bound: one check interval, plus a second of slack.
+DETECTED_WITHIN_S = CHECK_S + 1.0
+#: Long polls, so that only the data-loss watch (not a poll) can notice in the rollback tests.
+WATCHED = {"data_loss_check_interval_s": CHECK_S, "poll_interval_s": 30.0, "pickup_timeout_s": 60}
+
+
+def events(queue: AnyQueue) -> int:
+    raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
+    return raw.stats.data_loss_events
+
+
+async def test_a_flush_fails_calls_in_flight_and_cancels_held_requests(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given a caller waiting for an unserved request, and a receiver holding another one
+    sender = make_own_queue(**WATCHED)
+    receiver = make_own_queue(**WATCHED)
+    waiting = asyncio.create_task(sender.call("poll://nobody", "m"))
+    held_call = asyncio.create_task(sender.call("poll://held", "m"))
+    pending = await receiver.dequeue("poll://held", timeout_s=5)
+    assert pending is not None
+    await async_wait_until(lambda: events(sender) == 0 and not waiting.done(), 1, 0.05, "set")
+    started = time.monotonic()
+
+    # When Redis loses everything
+    own_redis_client.flushall()
+
+    # Then both calls fail with DataLoss, within a check interval + 1 s
+    for call in (waiting, held_call):
+        with pytest.raises(DataLoss) as raised:
+            await asyncio.wait_for(call, DETECTED_WITHIN_S + 2)
+        assert raised.value.retryable
+    elapsed = time.monotonic() - started
+    print(f"DataLoss after {elapsed:.2f} s (check interval {CHECK_S} s)")
+    assert elapsed < DETECTED_WITHIN_S
+    # And the held request is cancelled with reason data_loss
+    await async_wait_until(lambda: pending.cancelled, DETECTED_WITHIN_S, 0.02, "cancelled")
+    assert pending.cancel_reason == "data_loss"
+    # And new calls work again, without a restart
+    make_own_queue.serve(receiver, "poll://after", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://after", "m", 7), 10) == 7
+
+
+@pytest.mark.parametrize("sign", ["canary rolled back", "counter went back"])
+async def test_a_rollback_that_leaves_the_canary_in_place_is_noticed(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis, sign: str
+) -> None:
+    # Given a node that has checked its canary a few times and enqueued on an endpoint
+    sender = make_own_queue(**WATCHED)
+    await sender.start()
+    raw = sender.raw if isinstance(sender, SyncQueueAdapter) else sender
+    canary = raw.keys.canary(raw.node_id)
+    await async_wait_until(
+        lambda: int(own_redis_client.get(canary) or 0) >= 3, 5, 0.05, "canary checked"
+    )
+    for _ in range(3):
+        with pytest.raises(Exception):  # noqa: B017 - no receiver; only the enqueue matters
+            await asyncio.wait_for(
+                sender.queue_and_wait(
+                    Request(endpoint="poll://rb", method="m"), pickup_timeout_s=0.05
+                ),
+                5,
+            )
+    waiting = asyncio.create_task(sender.call("poll://rb", "m"))
+    sequence = raw.keys.endpoint("poll://rb").sequence
+    await async_wait_until(lambda: own_redis_client.get(sequence) == b"4", 5, 0.02, "queued")
+    await async_wait_until(lambda: raw._watch.data_loss.counters.get("poll://rb") == 4, 5)
+
+    # When Redis "goes back in time" with the canary still there (old snapshot, stale replica)
+    if sign == "canary rolled back":
+        own_redis_client.set(canary, 1)
+    else:
+        own_redis_client.set(sequence, 1)
+    started = time.monotonic()
+
+    # Then the waiting call fails with DataLoss, within a check interval + 1 s
+    with pytest.raises(DataLoss):
+        await asyncio.wait_for(waiting, DETECTED_WITHIN_S + 2)
+    assert time.monotonic() - started < DETECTED_WITHIN_S
+    assert events(sender) == 1
+
+
+async def test_a_restart_empty_is_detected_and_calls_work_again(
+    make_own_queue: QueueFactory, own_redis: EmbeddedRedis
+) -> None:
+    # Given a caller waiting for an unserved request
+    sender = make_own_queue(**WATCHED)
+    request = Request(endpoint="poll://restart", method="m")
+    waiting = asyncio.create_task(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+
+    # When Redis is killed and comes back empty
+    own_redis.restart()
+    started = time.monotonic()
+
+    # Then the call fails with DataLoss promptly, and the node works again afterwards
+    with pytest.raises(DataLoss):
+        await asyncio.wait_for(waiting, DETECTED_WITHIN_S + 6)
+    print(f"DataLoss after {time.monotonic() - started:.2f} s")
+    receiver = make_own_queue(**WATCHED)
+    make_own_queue.serve(receiver, "poll://restart", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://restart", "m", 1), 15) == 1

@@ -1,0 +1,105 @@
+"""Heartbeats both ways: a silent receiver is lost, a silent sender cancels the request, a busy
+handler is never declared dead, fast calls beat not at all, and a zombie receiver is fenced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from prq import QueueShutdown, ReceiverLost, Request, Response
+from tests.queue_facades import QueueFactory
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+#: Shrunk liveness timings (production: beat 15 s after 7 s, receiver 60 s, sender 90 s).
+LIVENESS: dict[str, float] = {
+    "heartbeat_interval_s": 0.2,
+    "heartbeat_initial_delay_s": 0.1,
+    "receiver_timeout_s": 1.0,
+    "sender_timeout_s": 1.2,
+    "poll_interval_s": 0.2,
+}
+#: A receiver that never beats (its first beat would come after the test is over).
+SILENT = {**LIVENESS, "heartbeat_initial_delay_s": 3600.0, "poll_interval_s": 3600.0}
+
+
+async def test_a_silent_receiver_is_declared_lost_and_its_late_response_is_fenced(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a receiver that takes a request and then falls silent (no beats)
+    sender, zombie = make_queue(**LIVENESS), make_queue(**SILENT)
+    request = Request(endpoint="poll://zombie", method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
+    pending = await zombie.dequeue("poll://zombie", timeout_s=5)
+    assert pending is not None
+    started = time.monotonic()
+
+    # When the receiver timeout passes
+    with pytest.raises(ReceiverLost) as raised:
+        await asyncio.wait_for(call, 10)
+
+    # Then the caller gets ReceiverLost (retryable, may have run), within timeout + 1 s
+    elapsed = time.monotonic() - started
+    print(f"ReceiverLost after {elapsed:.2f} s (receiver timeout 1.0 s)")
+    assert raised.value.retryable and raised.value.maybe_executed
+    assert elapsed < LIVENESS["receiver_timeout_s"] + 1.0
+    # And the zombie's late response is not applied
+    await zombie.apply_response(Response(id=request.id, result="zombie"))
+    status = await sender.status(request.id)
+    assert (status.state, status.reason) == ("cancelled", "receiver_lost")
+
+
+async def test_a_silent_sender_cancels_the_receivers_request(make_queue: QueueFactory) -> None:
+    # Given a request picked up by a beating receiver, whose sender then goes away
+    sender, receiver = make_queue(**SILENT), make_queue(**LIVENESS)
+    request = Request(endpoint="poll://orphan", method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
+    pending = await receiver.dequeue("poll://orphan", timeout_s=5)
+    assert pending is not None
+    started = time.monotonic()
+    await sender.aclose()
+    with pytest.raises(QueueShutdown):
+        await asyncio.wait_for(call, 10)
+
+    # When the sender timeout passes
+    await async_wait_until(lambda: pending.cancelled, 5, 0.02, "request cancelled")
+
+    # Then the receiver's request is cancelled with reason sender_lost, within timeout + 1 s
+    elapsed = time.monotonic() - started
+    print(f"sender_lost after {elapsed:.2f} s (sender timeout 1.2 s)")
+    assert pending.cancel_reason == "sender_lost"
+    assert elapsed < LIVENESS["sender_timeout_s"] + 1.0
+
+
+async def test_a_busy_handler_is_never_declared_dead(make_queue: QueueFactory) -> None:
+    # Given a handler that keeps its thread busy (CPU) for 3 receiver timeouts
+    sender, receiver = make_queue(**LIVENESS), make_queue(**LIVENESS)
+
+    def busy(request: Request) -> object:
+        deadline = time.monotonic() + 3 * LIVENESS["receiver_timeout_s"]
+        spins = 0
+        while time.monotonic() < deadline:
+            spins += 1
+        return spins > 0
+
+    make_queue.serve(receiver, "poll://busy", busy)
+    # When a call is made, Then it completes: the node's beats go on beside the handler
+    assert await asyncio.wait_for(sender.call("poll://busy", "m"), 20) is True
+    assert receiver.stats.heartbeats_sent > 0
+
+
+async def test_a_fast_call_sends_no_heartbeat(make_queue: QueueFactory) -> None:
+    # Given default heartbeat timings (first beat after 7 s)
+    sender, receiver = make_queue(), make_queue()
+    make_queue.serve(receiver, "poll://fast", lambda request: request.params)
+    # When fast calls run
+    for i in range(20):
+        assert await asyncio.wait_for(sender.call("poll://fast", "m", i), 10) == i
+    # Then neither side beat (and no subscription was made per request)
+    assert sender.stats.heartbeats_sent == 0
+    assert receiver.stats.heartbeats_sent == 0
+    assert sender.stats.subscriptions == 1
+    assert receiver.stats.subscriptions == 2
