@@ -1,0 +1,334 @@
+"""The two roles a fault-bed node process plays (see tests/fault/node_main.py for the contract).
+
+Runs inside the child process only: `run_receiver(config)` and `run_sender(config)` return the
+process's exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prq import (
+    AsyncQueue,
+    PendingRequest,
+    PrqError,
+    Queue,
+    QueueSettings,
+    RedisSettings,
+    Request,
+    current_request,
+)
+from tests.fault.node_main import (
+    EXIT_UNFINISHED,
+    WATCH_INTERVAL_S,
+    JsonlWriter,
+    NodeConfig,
+    stamp,
+    write_ready,
+)
+
+__all__ = ["run_receiver", "run_sender"]
+
+#: How long a stopping receiver waits for its handlers, seconds.
+RECEIVER_DRAIN_S = 10.0
+#: Bound of closing a queue on the way out, seconds.
+CLOSE_TIMEOUT_S = 10.0
+
+
+def _queue_args(config: NodeConfig) -> tuple[RedisSettings, dict[str, Any]]:
+    redis_settings = RedisSettings(url=config.redis_url, **config.redis_settings)
+    kwargs = {
+        "prefix": config.prefix,
+        "settings": QueueSettings(**config.queue_settings),
+        "node_id": config.name,
+    }
+    return redis_settings, kwargs
+
+
+# -- receiver -----------------------------------------------------------------------------------
+
+
+class Service:
+    """The fake polling service: ledger every execution, then echo (after sleep/block/barrier)."""
+
+    def __init__(self, config: NodeConfig, stopping: threading.Event) -> None:
+        self.config = config
+        self.stopping = stopping
+        self.ledger = JsonlWriter(config.ledger_path, fsync=True)
+        self.seconds = config.handler_ms / 1000.0
+
+    def _record(self, event: str, request: Request, **extra: Any) -> None:
+        self.ledger.write(stamp(event=event, id=request.id, node=self.config.name, **extra))
+
+    def begin(self, request: Request) -> PendingRequest | None:
+        pending = current_request()
+        attempt = pending.delivery.attempt if pending is not None else None
+        self._record("start", request, attempt=attempt, params=request.params)
+        return pending
+
+    def finish(self, request: Request, pending: PendingRequest | None) -> Any:
+        if pending is not None and pending.cancelled:
+            self._record("cancelled", request, reason=pending.cancel_reason)
+        self._record("end", request)
+        return request.params
+
+    def released(self, pending: PendingRequest | None) -> bool:
+        """A barrier handler may return: barrier file present, node stopping, or cancelled."""
+        if self.stopping.is_set() or Path(self.config.barrier_path).exists():
+            return True
+        return self.config.honour_cancel and pending is not None and pending.cancelled
+
+    def run_in_thread(self, request: Request) -> Any:
+        pending = self.begin(request)
+        kind = self.config.handler
+        if kind == "sleep" and self.config.honour_cancel and pending is not None:
+            pending.wait_cancelled(self.seconds)
+        elif kind in ("sleep", "block"):
+            time.sleep(self.seconds)  # the handler's work: it holds its thread
+        elif kind == "barrier":
+            while not self.released(pending):
+                time.sleep(WATCH_INTERVAL_S)  # polls the barrier file
+        return self.finish(request, pending)
+
+    async def run_on_loop(self, request: Request) -> Any:
+        pending = self.begin(request)
+        kind = self.config.handler
+        if kind == "sleep":
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                if self.config.honour_cancel and pending is not None and pending.cancelled:
+                    break
+                await asyncio.sleep(min(WATCH_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+        elif kind == "block":
+            time.sleep(self.seconds)  # blocks the event loop on purpose
+        elif kind == "barrier":
+            while not self.released(pending):
+                await asyncio.sleep(WATCH_INTERVAL_S)
+        return self.finish(request, pending)
+
+
+async def _receiver_async(config: NodeConfig, service: Service) -> None:
+    redis_settings, kwargs = _queue_args(config)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    queue = AsyncQueue(redis_settings, **kwargs)
+    await queue.start()
+    handler = service.run_in_thread if config.handler_in_thread else service.run_on_loop
+    serving = asyncio.create_task(
+        queue.serve(config.endpoint, handler, concurrency=config.concurrency, stop=stop)
+    )
+    write_ready(config)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), config.duration_s)
+    stop.set()
+    service.stopping.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(serving, RECEIVER_DRAIN_S)
+    await asyncio.wait_for(queue.aclose(), CLOSE_TIMEOUT_S)
+
+
+def _receiver_sync(config: NodeConfig, service: Service) -> None:
+    redis_settings, kwargs = _queue_args(config)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    queue = Queue(redis_settings, **kwargs)
+    queue.start()
+    serving = threading.Thread(
+        target=queue.serve,
+        args=(config.endpoint, service.run_in_thread),
+        kwargs={"concurrency": config.concurrency, "stop": stop},
+        name="serve",
+        daemon=True,
+    )
+    serving.start()
+    write_ready(config)
+    stop.wait(config.duration_s)
+    stop.set()
+    service.stopping.set()
+    serving.join(RECEIVER_DRAIN_S)
+    queue.close()
+
+
+def run_receiver(config: NodeConfig) -> int:
+    service = Service(config, threading.Event())
+    if config.facade == "sync":
+        _receiver_sync(config, service)
+    else:
+        asyncio.run(_receiver_async(config, service))
+    service.ledger.close()
+    return 0
+
+
+# -- sender -------------------------------------------------------------------------------------
+
+
+class Calls:
+    """Hands out call numbers up to `count` and records each call's start and end."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.history = JsonlWriter(config.history_path, fsync=False)
+        self._numbers: Iterator[int] = itertools.count()
+        self._lock = threading.Lock()
+
+    def next_call(self, caller: int) -> tuple[str, str, dict[str, Any]] | None:
+        """(request id, tag, params) of the next call, or None when `count` calls were made."""
+        with self._lock:
+            number = next(self._numbers)
+            if self.config.count is not None and number >= self.config.count:
+                return None
+        tag = f"{self.config.name}/{caller}/{number}"
+        request_id = uuid.uuid4().hex
+        self.history.write(
+            stamp(
+                event="start",
+                id=request_id,
+                tag=tag,
+                node=self.config.name,
+                caller=caller,
+                deadline_s=self.config.call_deadline_s,
+            )
+        )
+        return request_id, tag, {**self.config.params, "tag": tag}
+
+    def record_end(self, request_id: str, tag: str, result: Any, exc: BaseException | None) -> None:
+        fields: dict[str, Any] = {"event": "end", "id": request_id, "tag": tag}
+        if exc is None:
+            result_tag = result.get("tag") if isinstance(result, dict) else None
+            fields.update(outcome="ok", tag_ok=result_tag == tag, result_tag=result_tag)
+        else:
+            fields.update(
+                outcome=type(exc).__name__,
+                message=str(exc)[:300],
+                prq_error=isinstance(exc, PrqError),
+                maybe_executed=getattr(exc, "maybe_executed", None),
+                retryable=getattr(exc, "retryable", None),
+            )
+        self.history.write(stamp(node=self.config.name, **fields))
+
+    def record_stopped(self, unfinished: int) -> None:
+        self.history.write(stamp(event="stopped", node=self.config.name, unfinished=unfinished))
+
+
+def _wait_for_go(config: NodeConfig) -> None:
+    while config.go_path and not Path(config.go_path).exists():
+        time.sleep(WATCH_INTERVAL_S)  # polls the go file; the watchdog bounds the wait
+
+
+async def _sender_async(config: NodeConfig, calls: Calls) -> int:
+    redis_settings, kwargs = _queue_args(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    queue = AsyncQueue(redis_settings, **kwargs)
+    await queue.start()
+    write_ready(config)
+    await loop.run_in_executor(None, _wait_for_go, config)
+
+    async def caller(number: int) -> None:
+        while not stop.is_set():
+            call = calls.next_call(number)
+            if call is None:
+                return
+            request_id, tag, params = call
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = await queue.call(
+                    config.endpoint,
+                    "echo",
+                    params,
+                    request_id=request_id,
+                    timeout_s=config.call_timeout_s,
+                )
+            except Exception as exc:
+                error = exc
+            calls.record_end(request_id, tag, result, error)
+            if config.think_ms:
+                await asyncio.sleep(config.think_ms / 1000.0)
+
+    callers = [asyncio.create_task(caller(n)) for n in range(config.concurrency)]
+    all_done = asyncio.ensure_future(asyncio.wait(callers))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait(
+        {all_done, stopped}, timeout=config.duration_s, return_when="FIRST_COMPLETED"
+    )
+    stop.set()
+    stopped.cancel()
+    _, pending = await asyncio.wait(callers, timeout=config.drain_timeout_s)
+    calls.record_stopped(len(pending))
+    if pending:
+        os._exit(EXIT_UNFINISHED)  # calls still hang: leave without waiting for them
+    await asyncio.wait_for(queue.aclose(), CLOSE_TIMEOUT_S)
+    return 0
+
+
+def _sender_sync(config: NodeConfig, calls: Calls) -> int:
+    redis_settings, kwargs = _queue_args(config)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    queue = Queue(redis_settings, **kwargs)
+    queue.start()
+    write_ready(config)
+    _wait_for_go(config)
+
+    def caller(number: int) -> None:
+        while not stop.is_set():
+            call = calls.next_call(number)
+            if call is None:
+                return
+            request_id, tag, params = call
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = queue.call(
+                    config.endpoint,
+                    "echo",
+                    params,
+                    request_id=request_id,
+                    timeout_s=config.call_timeout_s,
+                )
+            except Exception as exc:
+                error = exc
+            calls.record_end(request_id, tag, result, error)
+            if config.think_ms:
+                stop.wait(config.think_ms / 1000.0)
+
+    threads = [
+        threading.Thread(target=caller, args=(n,), name=f"caller-{n}", daemon=True)
+        for n in range(config.concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    end = None if config.duration_s is None else time.monotonic() + config.duration_s
+    while not stop.is_set() and any(t.is_alive() for t in threads):
+        if end is not None and time.monotonic() >= end:
+            break
+        stop.wait(0.05)  # the main thread's poll of its callers
+    stop.set()
+    drain_end = time.monotonic() + config.drain_timeout_s
+    for thread in threads:
+        thread.join(max(0.0, drain_end - time.monotonic()))
+    unfinished = sum(1 for t in threads if t.is_alive())
+    calls.record_stopped(unfinished)
+    if unfinished:
+        os._exit(EXIT_UNFINISHED)
+    queue.close()
+    return 0
+
+
+def run_sender(config: NodeConfig) -> int:
+    calls = Calls(config)
+    if config.facade == "sync":
+        return _sender_sync(config, calls)
+    return asyncio.run(_sender_async(config, calls))
