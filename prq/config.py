@@ -103,11 +103,24 @@ class QueueSettings(BaseSettings):
     def _check_limits(self) -> QueueSettings:
         if self.inline_limit_bytes > self.max_body_bytes:
             raise ValueError("inline_limit_bytes must not exceed max_body_bytes")
+        # A live node must get its first beat, and every next one, in before the other side's
+        # timeout, or it is declared dead while it works.
+        timeout = min(self.receiver_timeout_s, self.sender_timeout_s)
+        for name in ("heartbeat_initial_delay_s", "heartbeat_interval_s"):
+            if getattr(self, name) >= timeout:
+                raise ValueError(
+                    f"{name} ({getattr(self, name):g} s) must be below the receiver and sender "
+                    f"timeouts ({timeout:g} s): a live node would be declared dead"
+                )
         return self
 
     def request_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a queued request: its pickup timeout plus the extra."""
         return pickup_timeout_s + self.request_ttl_extra_s
+
+    def receipt_ttl_s(self) -> float:
+        """TTL of a take receipt: long enough for the take's own retries and a parked wait."""
+        return max(2 * self.poll_interval_s, self.retry_budget_s) + 1.0
 
     def in_flight_ttl_s(self) -> float:
         """TTL of a picked-up request until it is answered (heartbeats extend it)."""

@@ -66,8 +66,6 @@ __all__ = [
 
 #: How many ids one take may pop while skipping dead ones.
 DEFAULT_TAKE_SCAN = 100
-#: How long a take receipt is kept (covers the retry budget of the take itself).
-DEFAULT_TAKE_RECEIPT_TTL_S = 120.0
 #: How often a waiting take checks whether its server loop was asked to stop.
 DEFAULT_STOP_CHECK_S = 0.25
 
@@ -168,7 +166,7 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             _ms(settings.list_ttl_s),
             ctx.keys.node_channel_prefix,
             _ms(settings.in_flight_ttl_s()),
-            _ms(DEFAULT_TAKE_RECEIPT_TTL_S),
+            _ms(settings.receipt_ttl_s()),
             settings.pulse_inline_limit_bytes,
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
@@ -433,7 +431,7 @@ def take_flow(
                 max_items,
                 DEFAULT_TAKE_SCAN,
                 _ms(settings.in_flight_ttl_s()),
-                _ms(DEFAULT_TAKE_RECEIPT_TTL_S),
+                _ms(settings.receipt_ttl_s()),
                 _ms(park_s) if park_s > 0 else 0,
                 _ms(settings.list_ttl_s),
             )

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import redis
 
-import prq.flows
 from prq import CancelledBeforePickup, PayloadTooLarge, PickupTimeout, Request, RequestState
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until, request_keys, scan_keys
@@ -24,6 +23,8 @@ TINY_TTLS: dict[str, Any] = {
     "list_ttl_s": 2.0,
     "cancel_marker_ttl_s": 1.0,
     "receiver_timeout_s": 1.0,
+    "heartbeat_initial_delay_s": 0.3,
+    "heartbeat_interval_s": 0.5,
     "pickup_timeout_s": 0.5,
     "data_loss_check_interval_s": 1.0,
 }
@@ -42,8 +43,7 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     key_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given tiny TTLs (the take receipt's 2-minute TTL is a DEFAULT_* constant, patched here)
-    monkeypatch.setattr(prq.flows, "DEFAULT_TAKE_RECEIPT_TTL_S", 1.0)
+    # Given tiny TTLs (a take receipt lives max(2 polls, retry budget) + 1 s = 6 s here)
     sender, receiver = make_queue(**TINY_TTLS), make_queue(**TINY_TTLS)
     served, unserved = "poll://ttl-served", "poll://ttl-unserved"
     serving = make_queue.serve(receiver, served, lambda request: request.params, concurrency=2)

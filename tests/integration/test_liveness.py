@@ -9,7 +9,7 @@ import time
 import pytest
 
 from prq import QueueShutdown, ReceiverLost, Request, Response
-from tests.queue_facades import QueueFactory
+from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,15 +22,20 @@ LIVENESS: dict[str, float] = {
     "sender_timeout_s": 1.2,
     "poll_interval_s": 0.2,
 }
-#: A receiver that never beats (its first beat would come after the test is over).
-SILENT = {**LIVENESS, "heartbeat_initial_delay_s": 3600.0, "poll_interval_s": 3600.0}
+
+
+def silence(queue: AnyQueue) -> None:
+    """Stop this node's heartbeats (as if its beats no longer reached Redis)."""
+    raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
+    raw._watch.liveness.due = lambda now: []  # type: ignore[method-assign]
 
 
 async def test_a_silent_receiver_is_declared_lost_and_its_late_response_is_fenced(
     make_queue: QueueFactory,
 ) -> None:
     # Given a receiver that takes a request and then falls silent (no beats)
-    sender, zombie = make_queue(**LIVENESS), make_queue(**SILENT)
+    sender, zombie = make_queue(**LIVENESS), make_queue(**LIVENESS)
+    silence(zombie)
     request = Request(endpoint="poll://zombie", method="m")
     call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
     pending = await zombie.dequeue("poll://zombie", timeout_s=5)
@@ -54,7 +59,8 @@ async def test_a_silent_receiver_is_declared_lost_and_its_late_response_is_fence
 
 async def test_a_silent_sender_cancels_the_receivers_request(make_queue: QueueFactory) -> None:
     # Given a request picked up by a beating receiver, whose sender then goes away
-    sender, receiver = make_queue(**SILENT), make_queue(**LIVENESS)
+    sender, receiver = make_queue(**LIVENESS), make_queue(**LIVENESS)
+    silence(sender)
     request = Request(endpoint="poll://orphan", method="m")
     call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
     pending = await receiver.dequeue("poll://orphan", timeout_s=5)

@@ -1,0 +1,175 @@
+"""Cancellation under pressure: a cancel after pickup reaches a deaf receiver by polling;
+cancels racing responses end with exactly one outcome; cancels during dequeuing leak nothing;
+callers cancelled at random points in the Redis call path never see another call's result."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+import redis
+
+from prq import AsyncQueue, CancelledAfterPickup, CancelledBeforePickup, Request, Response
+from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
+from tests.redis_servers import async_wait_until, request_keys
+
+pytestmark = pytest.mark.integration
+
+POLL_S = 0.5
+RACES = 1000
+CANCEL_WAVE = 500
+
+
+async def test_a_cancel_reaches_a_deaf_receiver_within_a_poll_interval(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a picked-up request whose receiver sees no pub/sub message at all
+    sender, receiver = make_queue(poll_interval_s=POLL_S), make_queue(poll_interval_s=POLL_S)
+    request = Request(endpoint="poll://deaf-cancel", method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request))
+    pending = await receiver.dequeue("poll://deaf-cancel", timeout_s=5)
+    assert pending is not None
+    raw = receiver.raw if isinstance(receiver, SyncQueueAdapter) else receiver
+    raw._router.dispatch = lambda channel, data: None  # type: ignore[method-assign]
+
+    # When the caller's side cancels it
+    started = time.monotonic()
+    assert await sender.cancel(request.id)
+
+    # Then the receiver learns it by polling, within a poll interval + 1 s
+    await async_wait_until(lambda: pending.cancelled, POLL_S + 1.0, 0.01, "receiver signalled")
+    print(f"receiver signalled after {time.monotonic() - started:.2f} s (poll {POLL_S} s)")
+    with pytest.raises(CancelledAfterPickup):
+        await asyncio.wait_for(call, 5)
+
+
+async def test_cancels_racing_responses_end_with_exactly_one_outcome(
+    make_queue: QueueFactory,
+) -> None:
+    # Given many picked-up requests
+    sender, receiver, canceller = make_queue(), make_queue(), make_queue()
+    endpoint = "poll://race"
+    requests = [Request(endpoint=endpoint, method="m", params=i) for i in range(RACES)]
+    calls = [asyncio.create_task(sender.queue_and_wait(r, pickup_timeout_s=30)) for r in requests]
+    held = await receiver.dequeue_many(endpoint, RACES, timeout_s=5)
+    while len(held) < RACES:
+        more = await receiver.dequeue_many(endpoint, RACES - len(held), timeout_s=5)
+        assert more, "every request is picked up"
+        held += more
+
+    # When for each one a cancel (from another node) and a response race
+    async def race(pending_id: str) -> bool:
+        answer = receiver.apply_response(Response(id=pending_id, result="ran"))
+        cancel = canceller.cancel(pending_id)
+        _, cancelled = await asyncio.gather(answer, cancel)
+        return bool(cancelled)
+
+    cancelled = await run_all((race(p.id) for p in held), 120)
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+
+    # Then each caller got exactly one outcome, and it agrees with who won
+    by_id = dict(zip((p.id for p in held), cancelled, strict=True))
+    answered = sum(1 for o in outcomes if not isinstance(o, BaseException))
+    print(f"{RACES} races: {answered} answered, {RACES - answered} cancelled")
+    for request, outcome in zip(requests, outcomes, strict=True):
+        if by_id[request.id]:
+            assert isinstance(outcome, CancelledAfterPickup), outcome
+        else:
+            assert not isinstance(outcome, BaseException), outcome
+            assert outcome.result == "ran"
+
+
+async def test_cancels_while_dequeuing_runs_raise_nothing_and_leak_no_key(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a served endpoint with short TTLs, and 500 calls of which every fifth is cancelled
+    ttls = {
+        "response_ttl_s": 1.0,
+        "request_ttl_extra_s": 1.0,
+        "list_ttl_s": 2.0,
+        "cancel_marker_ttl_s": 1.0,
+        "receiver_timeout_s": 1.0,
+        "heartbeat_initial_delay_s": 0.3,
+        "heartbeat_interval_s": 0.5,
+        "data_loss_check_interval_s": 1.0,
+    }
+    sender, receiver = make_queue(**ttls), make_queue(**ttls)
+    rng = random.Random(7)
+
+    async def slow(request: Request) -> object:
+        await asyncio.sleep(rng.random() * 0.01)
+        return request.params
+
+    handler = slow if not isinstance(receiver, SyncQueueAdapter) else (lambda r: r.params)
+    make_queue.serve(receiver, "poll://wave", handler, concurrency=8)
+    requests = [Request(endpoint="poll://wave", method="m", params=i) for i in range(CANCEL_WAVE)]
+    calls = [asyncio.create_task(sender.queue_and_wait(r, pickup_timeout_s=30)) for r in requests]
+
+    # When every fifth one is cancelled while the serve loop dequeues
+    doomed = requests[::5]
+    await asyncio.gather(*(sender.cancel(r.id) for r in doomed))
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+
+    # Then each outcome is a response or a cancellation error, nothing else
+    expected = (CancelledBeforePickup, CancelledAfterPickup)
+    unexpected = [
+        o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, expected)
+    ]
+    assert unexpected == []
+    cancelled = sum(1 for o in outcomes if isinstance(o, expected))
+    print(f"{CANCEL_WAVE} calls, {len(doomed)} cancels sent, {cancelled} ended cancelled")
+    assert cancelled <= len(doomed)
+    # And once the nodes stop and the TTLs pass, no key is left behind
+    await sender.aclose()
+    await receiver.aclose()
+    await async_wait_until(lambda: not request_keys(redis_client, key_prefix), 20, 0.2, "no keys")
+
+
+async def test_callers_cancelled_at_random_points_see_no_cross_talk(
+    facade: str, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    if facade != "async":
+        pytest.skip("task cancellation in the Redis call path is an asyncio matter")
+    # Given 64 tasks calling through one node, each call tagged with its own value
+    async with (
+        AsyncQueue.from_url(redis_url, prefix=key_prefix) as sender,
+        AsyncQueue.from_url(redis_url, prefix=key_prefix) as receiver,
+    ):
+        stop = asyncio.Event()
+        serving = asyncio.create_task(
+            receiver.serve("poll://tags", lambda r: r.params, concurrency=16, stop=stop)
+        )
+        clients_before = len(redis_client.client_list())
+        rng = random.Random(12)
+        crosstalk: list[tuple[object, object]] = []
+        done = cancelled = 0
+
+        async def caller(worker: int) -> None:
+            nonlocal done, cancelled
+            for n in range(30):
+                tag = f"{worker}-{n}"
+                task = asyncio.ensure_future(sender.call("poll://tags", "m", tag))
+                if rng.random() < 0.3:
+                    await asyncio.sleep(rng.random() * 0.003)  # a random point in its path
+                    task.cancel()
+                try:
+                    result = await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+                    continue
+                done += 1
+                if result != tag:
+                    crosstalk.append((tag, result))
+
+        # When 30% of the calls are cancelled at random points
+        await asyncio.wait_for(asyncio.gather(*(caller(w) for w in range(64))), 120)
+
+        # Then no call ever got another call's result, and connections did not pile up
+        print(f"{done} completed, {cancelled} cancelled, cross-talk {len(crosstalk)}")
+        assert crosstalk == []
+        assert done > 0 and cancelled > 0
+        assert len(redis_client.client_list()) <= clients_before + 2
+        stop.set()
+        await asyncio.wait_for(serving, 10)

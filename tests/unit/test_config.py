@@ -1,0 +1,44 @@
+"""QueueSettings: defaults, environment, and the rules that keep live nodes alive."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from prq import QueueSettings, RedisSettings
+
+
+def test_defaults_follow_the_design() -> None:
+    settings = QueueSettings()
+    assert (settings.pickup_timeout_s, settings.dequeue_timeout_s) == (120, 30)
+    assert (settings.heartbeat_interval_s, settings.heartbeat_initial_delay_s) == (15, 7)
+    assert (settings.receiver_timeout_s, settings.sender_timeout_s) == (60, 90)
+    assert settings.retry_budget_s == 30
+    assert settings.response_ttl_s == 20 * 60
+
+
+def test_environment_sets_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRQ_PICKUP_TIMEOUT_S", "9")
+    monkeypatch.setenv("PRQ_REDIS_URL", "redis://example.invalid:1/2")
+    assert QueueSettings().pickup_timeout_s == 9
+    assert RedisSettings.from_url().url == "redis://example.invalid:1/2"
+    assert RedisSettings.from_url("redis://other:3/0").url == "redis://other:3/0"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"receiver_timeout_s": 5, "heartbeat_initial_delay_s": 7},
+        {"sender_timeout_s": 5, "heartbeat_initial_delay_s": 5},
+        {"receiver_timeout_s": 10, "heartbeat_interval_s": 10, "heartbeat_initial_delay_s": 1},
+        {"inline_limit_bytes": 10, "max_body_bytes": 5},
+    ],
+)
+def test_settings_that_would_kill_live_nodes_are_refused(overrides: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        QueueSettings(**overrides)
+
+
+def test_receipt_ttl_covers_retries_and_a_parked_wait() -> None:
+    settings = QueueSettings(poll_interval_s=5, retry_budget_s=30)
+    assert settings.receipt_ttl_s() >= 30
