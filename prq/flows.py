@@ -333,7 +333,9 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
     return snapshot
 
 
-def cancel_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[bool]:
+def cancel_flow(
+    ctx: Context, request_id: str, endpoint: str | None, reason: str = "cancelled"
+) -> Flow[bool]:
     """Cancel a request from any node, before or after pickup; True if this call did it.
 
     `endpoint` None means look it up by id (the locator key)."""
@@ -341,7 +343,7 @@ def cancel_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[boo
         endpoint = yield from locate_flow(ctx, request_id)
         if endpoint is None:
             return False
-    _snapshot, mine = yield from _cancel(ctx, endpoint, request_id, "cancelled")
+    _snapshot, mine = yield from _cancel(ctx, endpoint, request_id, reason)
     return mine
 
 
@@ -384,6 +386,8 @@ class TakeResult:
 
     token: str
     items: list[TakenItem]
+    #: The endpoint's enqueue counter as the last take saw it (None: items came by hand-off).
+    counter: int | None = None
 
 
 def parse_handoff(payload: bytes) -> TakenItem | None:
@@ -436,9 +440,9 @@ def take_flow(
                 _ms(settings.list_ttl_s),
             )
         )
-        skipped, items = parse_take(_first(replies))
+        skipped, counter, items = parse_take(_first(replies))
         if items or final:
-            return TakeResult(token, items)
+            return TakeResult(token, items, counter)
         if skipped >= DEFAULT_TAKE_SCAN:
             continue  # a run of dead ids: keep taking before waiting
         next_poll = ctx.monotonic() + park_s

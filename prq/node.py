@@ -27,7 +27,7 @@ from prq.errors import (
     RemoteError,
     SerializationError,
 )
-from prq.flows import Context, respond_flow
+from prq.flows import Context, TakeResult, respond_flow
 from prq.keys import KeySchema
 from prq.models import (
     DeliveryInfo,
@@ -212,6 +212,20 @@ class QueueBase:
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
         return good, bad
+
+    def _rolled_back(self, endpoint: str, floor: int, result: TakeResult) -> bool:
+        """A take saw the enqueue counter lower than known before it was sent: Redis went back
+        in time, and what it handed out may have run already. Declare data loss (True)."""
+        if result.counter is None:
+            return False
+        if result.counter < floor:
+            self._watch.declare_data_loss(
+                f"enqueue counter of {endpoint!r} went back from {floor} to {result.counter}"
+            )
+            self._watch.data_loss.observe(endpoint, result.counter)
+            return True
+        self._watch.data_loss.observe(endpoint, result.counter)
+        return False
 
     def _respond_flow(self, response: Response) -> Flow[str] | None:
         """The flow that answers a held request, or None if this node does not hold it."""

@@ -317,6 +317,7 @@ class AsyncQueue(QueueBase):
         await self._pulses.ensure_subscribed(channel)
         while True:
             token = new_token()
+            floor = self._watch.data_loss.counters.get(endpoint, 0)
             with self._router.watch_take(channel, token) as signal:
                 result = await self._run(
                     take_flow(
@@ -330,6 +331,10 @@ class AsyncQueue(QueueBase):
                         should_stop,
                     )
                 )
+            if self._rolled_back(endpoint, floor, result):
+                for item in result.items:
+                    await self._run(cancel_flow(self.ctx, item.request_id, endpoint, "data_loss"))
+                continue
             good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 await self._run(

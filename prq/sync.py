@@ -289,6 +289,7 @@ class Queue(QueueBase):
         self._pulses.ensure_subscribed(channel)
         while True:
             token = new_token()
+            floor = self._watch.data_loss.counters.get(endpoint, 0)
             with self._router.watch_take(channel, token) as signal:
                 result = self._run(
                     take_flow(
@@ -302,6 +303,10 @@ class Queue(QueueBase):
                         should_stop,
                     )
                 )
+            if self._rolled_back(endpoint, floor, result):
+                for item in result.items:
+                    self._run(cancel_flow(self.ctx, item.request_id, endpoint, "data_loss"))
+                continue
             good, bad = self._adopt(endpoint, result.token, result.items)
             for item, exc in bad:
                 self._run(

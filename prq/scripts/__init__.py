@@ -169,19 +169,24 @@ def take_call(
 ) -> Call:
     return TAKE.call(
         (keys.pending, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks),
+         keys.parks, keys.sequence),
         (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
          park_ms, park_ttl_ms),
     )  # fmt: skip
 
 
-def parse_take(reply: Reply) -> tuple[int, list[TakenItem]]:
-    """Return (ids skipped, requests handed out)."""
+def parse_take(reply: Reply) -> tuple[int, int, list[TakenItem]]:
+    """Return (ids skipped, the endpoint's enqueue counter, requests handed out)."""
     items = _array(reply, "take")
-    if not items or not isinstance(items[0], int) or (len(items) - 1) % 3:
+    if (
+        len(items) < 2
+        or not isinstance(items[0], int)
+        or not isinstance(items[1], int)
+        or (len(items) - 2) % 3
+    ):
         raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
     taken = []
-    for i in range(1, len(items), 3):
+    for i in range(2, len(items), 3):
         body = items[i + 1]
         taken.append(
             TakenItem(
@@ -190,7 +195,7 @@ def parse_take(reply: Reply) -> tuple[int, list[TakenItem]]:
                 attempt=int(_text(items[i + 2]) or 1),
             )
         )
-    return items[0], taken
+    return items[0], items[1], taken
 
 
 # -- apply_response -----------------------------------------------------------------------------

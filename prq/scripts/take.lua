@@ -5,6 +5,7 @@ KEYS[2]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, sa
 KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
 KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, server ms>")
+KEYS[6]  enqueue counter       prq:{e}:seq
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
@@ -15,8 +16,10 @@ ARGV[7]  TTL of the receipt, ms
 ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
 ARGV[9]  TTL of the park keys, ms
 
-Reply: {skipped, id1, body1, attempt1, id2, body2, attempt2, ...}
+Reply: {skipped, counter, id1, body1, attempt1, id2, body2, attempt2, ...}
   skipped = ids popped and dropped because their request was gone, final or past its deadline
+  counter = the endpoint's enqueue counter now (a receiver that saw a higher one before sending
+            this take knows Redis went back in time, and must not run what this take returns)
 
 Invariants:
 - a request is handed out only while it is queued and before its pickup deadline, and it leaves
@@ -33,7 +36,7 @@ if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
 
-local out = {0}
+local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0')}
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do

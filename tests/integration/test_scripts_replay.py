@@ -92,9 +92,9 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
     call = take_call(
         keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 1, 100, TTL_MS, TTL_MS, 0, TTL_MS
     )
-    _, first = parse_take(send(client, call))
+    _, _, first = parse_take(send(client, call))
     # When the take is replayed
-    _, again = parse_take(send(client, call))
+    _, _, again = parse_take(send(client, call))
     # Then it hands out the same request, and the second one is still queued
     assert [i.request_id for i in again] == [i.request_id for i in first] == [requests[0].id]
     assert state(client, keys, requests[1].id)[b"st"] == b"queued"
@@ -150,5 +150,5 @@ def test_withdraw_replay_is_still_this_calls_withdrawal(
     assert withdraw("n1") == ("withdrawn", True)
     assert withdraw("n2") == ("withdrawn", False)
     # Then a take hands nothing out
-    _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
+    _, _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
     assert items == []

@@ -31,10 +31,10 @@ def test_parse_enqueue() -> None:
 
 
 def test_parse_take() -> None:
-    skipped, items = parse_take([2, b"id1", b"{}", b"1", b"id2", b"{}", b"3"])
-    assert skipped == 2
+    skipped, counter, items = parse_take([2, 9, b"id1", b"{}", b"1", b"id2", b"{}", b"3"])
+    assert (skipped, counter) == (2, 9)
     assert [(i.request_id, i.attempt) for i in items] == [("id1", 1), ("id2", 3)]
-    assert parse_take([0]) == (0, [])
+    assert parse_take([0, 0]) == (0, 0, [])
 
 
 def test_parse_withdraw() -> None:
@@ -45,7 +45,7 @@ def test_parse_withdraw() -> None:
 
 
 @pytest.mark.parametrize(
-    "reply", [None, b"x", [], [b"0"], [0, b"id"], [0, b"a", b"b"], ValueError("boom")]
+    "reply", [None, b"x", [], [0], [b"0", 0], [0, 1, b"id"], [0, 1, b"a", b"b"], ValueError("x")]
 )
 def test_parse_take_rejects_malformed(reply: object) -> None:
     with pytest.raises(SerializationError):
