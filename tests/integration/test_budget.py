@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -67,7 +68,11 @@ async def test_a_fast_round_trip_stays_within_its_command_budget(
     # Given one sender and one receiver serving sequentially, warmed up, on a server of our own
     # (long poll interval, long-poll and data-loss check interval, so that no node upkeep
     # falls into the measured window)
-    upkeep = {"poll_interval_s": 30, "dequeue_timeout_s": 30, "data_loss_check_interval_s": 3600}
+    upkeep: dict[str, Any] = {
+        "poll_interval_s": 30,
+        "dequeue_timeout_s": 30,
+        "data_loss_check_interval_s": 3600,
+    }
     sender = make_own_queue(**upkeep)
     receiver = make_own_queue(**upkeep)
     endpoint = "poll://budget"

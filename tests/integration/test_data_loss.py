@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -20,7 +21,11 @@ CHECK_S = 0.5
 #: Detection bound: one check interval, plus a second of slack.
 DETECTED_WITHIN_S = CHECK_S + 1.0
 #: Long polls, so that only the data-loss watch (not a poll) can notice in the rollback tests.
-WATCHED = {"data_loss_check_interval_s": CHECK_S, "poll_interval_s": 30.0, "pickup_timeout_s": 60}
+WATCHED: dict[str, Any] = {
+    "data_loss_check_interval_s": CHECK_S,
+    "poll_interval_s": 30.0,
+    "pickup_timeout_s": 60,
+}
 
 
 def events(queue: AnyQueue) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from tests.redis_servers import async_wait_until
 pytestmark = pytest.mark.integration
 
 #: Shrunk liveness timings (production: beat 15 s after 7 s, receiver 60 s, sender 90 s).
-LIVENESS: dict[str, float] = {
+LIVENESS: dict[str, Any] = {
     "heartbeat_interval_s": 0.2,
     "heartbeat_initial_delay_s": 0.1,
     "receiver_timeout_s": 1.0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -34,7 +36,7 @@ def test_environment_sets_values(monkeypatch: pytest.MonkeyPatch) -> None:
         {"inline_limit_bytes": 10, "max_body_bytes": 5},
     ],
 )
-def test_settings_that_would_kill_live_nodes_are_refused(overrides: dict[str, float]) -> None:
+def test_settings_that_would_kill_live_nodes_are_refused(overrides: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         QueueSettings(**overrides)
 
