@@ -22,18 +22,12 @@ from dataclasses import dataclass, field
 from prq._types import Call, Exec, Flow, Reply, Wait, Waitable
 from prq.config import QueueSettings
 from prq.errors import (
-    CallTimeout,
-    CancelledAfterPickup,
-    CancelledBeforePickup,
-    DataLoss,
-    PickupTimeout,
-    PrqError,
     QueueUnavailable,
-    ReceiverLost,
     SerializationError,
 )
 from prq.keys import KeySchema
 from prq.models import Request, RequestState, RequestStatus, Response, decode_response
+from prq.outcomes import resolve
 from prq.scripts import (
     RequestSnapshot,
     TakenItem,
@@ -104,49 +98,6 @@ def _wait(signal: Waitable, seen: int, timeout_s: float) -> Wait:
     return Wait(signal, seen, max(0.0, timeout_s))
 
 
-def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Response | None:
-    """Turn a final state into its outcome: a Response, or the matching error; None if open."""
-    state = snapshot.state
-    if state == RequestState.DONE:
-        response = decode_response(snapshot.response)
-        if response.id != request_id:
-            raise SerializationError(
-                f"stored response for {request_id} names another request ({response.id})"
-            )
-        return response
-    if state in (RequestState.QUEUED, RequestState.TAKEN):
-        return None
-    where = {"request_id": request_id, "endpoint": endpoint}
-    if state == RequestState.WITHDRAWN:
-        if snapshot.reason == "pickup_timeout":
-            raise PickupTimeout(
-                f"no receiver picked up request {request_id} for endpoint {endpoint!r} in "
-                "time; it was withdrawn and will never run. Check that a receiver serves the "
-                "endpoint, then retry.",
-                **where,
-            )
-        if snapshot.reason == "call_timeout":
-            raise CallTimeout(
-                f"request {request_id} timed out before pickup; it was withdrawn and will "
-                "never run",
-                maybe_executed=False,
-                **where,
-            )
-        raise CancelledBeforePickup(
-            f"request {request_id} was cancelled before pickup; it will never run", **where
-        )
-    if state == RequestState.CANCELLED:
-        raise _cancelled_error(snapshot.reason, request_id, endpoint)
-    if state == "missing":
-        raise DataLoss(
-            f"Redis no longer holds request {request_id} for endpoint {endpoint!r}: it lost "
-            "data (restart, flush or failover). The request may or may not have run; retry "
-            "if it is safe to.",
-            request_id=request_id,
-        )
-    raise SerializationError(f"request {request_id} has an unknown state {state!r} in Redis")
-
-
 def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s: float) -> Exec:
     """The enqueue script and the id → endpoint locator, for one round trip."""
     settings = ctx.settings
@@ -201,35 +152,6 @@ class _CallClock:
         if self.call_deadline is not None:
             wake = min(wake, self.call_deadline)
         return wake
-
-
-def _cancelled_error(reason: str, request_id: str, endpoint: str) -> PrqError:
-    """The error for a request cancelled after pickup, by why it was cancelled."""
-    where = {"request_id": request_id, "endpoint": endpoint}
-    if reason == "receiver_lost":
-        return ReceiverLost(
-            f"the node holding request {request_id} for {endpoint!r} stopped sending heartbeats "
-            "and is presumed lost; the service may or may not have run it. Retry if it is safe.",
-            **where,
-        )
-    if reason == "data_loss":
-        return DataLoss(
-            f"Redis lost data while request {request_id} was in flight; it may have run. "
-            "Retry if it is safe.",
-            request_id=request_id,
-        )
-    if reason == "call_timeout":
-        return CallTimeout(
-            f"request {request_id} to {endpoint!r} timed out after pickup and was cancelled; "
-            "the service may have run it",
-            maybe_executed=True,
-            **where,
-        )
-    return CancelledAfterPickup(
-        f"request {request_id} was cancelled after pickup ({reason or 'cancelled'}); "
-        "the service may have run it",
-        **where,
-    )
 
 
 def call_flow(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -34,7 +33,6 @@ from redis.exceptions import (
 from redis.retry import Retry
 from tenacity import (
     AsyncRetrying,
-    Retrying,
     before_sleep_log,
     retry_if_exception_type,
     stop_before_delay,
@@ -44,7 +42,7 @@ from tenacity import (
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
-from prq.links import AsyncLink, SyncLink
+from prq.links import AsyncLink
 from prq.scripts import script_load_calls
 
 logger = logging.getLogger(__name__)
@@ -53,7 +51,6 @@ __all__ = [
     "AsyncRedisIO",
     "IOCounters",
     "RedisUnavailable",
-    "SyncRedisIO",
     "translate_errors",
 ]
 
@@ -331,144 +328,3 @@ class AsyncRedisIO(IOCounters):
                 await self._flusher
         await self._link.close()
         await self.client.aclose()
-
-
-class _Step:
-    """One step waiting in the blocking batcher; `event` is set when it is done, or when its
-    thread is asked to lead the next batch."""
-
-    __slots__ = ("calls", "done", "event", "result")
-
-    def __init__(self, calls: Sequence[Call]) -> None:
-        self.calls = calls
-        self.event = threading.Event()
-        self.done = False
-        self.result: list[Reply] | PrqError | None = None
-
-    def finish(self, result: list[Reply] | PrqError) -> None:
-        self.result = result
-        self.done = True
-        self.event.set()
-
-
-class SyncRedisIO(IOCounters):
-    """Round trips to Redis for the blocking queue.
-
-    Batches like AsyncRedisIO, by group commit: the thread that finds no round trip in flight
-    leads and sends every waiting step; the others wait. When the leader's batch is done it
-    passes the lead to the oldest waiting step's thread, so no thread serves others for long.
-    """
-
-    def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
-        super().__init__()
-        self.settings = settings
-        self.redis_settings = redis_settings
-        self.client: redis.Redis = redis.Redis.from_url(
-            redis_settings.url, **_client_kwargs(redis_settings)
-        )
-        self._lock = threading.Lock()
-        self._pending: list[_Step] = []
-        self._leading = False
-        self._closed = False
-        self._link = SyncLink(self.client.connection_pool)
-
-    def execute(self, calls: Sequence[Call]) -> list[Reply]:
-        """Send one step's calls (in the next batch); retried within the budget."""
-        result = self.execute_many([calls])[0]
-        if isinstance(result, PrqError):
-            raise result
-        return result
-
-    def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
-        """Send several independent steps in one batch; each gets its own replies or error."""
-        if self._closed:
-            raise _closed_error()
-        mine = [_Step(calls) for calls in steps]
-        with self._lock:
-            self._pending.extend(mine)
-            lead = not self._leading
-            self._leading = True
-        while True:
-            if lead:
-                self._lead()
-            waiting = next((step for step in mine if not step.done), None)
-            if waiting is None:
-                break
-            waiting.event.wait()
-            waiting.event.clear()
-            lead = not waiting.done  # woken without a result: this thread leads the next batch
-        results: list[list[Reply] | PrqError] = []
-        for step in mine:
-            assert step.result is not None
-            results.append(step.result)
-        return results
-
-    def _lead(self) -> None:
-        try:
-            with self._lock:
-                batch = self._pending[:DEFAULT_MAX_BATCH_STEPS]
-                del self._pending[: len(batch)]
-            self._send_batch(batch)
-        finally:
-            with self._lock:
-                if self._pending:
-                    self._pending[0].event.set()  # its thread leads the next batch
-                else:
-                    self._leading = False
-
-    def _send_batch(self, batch: list[_Step]) -> None:
-        try:
-            replies = self._send([call for step in batch for call in step.calls])
-        except PrqError as exc:
-            for step in batch:
-                step.finish(exc)
-            return
-        except BaseException as exc:  # never leave a waiting thread behind
-            for step in batch:
-                step.finish(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
-            raise
-        for step, result in zip(batch, _split([s.calls for s in batch], replies), strict=True):
-            step.finish(result)
-
-    def _send(self, calls: Sequence[Call]) -> list[Reply]:
-        """One round trip, retried on connection errors; QueueUnavailable past the budget."""
-        started = time.monotonic()
-        try:
-            return self._attempt(calls)
-        except RedisUnavailable as exc:
-            logger.debug("redis attempt failed, retrying error=%s", exc)
-        budget_s = self.settings.retry_budget_s - (time.monotonic() - started)
-        try:
-            for attempt in Retrying(**_retry_kwargs(budget_s)):
-                with attempt:
-                    self.retries += 1
-                    return self._attempt(calls)
-        except RedisUnavailable as exc:
-            raise _unavailable(exc, self.settings.retry_budget_s) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
-        self.count(calls)
-        replies = self._raw(calls)
-        if _needs_scripts(replies):
-            self.load_scripts()
-            self.count(calls)
-            replies = self._raw(calls)
-        return replies
-
-    def _raw(self, calls: Sequence[Call]) -> list[Reply]:
-        """One round trip; error replies come back in place, transport errors raise."""
-        with translate_errors():
-            return self._link.round_trip(calls)
-
-    def load_scripts(self) -> None:
-        """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""
-        logger.info("loading prq scripts into Redis")
-        for result in _split([script_load_calls()], self._raw(script_load_calls())):
-            if isinstance(result, PrqError):
-                raise result
-
-    def close(self) -> None:
-        self._closed = True
-        self._link.close()
-        self.client.close()

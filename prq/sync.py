@@ -35,8 +35,8 @@ from prq.models import (
 )
 from prq.node import QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
-from prq.redis_io import SyncRedisIO
 from prq.scripts import script_load_calls
+from prq.sync_io import SyncRedisIO
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
