@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from prq._types import Call, Reply
 from prq.flows import Context
@@ -27,10 +28,21 @@ from prq.scripts import canary_call
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DataLossWatch"]
+__all__ = ["Check", "DataLossWatch"]
 
-#: A canary lives this many check intervals without a check (then it expires, like every key).
+#: A canary lives this many check intervals (plus the retry budget) without a check.
 CANARY_TTL_CHECKS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One data-loss check as it was sent: what it expects, against what it compares."""
+
+    calls: list[Call]
+    endpoints: list[str]
+    last: int | None
+    floors: dict[str, int]
+    epoch: int
 
 
 class DataLossWatch:
@@ -41,7 +53,6 @@ class DataLossWatch:
         self.canary_key = ctx.keys.canary(ctx.node_id)
         self.canary: int | None = None
         self.counters: dict[str, int] = {}
-        self._floor: dict[str, int] = {}
         self.epoch = 0
         self.events = 0
         self.next_check = 0.0
@@ -50,36 +61,41 @@ class DataLossWatch:
     def check_due(self, now: float) -> bool:
         return now >= self.next_check
 
-    def calls(self, now: float) -> tuple[list[Call], list[str]]:
-        """The calls of one check, and the endpoints whose counters they read."""
-        interval = self.ctx.settings.data_loss_check_interval_s
-        self.next_check = now + interval
+    def canary_ttl_s(self) -> float:
+        """A canary outlives a few missed checks and a Redis pause within the retry budget."""
+        settings = self.ctx.settings
+        return (
+            CANARY_TTL_CHECKS * settings.data_loss_check_interval_s + settings.retry_budget_s + 1.0
+        )
+
+    def check(self, now: float) -> Check:
+        """A check to send now (the canary step and the counters this node knows)."""
+        self.next_check = now + self.ctx.settings.data_loss_check_interval_s
         last = self.canary
-        if last is not None and now - self.last_check > self._canary_ttl_s():
+        if last is not None and now - self.last_check > self.canary_ttl_s():
             last = None  # this node did not check for longer than the canary lives (paused)
-        self.canary = last
         self.last_check = now
         endpoints = list(self.counters)
-        self._floor = dict(self.counters)
-        calls = [canary_call(self.canary_key, int(self._canary_ttl_s() * 1000), last)]
+        calls = [canary_call(self.canary_key, int(self.canary_ttl_s() * 1000), last)]
         calls += [Call(("GET", self.ctx.keys.endpoint(e).sequence)) for e in endpoints]
-        return calls, endpoints
+        return Check(calls, endpoints, last, dict(self.counters), self.epoch)
 
-    def _canary_ttl_s(self) -> float:
-        return CANARY_TTL_CHECKS * self.ctx.settings.data_loss_check_interval_s + 1.0
+    def settle(self, check: Check, replies: list[Reply]) -> str | None:
+        """Read one check's replies; return why data was lost, or None.
 
-    def settle(self, endpoints: list[str], replies: list[Reply]) -> str | None:
-        """Read one check's replies; return why data was lost, or None."""
+        A check is judged against what the node knew when it sent the check; a check that was
+        overtaken by a declaration (another check, or a take, saw the loss first) says nothing.
+        """
         canary = replies[0]
-        if not isinstance(canary, int):
-            return None  # the check failed (Redis away): nothing learned
-        expected = None if self.canary is None else self.canary + 1
+        if not isinstance(canary, int) or check.epoch != self.epoch:
+            return None
+        expected = None if check.last is None else check.last + 1
         self.canary = canary
         if expected is not None and canary != expected:
             return "canary gone" if canary <= 1 else f"canary rolled back ({canary} < {expected})"
-        for endpoint, reply in zip(endpoints, replies[1:], strict=True):
+        for endpoint, reply in zip(check.endpoints, replies[1:], strict=True):
             value = int(reply) if isinstance(reply, (bytes, int)) else 0
-            floor = self._floor.get(endpoint, 0)
+            floor = check.floors.get(endpoint, 0)
             if value < floor:
                 return f"enqueue counter of {endpoint!r} went back from {floor} to {value}"
             self.observe(endpoint, value)
@@ -99,7 +115,6 @@ class DataLossWatch:
         self.events += 1
         self.canary = None
         self.counters = dict.fromkeys(self.counters, 0)
-        self._floor = {}
         self.next_check = time.monotonic()
         logger.warning("redis lost data reason=%s epoch=%d", reason, self.epoch)
         return self.epoch

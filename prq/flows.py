@@ -138,20 +138,33 @@ def _pulse_response(signal: Waitable, request_id: str) -> Response | None:
 
 @dataclass(slots=True)
 class _CallClock:
-    """The deadlines of one call, on the monotonic clock."""
+    """The deadlines of one call, on the monotonic clock.
+
+    Polls run on a fixed grid (every `poll_interval_s` from the start), so a late read does not
+    push every later one back. `last_contact` is when Redis last answered this call: a caller
+    judges its receiver only if it was itself in touch with Redis a moment ago, so a pause of
+    Redis (or of this node) that kept everyone from beating declares nobody dead.
+    """
 
     pickup_deadline: float
     call_deadline: float | None
     poll_interval_s: float
+    next_poll: float
+    last_contact: float
     picked_up: bool = False
 
     def wake_at(self, now: float) -> float:
-        wake = now + self.poll_interval_s
+        while self.next_poll <= now:
+            self.next_poll += self.poll_interval_s
+        wake = self.next_poll
         if not self.picked_up:
             wake = min(wake, self.pickup_deadline)
         if self.call_deadline is not None:
             wake = min(wake, self.call_deadline)
         return wake
+
+    def may_judge(self, now: float) -> bool:
+        return now - self.last_contact <= 2 * self.poll_interval_s + 1.0
 
 
 def call_flow(
@@ -171,6 +184,8 @@ def call_flow(
         pickup_deadline=started + pickup_timeout_s,
         call_deadline=None if timeout_s is None else started + timeout_s,
         poll_interval_s=ctx.settings.poll_interval_s,
+        next_poll=started + ctx.settings.poll_interval_s,
+        last_contact=started,
     )
     seen = signal.generation
     try:
@@ -200,6 +215,7 @@ def _await_outcome(
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
     outcome = parse_enqueue(_first((yield _enqueue_calls(ctx, request, body, pickup_timeout_s))))
+    clock.last_contact = ctx.monotonic()
     if outcome.counter is not None and on_counter is not None:
         on_counter(outcome.counter)
     if outcome.known is not None:
@@ -217,13 +233,15 @@ def _await_outcome(
             if response is not None:
                 return response
 
+        judge = clock.picked_up and clock.may_judge(ctx.monotonic())
         read = read_response_call(
             keys,
             request.id,
-            _ms(ctx.settings.receiver_timeout_s) if clock.picked_up else 0,
+            _ms(ctx.settings.receiver_timeout_s) if judge else 0,
             ctx.keys.node_channel_prefix,
         )
         snapshot = parse_snapshot(_first((yield _exec(read))))
+        clock.last_contact = ctx.monotonic()
         result = resolve(snapshot, request.id, request.endpoint)
         if result is None:
             clock.picked_up = clock.picked_up or snapshot.state == RequestState.TAKEN

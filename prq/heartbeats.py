@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Lease", "Liveness"]
 
+#: A sender timeout that never fires (used for a turn that must not judge).
+NO_JUDGMENT_MS = 10**12
+
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
@@ -67,6 +70,9 @@ class Liveness:
         self.sent: dict[str, Lease] = {}
         self.held: dict[str, Lease] = {}
         self.beats_sent = 0
+        #: When Redis last answered this node's watch (monotonic); a holder judges senders only
+        #: if it was itself in touch a moment ago (after a pause, everyone gets a turn first).
+        self.last_contact = 0.0
 
     def send(self, request_id: str, endpoint: str, now: float) -> None:
         self.sent[request_id] = Lease(request_id, endpoint, now)
@@ -98,6 +104,8 @@ class Liveness:
                     0, in_flight_ttl_ms, keys.node_channel_prefix,
                 )  # fmt: skip
                 calls.append((lease, call))
+        in_touch = now - self.last_contact <= 2 * settings.poll_interval_s + 1.0
+        sender_timeout_ms = _ms(settings.sender_timeout_s) if in_touch else NO_JUDGMENT_MS
         for lease in self.held.values():
             record = self._beat_due(lease, now)
             if not record and now - lease.last_look < settings.poll_interval_s:
@@ -108,7 +116,7 @@ class Liveness:
             assert lease.pending is not None
             call = beat_call(
                 keys.endpoint(lease.endpoint), lease.request_id, "r",
-                lease.pending.owner_token, record, _ms(settings.sender_timeout_s),
+                lease.pending.owner_token, record, sender_timeout_ms,
                 in_flight_ttl_ms, keys.node_channel_prefix,
             )  # fmt: skip
             calls.append((lease, call))

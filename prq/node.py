@@ -9,8 +9,10 @@ answered: id → PendingRequest with the owner token that answering needs).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
@@ -27,7 +29,7 @@ from prq.errors import (
     RemoteError,
     SerializationError,
 )
-from prq.flows import Context, TakeResult, respond_flow
+from prq.flows import Context, TakeResult, new_token, respond_flow
 from prq.keys import KeySchema
 from prq.models import (
     DeliveryInfo,
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["QueueBase", "QueueStats"]
+
+#: How many taken request ids a node remembers (to refuse a second delivery after a rollback).
+DEFAULT_TAKEN_MEMORY = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,14 @@ class QueueBase:
         self.ctx = Context(self.keys, self.settings, self.node_id)
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
         self._held: dict[str, PendingRequest] = {}
+        #: Ids (and attempt) this node took lately: a second delivery of the same attempt can
+        #: only come from a Redis that went back in time, and must not run again.
+        self._taken: OrderedDict[str, int] = OrderedDict()
+        self._taken_lock = threading.Lock()
+        #: Take tokens whose take failed on the client side (it may still run in Redis): the
+        #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
+        self._spare_tokens: dict[str, list[str]] = {}
+
         self._closed = False
         if datastreams is not None:
             raise ConfigurationError(
@@ -184,10 +197,12 @@ class QueueBase:
 
     def _adopt(
         self, endpoint: str, token: str, items: list[TakenItem]
-    ) -> tuple[list[PendingRequest], list[tuple[TakenItem, SerializationError]]]:
-        """Turn taken items into PendingRequests; return undecodable ones separately."""
+    ) -> tuple[list[PendingRequest], list[tuple[TakenItem, SerializationError]], list[str]]:
+        """Turn taken items into PendingRequests; return undecodable ones and the ids of ones
+        delivered a second time (to be cancelled, not run) separately."""
         good: list[PendingRequest] = []
         bad: list[tuple[TakenItem, SerializationError]] = []
+        refused: list[str] = []
         for item in items:
             try:
                 request = decode_request(item.body)
@@ -204,6 +219,12 @@ class QueueBase:
                 )
                 bad.append((item, exc))
                 continue
+            if not self._first_delivery(request.id, item.attempt):
+                self._watch.declare_data_loss(
+                    f"request {request.id} was handed out again (attempt {item.attempt})"
+                )
+                refused.append(item.request_id)
+                continue
             delivery = DeliveryInfo(
                 attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
             )
@@ -211,7 +232,24 @@ class QueueBase:
             self._held[request.id] = pending
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
-        return good, bad
+        return good, bad, refused
+
+    def _first_delivery(self, request_id: str, attempt: int) -> bool:
+        """Remember a take; False if this node took the same attempt of the request before."""
+        with self._taken_lock:
+            if self._taken.get(request_id, 0) >= attempt:
+                return False
+            self._taken[request_id] = attempt
+            if len(self._taken) > DEFAULT_TAKEN_MEMORY:
+                self._taken.popitem(last=False)
+            return True
+
+    def _take_token(self, endpoint: str) -> str:
+        spare = self._spare_tokens.get(endpoint)
+        return spare.pop() if spare else new_token()
+
+    def _take_failed(self, endpoint: str, token: str) -> None:
+        self._spare_tokens.setdefault(endpoint, []).append(token)
 
     def _rolled_back(self, endpoint: str, floor: int, result: TakeResult) -> bool:
         """A take saw the enqueue counter lower than known before it was sent: Redis went back

@@ -198,6 +198,7 @@ class AsyncRedisIO(IOCounters):
         self._busy = False
         self._closed = False
         self._link = AsyncLink(self.client.connection_pool)
+        self._step_deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (alone if the link is idle, else in the next batch)."""
@@ -216,7 +217,33 @@ class AsyncRedisIO(IOCounters):
         future: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
         self._pending.append((calls, future))
         self._start_flusher()
-        return await future
+        result = (await self._wait_steps([future]))[0]
+        if isinstance(result, PrqError):
+            raise result
+        return result
+
+    async def _wait_steps(
+        self, futures: list[asyncio.Future[list[Reply]]]
+    ) -> list[list[Reply] | PrqError]:
+        """Wait for queued steps, each at most its retry budget (plus a socket timeout): time
+        spent queued behind a stuck round trip counts, so no call outlives its budget."""
+        results: list[list[Reply] | PrqError] = []
+        deadline = asyncio.get_running_loop().time() + self._step_deadline_s
+        for future in futures:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    results.append(await future)
+            except PrqError as exc:
+                results.append(exc)
+            except TimeoutError:
+                future.cancel()  # not sent yet: it never will be; in flight: indeterminate
+                results.append(
+                    _unavailable(
+                        RedisUnavailable("no round trip completed in time"),
+                        self.settings.retry_budget_s,
+                    )
+                )
+        return results
 
     async def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
         """Send several independent steps in one batch; each gets its own replies or error."""
@@ -229,13 +256,7 @@ class AsyncRedisIO(IOCounters):
             self._pending.append((calls, future))
             futures.append(future)
         self._start_flusher()
-        results: list[list[Reply] | PrqError] = []
-        for future in futures:
-            try:
-                results.append(await future)
-            except PrqError as exc:
-                results.append(exc)
-        return results
+        return await self._wait_steps(futures)
 
     def _start_flusher(self) -> None:
         if self._pending and self._flusher is None and not self._busy:

@@ -21,7 +21,6 @@ from prq.errors import DataLoss, PrqError
 from prq.flows import (
     call_flow,
     cancel_flow,
-    new_token,
     respond_flow,
     status_flow,
     take_flow,
@@ -168,7 +167,7 @@ class Queue(QueueBase):
         """A call found its request gone: check now, so that a retry starts in the new epoch."""
         plan = self._watch.plan(time.monotonic(), check_only=True)
         try:
-            self._watch.settle(plan, self._io.execute_many(plan.steps))
+            self._watch.settle(plan, self._io.execute_many(plan.steps), time.monotonic())
         except PrqError as exc:
             logger.debug("data-loss check failed error=%s", exc)
 
@@ -182,7 +181,7 @@ class Queue(QueueBase):
                 except PrqError as exc:
                     logger.debug("watch turn failed error=%s", exc)
                 else:
-                    self._watch.settle(plan, results)
+                    self._watch.settle(plan, results, time.monotonic())
             self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
             self._watch_wake.clear()
 
@@ -288,36 +287,33 @@ class Queue(QueueBase):
         channel = self.keys.endpoint(endpoint).pulse_channel
         self._pulses.ensure_subscribed(channel)
         while True:
-            token = new_token()
+            token = self._take_token(endpoint)
             floor = self._watch.data_loss.counters.get(endpoint, 0)
-            with self._router.watch_take(channel, token) as signal:
-                result = self._run(
-                    take_flow(
-                        self.ctx,
-                        endpoint,
-                        token,
-                        signal,
-                        partial(self._router.claim, token),
-                        max_items,
-                        timeout_s,
-                        should_stop,
-                    )
-                )
+            try:
+                with self._router.watch_take(channel, token) as signal:
+                    result = self._run(
+                        take_flow(
+                            self.ctx, endpoint, token, signal, partial(self._router.claim, token),
+                            max_items, timeout_s, should_stop,
+                        )
+                    )  # fmt: skip
+            except PrqError:
+                self._take_failed(endpoint, token)
+                raise
             if self._rolled_back(endpoint, floor, result):
-                for item in result.items:
-                    self._run(cancel_flow(self.ctx, item.request_id, endpoint, "data_loss"))
-                continue
-            good, bad = self._adopt(endpoint, result.token, result.items)
-            for item, exc in bad:
-                self._run(
-                    respond_flow(
-                        self.ctx,
-                        endpoint,
-                        item.request_id,
-                        result.token,
-                        self._bad_item_response(item, exc),
-                    )
-                )
+                refused = [item.request_id for item in result.items]
+                good: list[PendingRequest] = []
+            else:
+                good, bad, refused = self._adopt(endpoint, result.token, result.items)
+                for item, exc in bad:
+                    self._run(
+                        respond_flow(
+                            self.ctx, endpoint, item.request_id, result.token,
+                            self._bad_item_response(item, exc),
+                        )
+                    )  # fmt: skip
+            for request_id in refused:
+                self._run(cancel_flow(self.ctx, request_id, endpoint, "data_loss"))
             if good or not result.items:
                 return good
 

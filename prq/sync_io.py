@@ -76,6 +76,7 @@ class SyncRedisIO(IOCounters):
         self._leading = False
         self._closed = False
         self._link = SyncLink(self.client.connection_pool)
+        self._step_deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
@@ -93,13 +94,16 @@ class SyncRedisIO(IOCounters):
             self._pending.extend(mine)
             lead = not self._leading
             self._leading = True
+        deadline = time.monotonic() + self._step_deadline_s
         while True:
             if lead:
                 self._lead()
             waiting = next((step for step in mine if not step.done), None)
             if waiting is None:
                 break
-            waiting.event.wait()
+            in_time = waiting.event.wait(max(0.0, deadline - time.monotonic()))
+            if not in_time and self._abandon(mine):
+                break
             waiting.event.clear()
             lead = not waiting.done  # woken without a result: this thread leads the next batch
         results: list[list[Reply] | PrqError] = []
@@ -108,12 +112,32 @@ class SyncRedisIO(IOCounters):
             results.append(step.result)
         return results
 
+    def _abandon(self, mine: list[_Step]) -> bool:
+        """The budget passed while waiting: give up the steps not yet done (True), unless this
+        thread was just asked to lead (False: it goes on). Steps not yet sent never will be;
+        steps in flight are indeterminate."""
+        with self._lock:
+            waiting = next((step for step in mine if not step.done), None)
+            if waiting is None or waiting.event.is_set():
+                return waiting is None
+            failure = _unavailable(
+                RedisUnavailable("no round trip completed in time"), self.settings.retry_budget_s
+            )
+            for step in mine:
+                if not step.done:
+                    if step in self._pending:
+                        self._pending.remove(step)
+                    step.result = failure
+                    step.done = True
+            return True
+
     def _lead(self) -> None:
         try:
             with self._lock:
                 batch = self._pending[:DEFAULT_MAX_BATCH_STEPS]
                 del self._pending[: len(batch)]
-            self._send_batch(batch)
+            if batch:
+                self._send_batch(batch)
         finally:
             with self._lock:
                 if self._pending:

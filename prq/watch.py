@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prq._types import Call, Reply
-from prq.data_loss import DataLossWatch
+from prq.data_loss import Check, DataLossWatch
 from prq.errors import PrqError
 from prq.flows import Context
 from prq.heartbeats import Lease, Liveness
@@ -33,7 +33,7 @@ class WatchPlan:
     """One turn's work: a step per beat, then (maybe) the data-loss check as one step."""
 
     beats: list[Lease] = field(default_factory=list)
-    check_endpoints: list[str] | None = None
+    check: Check | None = None
     steps: list[list[Call]] = field(default_factory=list)
 
 
@@ -58,23 +58,25 @@ class NodeWatch:
                 plan.beats.append(lease)
                 plan.steps.append([call])
         if check_only or self.data_loss.check_due(now):
-            calls, plan.check_endpoints = self.data_loss.calls(now)
-            plan.steps.append(calls)
+            plan.check = self.data_loss.check(now)
+            plan.steps.append(plan.check.calls)
         return plan
 
-    def settle(self, plan: WatchPlan, results: list[list[Reply] | PrqError]) -> None:
+    def settle(self, plan: WatchPlan, results: list[list[Reply] | PrqError], now: float) -> None:
+        if any(not isinstance(result, PrqError) for result in results):
+            self.liveness.last_contact = now
         beat_replies: list[Reply] = [
             result if isinstance(result, PrqError) else result[0]
             for result in results[: len(plan.beats)]
         ]
         for verdict in self.liveness.settle(plan.beats, beat_replies):
             self._ended(verdict.lease, verdict.reason)
-        if plan.check_endpoints is not None:
+        if plan.check is not None:
             check = results[len(plan.beats)]
             if isinstance(check, PrqError):
                 logger.debug("data-loss check failed error=%s", check)
                 return
-            reason = self.data_loss.settle(plan.check_endpoints, check)
+            reason = self.data_loss.settle(plan.check, check)
             if reason:
                 self.declare_data_loss(reason)
 

@@ -27,8 +27,9 @@ TINY_TTLS: dict[str, Any] = {
     "heartbeat_interval_s": 0.5,
     "pickup_timeout_s": 0.5,
     "data_loss_check_interval_s": 1.0,
+    "retry_budget_s": 2.0,
 }
-#: A node's canary lives 3 check intervals + 1 s = 4 s while the node runs.
+#: A node's canary lives 3 check intervals + the retry budget + 1 s = 6 s while the node runs.
 #: No key may live longer than this under TINY_TTLS (the 6 s locator, plus margin).
 LONGEST_TTL_MS = 7_000
 #: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
