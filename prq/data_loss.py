@@ -56,7 +56,8 @@ class DataLossWatch:
         self.epoch = 0
         self.events = 0
         self.next_check = 0.0
-        self.last_check = 0.0
+        #: When a check last came back (monotonic): a canary is judged only if that is recent.
+        self.last_ok = 0.0
 
     def check_due(self, now: float) -> bool:
         return now >= self.next_check
@@ -72,15 +73,17 @@ class DataLossWatch:
         """A check to send now (the canary step and the counters this node knows)."""
         self.next_check = now + self.ctx.settings.data_loss_check_interval_s
         last = self.canary
-        if last is not None and now - self.last_check > self.canary_ttl_s():
-            last = None  # this node did not check for longer than the canary lives (paused)
-        self.last_check = now
+        if last is not None and now - self.last_ok > self.canary_ttl_s():
+            # This node was out of touch (it, or Redis, paused; or Redis unreachable) for longer
+            # than the canary lives: its expiry says nothing. Write a fresh one; the counters
+            # and the requests' own hashes still tell a real loss.
+            last = None
         endpoints = list(self.counters)
         calls = [canary_call(self.canary_key, int(self.canary_ttl_s() * 1000), last)]
         calls += [Call(("GET", self.ctx.keys.endpoint(e).sequence)) for e in endpoints]
         return Check(calls, endpoints, last, dict(self.counters), self.epoch)
 
-    def settle(self, check: Check, replies: list[Reply]) -> str | None:
+    def settle(self, check: Check, replies: list[Reply], now: float) -> str | None:
         """Read one check's replies; return why data was lost, or None.
 
         A check is judged against what the node knew when it sent the check; a check that was
@@ -90,6 +93,9 @@ class DataLossWatch:
         if not isinstance(canary, int) or check.epoch != self.epoch:
             return None
         expected = None if check.last is None else check.last + 1
+        if now - self.last_ok > self.canary_ttl_s():
+            expected = None  # out of touch for longer than the canary lives: it may have expired
+        self.last_ok = now
         self.canary = canary
         if expected is not None and canary != expected:
             return "canary gone" if canary <= 1 else f"canary rolled back ({canary} < {expected})"

@@ -194,6 +194,8 @@ class AsyncRedisIO(IOCounters):
             redis_settings.url, **_client_kwargs(redis_settings)
         )
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
+        #: When each pending future was asked for (monotonic), keyed by the future.
+        self._asked: dict[asyncio.Future[list[Reply]], float] = {}
         self._flusher: asyncio.Future[None] | None = None
         self._busy = False
         self._closed = False
@@ -216,6 +218,7 @@ class AsyncRedisIO(IOCounters):
             return result
         future: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
         self._pending.append((calls, future))
+        self._asked[future] = time.monotonic()
         self._start_flusher()
         result = (await self._wait_steps([future]))[0]
         if isinstance(result, PrqError):
@@ -254,6 +257,7 @@ class AsyncRedisIO(IOCounters):
         for calls in steps:
             future: asyncio.Future[list[Reply]] = loop.create_future()
             self._pending.append((calls, future))
+            self._asked[future] = time.monotonic()
             futures.append(future)
         self._start_flusher()
         return await self._wait_steps(futures)
@@ -267,6 +271,9 @@ class AsyncRedisIO(IOCounters):
             while self._pending:
                 batch = self._pending[:DEFAULT_MAX_BATCH_STEPS]
                 del self._pending[: len(batch)]
+                for _, future in batch:
+                    if future.done():
+                        self._asked.pop(future, None)
                 batch = [(calls, future) for calls, future in batch if not future.done()]
                 if batch:
                     await self._send_batch(batch)
@@ -276,8 +283,9 @@ class AsyncRedisIO(IOCounters):
     async def _send_batch(
         self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]]
     ) -> None:
+        asked = [self._asked.pop(future, time.monotonic()) for _, future in batch]
         try:
-            replies = await self._send([call for step, _ in batch for call in step])
+            replies = await self._send([call for step, _ in batch for call in step], min(asked))
         except BaseException as exc:  # never leave a waiting step behind
             failure = exc if isinstance(exc, PrqError) else _closed_error(exc)
             for _, future in batch:
@@ -294,9 +302,10 @@ class AsyncRedisIO(IOCounters):
             else:
                 future.set_result(result)
 
-    async def _send(self, calls: Sequence[Call]) -> list[Reply]:
-        """One round trip, retried on connection errors; QueueUnavailable past the budget."""
-        started = time.monotonic()
+    async def _send(self, calls: Sequence[Call], started: float | None = None) -> list[Reply]:
+        """One round trip, retried on connection errors; QueueUnavailable past the budget,
+        counted from `started` (when the oldest step of the batch was asked for)."""
+        started = time.monotonic() if started is None else started
         try:
             return await self._attempt(calls)
         except RedisUnavailable as exc:

@@ -42,10 +42,11 @@ class _Step:
     """One step waiting in the blocking batcher; `event` is set when it is done, or when its
     thread is asked to lead the next batch."""
 
-    __slots__ = ("calls", "done", "event", "result")
+    __slots__ = ("asked", "calls", "done", "event", "result")
 
     def __init__(self, calls: Sequence[Call]) -> None:
         self.calls = calls
+        self.asked = time.monotonic()
         self.event = threading.Event()
         self.done = False
         self.result: list[Reply] | PrqError | None = None
@@ -147,7 +148,9 @@ class SyncRedisIO(IOCounters):
 
     def _send_batch(self, batch: list[_Step]) -> None:
         try:
-            replies = self._send([call for step in batch for call in step.calls])
+            replies = self._send(
+                [call for step in batch for call in step.calls], min(s.asked for s in batch)
+            )
         except PrqError as exc:
             for step in batch:
                 step.finish(exc)
@@ -159,9 +162,13 @@ class SyncRedisIO(IOCounters):
         for step, result in zip(batch, _split([s.calls for s in batch], replies), strict=True):
             step.finish(result)
 
-    def _send(self, calls: Sequence[Call]) -> list[Reply]:
-        """One round trip, retried on connection errors; QueueUnavailable past the budget."""
-        started = time.monotonic()
+    def _send(self, calls: Sequence[Call], started: float) -> list[Reply]:
+        """One round trip, retried on connection errors; QueueUnavailable past the budget,
+        counted from `started` (when the oldest step of the batch was asked for)."""
+        if time.monotonic() - started > self.settings.retry_budget_s:
+            raise _unavailable(
+                RedisUnavailable("no round trip completed in time"), self.settings.retry_budget_s
+            )
         try:
             return self._attempt(calls)
         except RedisUnavailable as exc:

@@ -76,7 +76,7 @@ class NodeWatch:
             if isinstance(check, PrqError):
                 logger.debug("data-loss check failed error=%s", check)
                 return
-            reason = self.data_loss.settle(plan.check, check)
+            reason = self.data_loss.settle(plan.check, check, now)
             if reason:
                 self.declare_data_loss(reason)
 
