@@ -1,9 +1,8 @@
 """Scenario 7: every node's connections to Redis are reset (RST) every 2-5 s while calls run: no
 call fails, nothing runs twice, no result reaches the wrong caller.
 
-The issue asks for 60 s of resets; this runs 20 s (CI time: the whole fault suite must finish
-in 15 minutes on 2 cores). The reset period stays 2-5 s, so a run still sees 5-10 resets of
-every link, each hitting calls in all their phases (enqueue, take, response, poll, pub/sub)."""
+Resets go on for the issue's 60 s, every 2-5 s, so a run sees 12-30 resets of every link,
+each hitting calls in all their phases (enqueue, take, response, poll, pub/sub)."""
 
 from __future__ import annotations
 
@@ -22,15 +21,15 @@ from tests.redis_servers import wait_until
 
 pytestmark = pytest.mark.fault
 
-#: How long the resets go on (the issue's 60 s, shrunk for CI time; see the module docstring).
-RESETS_FOR_S = 20.0
+#: How long the resets go on (the issue's 60 s).
+RESETS_FOR_S = 60.0
 #: Pause between two resets: uniform in this range, seconds (the issue's 2-5 s).
 RESET_EVERY_S = (2.0, 5.0)
 #: Handler time, ms.
 SERVICE_MS = 10.0
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_connection_resets_every_few_seconds(
     nodes: NodeFactory,
     make_proxy: Callable[..., FaultProxy],
