@@ -110,7 +110,9 @@ class Liveness:
             record = self._beat_due(lease, now)
             if not record and now - lease.last_look < settings.poll_interval_s:
                 continue
-            lease.last_look = now
+            # looks stay on a fixed grid, so a slow turn does not push every later look back
+            behind = (now - lease.last_look) // settings.poll_interval_s
+            lease.last_look += max(1.0, behind) * settings.poll_interval_s
             if record:
                 lease.last_beat = now
             assert lease.pending is not None
