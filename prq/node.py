@@ -13,7 +13,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import JsonValue
@@ -25,11 +27,19 @@ from prq.errors import (
     ConfigurationError,
     DataLoss,
     PayloadTooLarge,
+    PrqError,
     QueueShutdown,
     RemoteError,
     SerializationError,
 )
-from prq.flows import Context, TakeResult, new_token, respond_flow
+from prq.flows import (
+    Context,
+    TakeResult,
+    cancel_flow,
+    new_token,
+    respond_flow,
+    take_flow,
+)
 from prq.keys import KeySchema
 from prq.models import (
     DeliveryInfo,
@@ -233,6 +243,44 @@ class QueueBase:
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
         return good, bad, refused
+
+    def _receive_flow(
+        self,
+        endpoint: str,
+        channel: str,
+        max_items: int,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None,
+    ) -> Flow[list[PendingRequest]]:
+        """Take requests (waiting for the first), and deal with what must not run: requests a
+        rolled-back Redis handed out again are cancelled, undecodable ones are answered with an
+        error. Returns what the handler may run."""
+        while True:
+            token = self._take_token(endpoint)
+            floor = self._watch.data_loss.counters.get(endpoint, 0)
+            try:
+                with self._router.watch_take(channel, token) as signal:
+                    result = yield from take_flow(
+                        self.ctx, endpoint, token, signal, partial(self._router.claim, token),
+                        max_items, timeout_s, should_stop,
+                    )  # fmt: skip
+            except PrqError:
+                self._take_failed(endpoint, token)
+                raise
+            good: list[PendingRequest] = []
+            if self._rolled_back(endpoint, floor, result):
+                refused = [item.request_id for item in result.items]
+            else:
+                good, bad, refused = self._adopt(endpoint, result.token, result.items)
+                for item, exc in bad:
+                    yield from respond_flow(
+                        self.ctx, endpoint, item.request_id, result.token,
+                        self._bad_item_response(item, exc),
+                    )  # fmt: skip
+            for request_id in refused:
+                yield from cancel_flow(self.ctx, request_id, endpoint, "data_loss")
+            if good or not result.items:
+                return good
 
     def _first_delivery(self, request_id: str, attempt: int) -> bool:
         """Remember a take; False if this node took the same attempt of the request before."""

@@ -128,6 +128,9 @@ def _unavailable(exc: RedisUnavailable, budget_s: float) -> QueueUnavailable:
     )
 
 
+#: A step gives up this long after its retry budget and one socket timeout: the documented bound
+#: for QueueUnavailable is budget + socket timeout + 1 s, and this leaves room for scheduling.
+STEP_GRACE_S = 0.5
 #: Most steps one batched round trip carries (bounds the size of one pipeline).
 DEFAULT_MAX_BATCH_STEPS = 512
 
@@ -200,7 +203,9 @@ class AsyncRedisIO(IOCounters):
         self._busy = False
         self._closed = False
         self._link = AsyncLink(self.client.connection_pool)
-        self._step_deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
+        self._step_deadline_s = (
+            settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
+        )
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (alone if the link is idle, else in the next batch)."""

@@ -21,9 +21,7 @@ from prq.errors import DataLoss, PrqError
 from prq.flows import (
     call_flow,
     cancel_flow,
-    respond_flow,
     status_flow,
-    take_flow,
 )
 from prq.models import (
     PendingRequest,
@@ -286,36 +284,7 @@ class Queue(QueueBase):
         self._ready()
         channel = self.keys.endpoint(endpoint).pulse_channel
         self._pulses.ensure_subscribed(channel)
-        while True:
-            token = self._take_token(endpoint)
-            floor = self._watch.data_loss.counters.get(endpoint, 0)
-            try:
-                with self._router.watch_take(channel, token) as signal:
-                    result = self._run(
-                        take_flow(
-                            self.ctx, endpoint, token, signal, partial(self._router.claim, token),
-                            max_items, timeout_s, should_stop,
-                        )
-                    )  # fmt: skip
-            except PrqError:
-                self._take_failed(endpoint, token)
-                raise
-            if self._rolled_back(endpoint, floor, result):
-                refused = [item.request_id for item in result.items]
-                good: list[PendingRequest] = []
-            else:
-                good, bad, refused = self._adopt(endpoint, result.token, result.items)
-                for item, exc in bad:
-                    self._run(
-                        respond_flow(
-                            self.ctx, endpoint, item.request_id, result.token,
-                            self._bad_item_response(item, exc),
-                        )
-                    )  # fmt: skip
-            for request_id in refused:
-                self._run(cancel_flow(self.ctx, request_id, endpoint, "data_loss"))
-            if good or not result.items:
-                return good
+        return self._run(self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop))
 
     def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins."""

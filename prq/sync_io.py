@@ -21,6 +21,7 @@ from prq.errors import PrqError
 from prq.links import SyncLink
 from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
+    STEP_GRACE_S,
     IOCounters,
     RedisUnavailable,
     _client_kwargs,
@@ -77,7 +78,9 @@ class SyncRedisIO(IOCounters):
         self._leading = False
         self._closed = False
         self._link = SyncLink(self.client.connection_pool)
-        self._step_deadline_s = settings.retry_budget_s + redis_settings.socket_timeout_s + 1.0
+        self._step_deadline_s = (
+            settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
+        )
 
     def execute(self, calls: Sequence[Call]) -> list[Reply]:
         """Send one step's calls (in the next batch); retried within the budget."""
