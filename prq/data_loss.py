@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from prq import metrics
 from prq._types import Call, Reply
 from prq.flows import Context
 from prq.scripts import canary_call
@@ -119,6 +120,7 @@ class DataLossWatch:
         """Data was lost: start a new epoch, forget what was learned; return the new epoch."""
         self.epoch += 1
         self.events += 1
+        metrics.DATA_LOSS_EVENTS.inc()
         self.canary = None
         self.counters = dict.fromkeys(self.counters, 0)
         self.next_check = time.monotonic()

@@ -274,9 +274,14 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
 
 
 def cancel_flow(
-    ctx: Context, request_id: str, endpoint: str | None, reason: str = "cancelled"
+    ctx: Context,
+    request_id: str,
+    endpoint: str | None,
+    reason: str = "cancelled",
+    on_cancelled: Callable[[str], None] | None = None,
 ) -> Flow[bool]:
-    """Cancel a request from any node, before or after pickup; True if this call did it.
+    """Cancel a request from any node, before or after pickup; True if this call did it
+    (then `on_cancelled` is told the endpoint).
 
     `endpoint` None means look it up by id (the locator key)."""
     if endpoint is None:
@@ -284,6 +289,8 @@ def cancel_flow(
         if endpoint is None:
             return False
     _snapshot, mine = yield from _cancel(ctx, endpoint, request_id, reason)
+    if mine and on_cancelled is not None:
+        on_cancelled(endpoint)
     return mine
 
 

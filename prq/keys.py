@@ -8,10 +8,13 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
     prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
+    prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
+    prq:{<e>}:rcv            zset    receiver node -> last seen, ms         TTL 1 day, refreshed
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
     prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks, refreshed
     prq:node:<node>          channel responses (and later signals) for one node
+    prq:endpoints            zset    encoded endpoint -> last used, ms      TTL 1 day, refreshed
 
 Invariants:
 - Every key of one endpoint carries the same hash tag `{<e>}`, so one endpoint's keys share a
@@ -81,6 +84,16 @@ class EndpointKeys:
         return f"{self.tag}:seq"
 
     @property
+    def running(self) -> str:
+        """Sorted set of taken, unanswered ids, scored by their last contact (server ms)."""
+        return f"{self.tag}:run"
+
+    @property
+    def receivers(self) -> str:
+        """Sorted set of receiver nodes serving the endpoint, scored by when last seen (ms)."""
+        return f"{self.tag}:rcv"
+
+    @property
     def pulse_channel(self) -> str:
         return f"{self.tag}:pulse"
 
@@ -102,6 +115,11 @@ class KeySchema:
             if len(self._cache) < 10_000:
                 self._cache[endpoint] = keys
         return keys
+
+    @property
+    def endpoints(self) -> str:
+        """Registry of endpoints in use: encoded endpoint -> when a node last used it (ms)."""
+        return f"{self.prefix}:endpoints"
 
     def locator(self, request_id: str) -> str:
         return f"{self.prefix}:loc:{{{request_id}}}"

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import JsonValue
 
-from prq._types import Flow
+from prq import metrics
+from prq._types import Call, Flow, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.dedup import delivery_hash
 from prq.errors import (
@@ -40,6 +41,7 @@ from prq.flows import (
     respond_flow,
     take_flow,
 )
+from prq.health import INFO_CALLS, parse_info, redis_warnings
 from prq.keys import KeySchema
 from prq.models import (
     DeliveryInfo,
@@ -146,6 +148,8 @@ class QueueBase:
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
+        #: Why this Redis would defeat prq's guarantees (eviction, persistence), read at start.
+        self.redis_warnings: list[str] = []
 
         self._closed = False
         if datastreams is not None:
@@ -153,6 +157,25 @@ class QueueBase:
                 "a DataStreamStore was given, but large payloads beside Redis are not supported "
                 "by this version; bodies up to max_body_bytes are kept inline"
             )
+
+    # -- checking the server at start --------------------------------------------------------
+
+    @staticmethod
+    def _server_check_steps() -> list[list[Call]]:
+        """INFO (needed) and CONFIG GET save (only where the ACL allows it), as two steps."""
+        return [[Call(args) for args in INFO_CALLS], [Call(("CONFIG", "GET", "save"))]]
+
+    def _server_checked(self, info: list[Reply] | PrqError, config: list[Reply] | PrqError) -> None:
+        """Warn loudly, once, when Redis evicts keys or persists data (see prq.health)."""
+        if isinstance(info, PrqError):
+            logger.info("could not read Redis INFO to check its configuration: %s", info)
+            return
+        save = None
+        if not isinstance(config, PrqError) and config:
+            save = _config_value(config[0], "save")
+        self.redis_warnings = redis_warnings(parse_info(*info), save)
+        for warning in self.redis_warnings:
+            logger.warning("redis configuration defeats prq's guarantees: %s", warning)
 
     # -- building and checking what goes to Redis -------------------------------------------
 
@@ -242,6 +265,8 @@ class QueueBase:
             self._held[request.id] = pending
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
+            metrics.TAKEN.labels(endpoint).inc()
+            metrics.pickup_waited(endpoint, item.created_ms)
         return good, bad, refused
 
     def _receive_flow(
@@ -256,6 +281,8 @@ class QueueBase:
         rolled-back Redis handed out again are cancelled, undecodable ones are answered with an
         error. Returns what the handler may run."""
         while True:
+            if self._watch.presence.took(endpoint, time.monotonic()):
+                self._watch.wake()
             token = self._take_token(endpoint)
             floor = self._watch.data_loss.counters.get(endpoint, 0)
             try:
@@ -327,8 +354,10 @@ class QueueBase:
         )
 
     def _after_respond(self, request_id: str, outcome: str) -> None:
-        self._held.pop(request_id, None)
+        pending = self._held.pop(request_id, None)
         self._watch.liveness.release(request_id)
+        if outcome == "ok" and pending is not None:
+            metrics.RESPONDED.labels(pending.request.endpoint).inc()
         if outcome not in ("ok", "replay"):
             logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
 
@@ -344,6 +373,16 @@ class QueueBase:
         return response.result
 
     # -- calls in flight ------------------------------------------------------------------------
+
+    @staticmethod
+    def _cancelled(endpoint: str) -> None:
+        """A cancel() of this node cancelled a request of `endpoint`."""
+        metrics.CANCELLED.labels(endpoint).inc()
+
+    def _enqueued(self, endpoint: str, counter: int) -> None:
+        """An enqueue of this node went in; `counter` is the endpoint's enqueue counter."""
+        metrics.ENQUEUED.labels(endpoint).inc()
+        self._watch.observe_counter(endpoint, counter)
 
     def _sending(self, request: Request) -> None:
         self._watch.liveness.send(request.id, request.endpoint, time.monotonic())
@@ -362,3 +401,18 @@ class QueueBase:
 
     def _shutdown_error(self) -> QueueShutdown:
         return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")
+
+
+def _config_value(reply: Reply, name: str) -> str | None:
+    """One setting's value from a CONFIG GET reply (a map in RESP3, a flat list in RESP2)."""
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    elif isinstance(reply, list):
+        pairs = list(zip(reply[::2], reply[1::2], strict=False))
+    else:
+        return None
+    for key, value in pairs:
+        key_text = key.decode() if isinstance(key, bytes) else str(key)
+        if key_text == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
+from prq import metrics
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import DataLoss, PrqError
@@ -78,6 +79,7 @@ class AsyncQueue(QueueBase):
         self._pulses = AsyncPulses(self._io.client.connection_pool, self._router)
         self._watch = NodeWatch(self.ctx, self._router)
         self._watch_wake = asyncio.Event()
+        self._watch.wake = self._watch_wake.set
         self._watch_task: asyncio.Task[None] | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -106,7 +108,12 @@ class AsyncQueue(QueueBase):
                 return
             if self._closed:
                 raise self._shutdown_error()
-            await self._io.execute(script_load_calls())
+            loaded, *checks = await self._io.execute_many(
+                [script_load_calls(), *self._server_check_steps()]
+            )
+            if isinstance(loaded, PrqError):
+                raise loaded
+            self._server_checked(*checks)
             await self._pulses.start()
             self._watch_task = asyncio.create_task(self._watch_loop(), name="prq-watch")
             self._started = True
@@ -208,6 +215,7 @@ class AsyncQueue(QueueBase):
         request, body = self._encode_request(request)
         await self._ready()
         self._sending(request)
+        started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
@@ -217,14 +225,18 @@ class AsyncQueue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(self._watch.observe_counter, request.endpoint),
+                    partial(self._enqueued, request.endpoint),
                 )
-                return await self._run(flow, self._watch.epoch)
-        except asyncio.CancelledError:
-            self._withdraw_in_background(request)
+                response = await self._run(flow, self._watch.epoch)
+        except BaseException as exc:
+            metrics.call_ended(request.endpoint, started, None, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                self._withdraw_in_background(request)
             raise
         finally:
             self._watch.liveness.release(request.id)
+        metrics.call_ended(request.endpoint, started, response, None)
+        return response
 
     def _withdraw_in_background(self, request: Request) -> None:
         """The caller gave up: cancel the request (withdrawn, or its receiver told)."""
@@ -274,7 +286,11 @@ class AsyncQueue(QueueBase):
     async def cancel(self, request_id: str) -> bool:
         """Withdraw a request not yet picked up (from any node); True if this call withdrew it."""
         await self._ready()
-        return await self._run(cancel_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
+        return await self._run(
+            cancel_flow(
+                self.ctx, request_id, self._sent_endpoint(request_id), on_cancelled=self._cancelled
+            )
+        )
 
     async def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""

@@ -39,6 +39,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
@@ -104,7 +105,7 @@ def _retry_kwargs(budget_s: float) -> dict[str, Any]:
     }
 
 
-def _client_kwargs(settings: RedisSettings) -> dict[str, Any]:
+def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
     return {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
@@ -194,7 +195,7 @@ class AsyncRedisIO(IOCounters):
         self.settings = settings
         self.redis_settings = redis_settings
         self.client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
-            redis_settings.url, **_client_kwargs(redis_settings)
+            redis_settings.url, **client_kwargs(redis_settings)
         )
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         #: When each pending future was asked for (monotonic), keyed by the future.
@@ -322,6 +323,7 @@ class AsyncRedisIO(IOCounters):
                 async for attempt in AsyncRetrying(**_retry_kwargs(budget_s)):
                     with attempt:
                         self.retries += 1
+                        metrics.REDIS_RETRIES.inc()
                         return await self._attempt(calls)
         except RedisUnavailable as exc:
             raise _unavailable(exc, self.settings.retry_budget_s) from exc

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
+from prq import metrics
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import DataLoss, PrqError
@@ -76,6 +77,7 @@ class Queue(QueueBase):
         self._pulses = ThreadPulses(self._io.client.connection_pool, self._router)
         self._watch = NodeWatch(self.ctx, self._router)
         self._watch_wake = threading.Event()
+        self._watch.wake = self._watch_wake.set
         self._watch_thread: threading.Thread | None = None
         self._started = False
         self._start_lock = threading.Lock()
@@ -101,7 +103,12 @@ class Queue(QueueBase):
                 return
             if self._closed:
                 raise self._shutdown_error()
-            self._io.execute(script_load_calls())
+            loaded, *checks = self._io.execute_many(
+                [script_load_calls(), *self._server_check_steps()]
+            )
+            if isinstance(loaded, PrqError):
+                raise loaded
+            self._server_checked(*checks)
             self._pulses.start()
             self._watch_thread = threading.Thread(
                 target=self._watch_loop, name="prq-watch", daemon=True
@@ -202,6 +209,7 @@ class Queue(QueueBase):
         request, body = self._encode_request(request)
         self._ready()
         self._sending(request)
+        started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:
                 flow = call_flow(
@@ -211,11 +219,16 @@ class Queue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(self._watch.observe_counter, request.endpoint),
+                    partial(self._enqueued, request.endpoint),
                 )
-                return self._run(flow, self._watch.epoch)
+                response = self._run(flow, self._watch.epoch)
+        except BaseException as exc:
+            metrics.call_ended(request.endpoint, started, None, exc)
+            raise
         finally:
             self._watch.liveness.release(request.id)
+        metrics.call_ended(request.endpoint, started, response, None)
+        return response
 
     def call(
         self,
@@ -248,7 +261,11 @@ class Queue(QueueBase):
     def cancel(self, request_id: str) -> bool:
         """Withdraw a request not yet picked up (from any node); True if this call withdrew it."""
         self._ready()
-        return self._run(cancel_flow(self.ctx, request_id, self._sent_endpoint(request_id)))
+        return self._run(
+            cancel_flow(
+                self.ctx, request_id, self._sent_endpoint(request_id), on_cancelled=self._cancelled
+            )
+        )
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import redis
 from tenacity import Retrying
 
+from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
@@ -24,12 +25,12 @@ from prq.redis_io import (
     STEP_GRACE_S,
     IOCounters,
     RedisUnavailable,
-    _client_kwargs,
     _closed_error,
     _needs_scripts,
     _retry_kwargs,
     _split,
     _unavailable,
+    client_kwargs,
     translate_errors,
 )
 from prq.scripts import script_load_calls
@@ -71,7 +72,7 @@ class SyncRedisIO(IOCounters):
         self.settings = settings
         self.redis_settings = redis_settings
         self.client: redis.Redis = redis.Redis.from_url(
-            redis_settings.url, **_client_kwargs(redis_settings)
+            redis_settings.url, **client_kwargs(redis_settings)
         )
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
@@ -181,6 +182,7 @@ class SyncRedisIO(IOCounters):
             for attempt in Retrying(**_retry_kwargs(budget_s)):
                 with attempt:
                     self.retries += 1
+                    metrics.REDIS_RETRIES.inc()
                     return self._attempt(calls)
         except RedisUnavailable as exc:
             raise _unavailable(exc, self.settings.retry_budget_s) from exc

@@ -12,15 +12,19 @@ or a daemon thread).
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prq import metrics
 from prq._types import Call, Reply
 from prq.data_loss import Check, DataLossWatch
 from prq.errors import PrqError
 from prq.flows import Context
 from prq.heartbeats import Lease, Liveness
 from prq.models import PendingRequest
+from prq.presence import Presence
 from prq.pulses import PulseRouter
 
 logger = logging.getLogger(__name__)
@@ -34,6 +38,8 @@ class WatchPlan:
 
     beats: list[Lease] = field(default_factory=list)
     check: Check | None = None
+    #: The presence report rides with the check (its replies are not read).
+    presence: bool = False
     steps: list[list[Call]] = field(default_factory=list)
 
 
@@ -43,6 +49,9 @@ class NodeWatch:
     def __init__(self, ctx: Context, router: PulseRouter[Any]) -> None:
         self.liveness = Liveness(ctx)
         self.data_loss = DataLossWatch(ctx)
+        self.presence = Presence(ctx.keys, ctx.settings, ctx.node_id)
+        #: Wakes the facade's watch loop for a turn now (set by the facade).
+        self.wake: Callable[[], None] = lambda: None
         self.router = router
         router.on_cancel = self.cancelled_by_pulse
 
@@ -60,6 +69,11 @@ class NodeWatch:
         if check_only or self.data_loss.check_due(now):
             plan.check = self.data_loss.check(now)
             plan.steps.append(plan.check.calls)
+        if not check_only and self.presence.due(now):
+            report = self.presence.calls(now)
+            if report:
+                plan.presence = True
+                plan.steps.append(report)
         return plan
 
     def settle(self, plan: WatchPlan, results: list[list[Reply] | PrqError], now: float) -> None:
@@ -84,6 +98,8 @@ class NodeWatch:
         self.liveness.release(lease.request_id)
         if lease.pending is not None:
             logger.info("held request ended request_id=%s reason=%s", lease.request_id, reason)
+            if reason == "sender_lost":
+                metrics.HEARTBEATS_MISSED.labels(lease.pending.request.endpoint, "sender").inc()
             lease.pending.mark_cancelled(reason)
         else:
             self.router.poke_response(lease.request_id)  # its caller reads the outcome now
@@ -97,6 +113,8 @@ class NodeWatch:
     def observe_counter(self, endpoint: str, counter: int) -> None:
         """An enqueue reported the endpoint's counter (the next check compares against it)."""
         self.data_loss.observe(endpoint, counter)
+        if self.presence.sent(endpoint, time.monotonic()):
+            self.wake()
 
     def declare_data_loss(self, reason: str) -> None:
         self.data_loss.declare(reason)
@@ -110,4 +128,11 @@ class NodeWatch:
 
     def wait_s(self, now: float) -> float:
         """How long the loop may sleep before its next turn."""
-        return max(0.01, min(self.liveness.next_due_in(now), self.data_loss.next_check - now))
+        return max(
+            0.01,
+            min(
+                self.liveness.next_due_in(now),
+                self.data_loss.next_check - now,
+                self.presence.next_report - now,
+            ),
+        )

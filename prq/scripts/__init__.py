@@ -127,7 +127,7 @@ def enqueue_call(
 ) -> Call:
     return ENQUEUE.call(
         (keys.request(request_id), keys.pending, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix),
+         keys.take_receipt_prefix, keys.running),
         (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
          pulse_inline_limit_bytes),
@@ -148,11 +148,14 @@ def parse_enqueue(reply: Reply) -> EnqueueOutcome:
 
 @dataclass(frozen=True, slots=True)
 class TakenItem:
-    """One request handed out by `take`: its id, raw body and attempt number."""
+    """One request handed out by `take`: its id, raw body, attempt number, and when it was
+    enqueued (the sender's clock, ms since the epoch; 0 for a hand-off, which waited for no
+    take)."""
 
     request_id: str
     body: bytes
     attempt: int
+    created_ms: int = 0
 
 
 def take_call(
@@ -169,7 +172,7 @@ def take_call(
 ) -> Call:
     return TAKE.call(
         (keys.pending, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks, keys.sequence),
+         keys.parks, keys.sequence, keys.running),
         (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
          park_ms, park_ttl_ms),
     )  # fmt: skip
@@ -182,17 +185,19 @@ def parse_take(reply: Reply) -> tuple[int, int, list[TakenItem]]:
         len(items) < 2
         or not isinstance(items[0], int)
         or not isinstance(items[1], int)
-        or (len(items) - 2) % 3
+        or (len(items) - 2) % 4
     ):
         raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
     taken = []
-    for i in range(2, len(items), 3):
+    for i in range(2, len(items), 4):
         body = items[i + 1]
+        created = _text(items[i + 3])
         taken.append(
             TakenItem(
                 request_id=_text(items[i]),
                 body=body if isinstance(body, bytes) else _text(body).encode(),
                 attempt=int(_text(items[i + 2]) or 1),
+                created_ms=int(created) if created.isdigit() else 0,
             )
         )
     return items[0], items[1], taken
@@ -215,7 +220,7 @@ def apply_response_call(
     pulse_inline_limit_bytes: int,
 ) -> Call:
     return APPLY_RESPONSE.call(
-        (keys.request(request_id),),
+        (keys.request(request_id), keys.running),
         (
             request_id,
             owner_token,
@@ -248,7 +253,7 @@ def withdraw_call(
     nonce: str,
 ) -> Call:
     return WITHDRAW.call(
-        (keys.request(request_id),),
+        (keys.request(request_id), keys.pending),
         (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id, nonce),
     )
 
@@ -265,7 +270,8 @@ def read_response_call(
     keys: EndpointKeys, request_id: str, receiver_timeout_ms: int, node_channel_prefix: str
 ) -> Call:
     return READ_RESPONSE.call(
-        (keys.request(request_id),), (receiver_timeout_ms, node_channel_prefix, request_id)
+        (keys.request(request_id), keys.running),
+        (receiver_timeout_ms, node_channel_prefix, request_id),
     )
 
 
@@ -283,7 +289,7 @@ def beat_call(
     node_channel_prefix: str,
 ) -> Call:
     return BEAT.call(
-        (keys.request(request_id),),
+        (keys.request(request_id), keys.running),
         (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
          node_channel_prefix, request_id),
     )  # fmt: skip
@@ -306,7 +312,7 @@ def cancel_call(
     nonce: str,
 ) -> Call:
     return CANCEL.call(
-        (keys.request(request_id),),
+        (keys.request(request_id), keys.running, keys.pending),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
 

@@ -1,6 +1,7 @@
 --[[ apply_response: store a taken request's response (first one wins) and pulse its waiters.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
+KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
 ARGV[1]  request id
 ARGV[2]  owner token of the receiver that answers
 ARGV[3]  response (JSON)
@@ -33,6 +34,7 @@ if own ~= ARGV[2] then return 'fenced' end
 redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 redis.call('HDEL', KEYS[1], 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('ZREM', KEYS[2], ARGV[1])
 
 local msg = 'r|' .. ARGV[1] .. '|'
 if string.len(ARGV[3]) <= tonumber(ARGV[7]) then

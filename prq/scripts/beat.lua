@@ -2,6 +2,7 @@
 request stands, and judges the other side.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
+KEYS[2]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 ARGV[1]  role: "s" (sender) or "r" (receiver)
 ARGV[2]  owner token (receiver role; the sender passes "")
 ARGV[3]  1: record a beat now; 0: only look (a receiver polling for cancellation)
@@ -44,6 +45,7 @@ local last = math.max(tonumber(hs) or 0, tonumber(tk) or 0)
 if now - last > tonumber(ARGV[4]) then
   redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'sender_lost', 'dn', now)
   redis.call('HDEL', KEYS[1], 'b')
+  redis.call('ZREM', KEYS[2], ARGV[7])
   if snd then
     redis.call('PUBLISH', ARGV[6] .. snd, 'r|' .. ARGV[7] .. '|')
   end
@@ -52,5 +54,6 @@ end
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'hr', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('ZADD', KEYS[2], 'XX', now, ARGV[7])
 end
 return {'taken', ''}

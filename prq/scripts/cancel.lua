@@ -1,6 +1,8 @@
 --[[ cancel: stop a request from any node: withdraw it before pickup, or cancel it after.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
+KEYS[2]  in-flight ids         prq:{e}:run      (a cancelled taken id leaves it)
+KEYS[3]  pending list          prq:{e}:q        (a withdrawn queued id leaves it)
 ARGV[1]  reason                "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the cancelled request's record (the polled cancel marker), ms
 ARGV[3]  node channel prefix   prq:node:
@@ -30,6 +32,11 @@ if st == 'queued' or st == 'taken' then
   redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if after then
+    redis.call('ZREM', KEYS[2], ARGV[4])
+  else
+    redis.call('LREM', KEYS[3], 1, ARGV[4])
+  end
   if after and rcv then
     redis.call('PUBLISH', ARGV[3] .. rcv, 'c|' .. ARGV[4] .. '|' .. ARGV[1])
   end

@@ -6,6 +6,7 @@ KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
 KEYS[5]  park details          prq:{e}:parks    (token -> "<node>|<until, server ms>")
 KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same hash tag)
+KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
@@ -35,6 +36,7 @@ Invariants:
   dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing
 - the hash is written together with its TTL; the list, counter and park TTLs are refreshed
 - the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
+- a handed-off request is listed in the in-flight set (take.lua does the same for what it takes)
 ]]
 local state = redis.call('HGET', KEYS[1], 'st')
 if state == 'withdrawn' then
@@ -74,6 +76,8 @@ for _ = 1, 100 do
       redis.call('HSET', KEYS[1], 'st', 'taken', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
         'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', now_server)
       redis.call('PEXPIRE', KEYS[1], ARGV[10])
+      redis.call('ZADD', KEYS[7], now_server, ARGV[1])
+      redis.call('PEXPIRE', KEYS[7], ARGV[7])
       local receipt = KEYS[6] .. token
       redis.call('RPUSH', receipt, ARGV[1])
       redis.call('PEXPIRE', receipt, ARGV[11])

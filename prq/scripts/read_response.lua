@@ -2,6 +2,7 @@
 that stopped beating is declared lost here.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
+KEYS[2]  in-flight ids         prq:{e}:run      (a lost receiver's id leaves it)
 ARGV[1]  receiver timeout, ms: a taken request whose receiver has not beaten (nor taken it)
          for this long is cancelled with reason "receiver_lost" (0: judge nothing)
 ARGV[2]  node channel prefix   prq:node:   (the lost receiver's node is told, in case it lives)
@@ -26,6 +27,7 @@ if st == 'taken' and timeout > 0 then
   if now - last > timeout then
     redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'receiver_lost', 'dn', now)
     redis.call('HDEL', KEYS[1], 'b')
+    redis.call('ZREM', KEYS[2], ARGV[3])
     if rcv then
       redis.call('PUBLISH', ARGV[2] .. rcv, 'c|' .. ARGV[3] .. '|receiver_lost')
     end

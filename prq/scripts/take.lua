@@ -6,6 +6,7 @@ KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
 KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, server ms>")
 KEYS[6]  enqueue counter       prq:{e}:seq
+KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
@@ -14,9 +15,10 @@ ARGV[5]  most ids to pop in this call (bounds the work spent skipping dead ids)
 ARGV[6]  TTL of a taken request, ms
 ARGV[7]  TTL of the receipt, ms
 ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
-ARGV[9]  TTL of the park keys, ms
+ARGV[9]  TTL of the park keys and the in-flight set, ms
 
-Reply: {skipped, counter, id1, body1, attempt1, id2, body2, attempt2, ...}
+Reply: {skipped, counter, id1, body1, attempt1, created1, id2, body2, attempt2, created2, ...}
+  created = when the sender enqueued the request (its clock, ms since the epoch)
   skipped = ids popped and dropped because their request was gone, final or past its deadline
   counter = the endpoint's enqueue counter now (a receiver that saw a higher one before sending
             this take knows Redis went back in time, and must not run what this take returns)
@@ -31,6 +33,8 @@ Invariants:
 - a token is parked only when the list had nothing live for it, so while a live park exists the
   list holds no live request (FIFO is kept); a park expires by server time (TIME), the one clock
   all nodes share, so a receiver that died parked is handed nothing after its park ends
+- what is handed out joins the in-flight set; answering, cancelling or declaring a side lost
+  removes it (apply_response, cancel, beat, read_response), a beat refreshes its score
 ]]
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
@@ -40,11 +44,13 @@ local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0')}
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
-    local st, own, body, att = unpack(redis.call('HMGET', KEYS[2] .. id, 'st', 'own', 'b', 'att'))
+    local st, own, body, att, ct = unpack(redis.call('HMGET', KEYS[2] .. id, 'st', 'own', 'b',
+      'att', 'ct'))
     if st == 'taken' and own == ARGV[1] and body then
       out[#out + 1] = id
       out[#out + 1] = body
       out[#out + 1] = att
+      out[#out + 1] = ct or '0'
     end
   end
   return out
@@ -61,7 +67,8 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  local st, deadline, body, att = unpack(redis.call('HMGET', key, 'st', 'pd', 'b', 'att'))
+  local st, deadline, body, att, ct = unpack(redis.call('HMGET', key, 'st', 'pd', 'b', 'att',
+    'ct'))
   deadline = tonumber(deadline)
   if st == 'queued' and body and deadline and deadline >= now then
     att = (tonumber(att) or 0) + 1
@@ -69,9 +76,11 @@ while got < want and budget > 0 do
       'att', att)
     redis.call('PEXPIRE', key, ARGV[6])
     redis.call('RPUSH', KEYS[3], id)
+    redis.call('ZADD', KEYS[7], now_server, id)
     out[#out + 1] = id
     out[#out + 1] = body
     out[#out + 1] = tostring(att)
+    out[#out + 1] = ct or '0'
     got = got + 1
   else
     skipped = skipped + 1
@@ -79,6 +88,9 @@ while got < want and budget > 0 do
 end
 if got > 0 then
   redis.call('PEXPIRE', KEYS[3], ARGV[7])
+  -- entries not touched for an in-flight TTL belong to requests whose hash has expired
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now_server - tonumber(ARGV[6]))
+  redis.call('PEXPIRE', KEYS[7], ARGV[9])
 elseif tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
   local until_ms = now_server + tonumber(ARGV[8])
   redis.call('RPUSH', KEYS[4], ARGV[1])

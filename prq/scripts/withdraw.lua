@@ -1,6 +1,7 @@
 --[[ withdraw: the sender takes back a request that no receiver has picked up yet.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
+KEYS[2]  pending list          prq:{e}:q   (the withdrawn id leaves it)
 ARGV[1]  reason                "pickup_timeout", "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the tombstone left behind, ms
 ARGV[3]  now_ms
@@ -16,7 +17,8 @@ Reply: {state, response, reason, mine}
           "missing"     nothing is stored under the id (expired or lost)
 
 Invariants:
-- a withdrawn request is never handed out: its id may stay in the list, but take skips it
+- a withdrawn request is never handed out: its id leaves the list (LREM from the head, where a
+  timed-out request sits), and take would skip it anyway; the list's length is the queue depth
 - the tombstone keeps the reason (for other waiters and status) and has a TTL
 ]]
 local st, rsp, why, wn = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn'))
@@ -25,6 +27,7 @@ if st == 'queued' then
   redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('LREM', KEYS[2], 1, ARGV[5])
   local snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w'))
   local msg = 'r|' .. ARGV[5] .. '|'
   if snd then redis.call('PUBLISH', ARGV[4] .. snd, msg) end

@@ -31,9 +31,13 @@ def test_parse_enqueue() -> None:
 
 
 def test_parse_take() -> None:
-    skipped, counter, items = parse_take([2, 9, b"id1", b"{}", b"1", b"id2", b"{}", b"3"])
+    reply = [2, 9, b"id1", b"{}", b"1", b"1700000000000", b"id2", b"{}", b"3", b"0"]
+    skipped, counter, items = parse_take(reply)  # type: ignore[arg-type]
     assert (skipped, counter) == (2, 9)
-    assert [(i.request_id, i.attempt) for i in items] == [("id1", 1), ("id2", 3)]
+    assert [(i.request_id, i.attempt, i.created_ms) for i in items] == [
+        ("id1", 1, 1_700_000_000_000),
+        ("id2", 3, 0),
+    ]
     assert parse_take([0, 0]) == (0, 0, [])
 
 
@@ -45,7 +49,8 @@ def test_parse_withdraw() -> None:
 
 
 @pytest.mark.parametrize(
-    "reply", [None, b"x", [], [0], [b"0", 0], [0, 1, b"id"], [0, 1, b"a", b"b"], ValueError("x")]
+    "reply",
+    [None, b"x", [], [0], [b"0", 0], [0, 1, b"id"], [0, 1, b"a", b"b", b"1"], ValueError("x")],
 )
 def test_parse_take_rejects_malformed(reply: object) -> None:
     with pytest.raises(SerializationError):

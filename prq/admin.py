@@ -1,0 +1,335 @@
+"""A read-only view of a queue for operators: endpoints, their queues, and Redis's health.
+
+`Inspector` reads what the nodes keep in Redis and never changes it, so it runs as the
+read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
+
+- endpoints: the registry `prq:endpoints`, where every node lists the endpoints it used lately
+  (prq.presence), newest use first, capped at `max_endpoints`;
+- depth: the length of the endpoint's pending list (withdrawn ids leave it, see withdraw.lua);
+- in flight: the endpoint's in-flight set, counting entries touched (taken or beaten) within a
+  request's in-flight TTL;
+- oldest age: the creation time of the first live request among the first few of the list;
+- receivers: nodes that reported taking from the endpoint within a few report intervals (nodes
+  report every 5 s, see prq.presence).
+
+Each figure is read in a few pipelined round trips however many endpoints there are, so the
+admin service can collect them on every scrape. Changes (cancel) go through the queue API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Self
+
+import redis.asyncio
+from pydantic import BaseModel
+from redis.exceptions import RedisError, ResponseError
+
+from prq.config import QueueSettings, RedisSettings
+from prq.errors import QueueUnavailable, SerializationError
+from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
+from prq.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.models import decode_request, validate_endpoint
+from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
+from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
+
+__all__ = [
+    "EndpointInfo",
+    "Inspector",
+    "QueuedItem",
+    "QueuedPage",
+    "RedisHealth",
+    "redis_warnings",
+]
+
+#: How many of a list's first ids are looked at to find the oldest live request.
+OLDEST_PROBE = 10
+#: Most queued requests one page may list.
+MAX_PAGE = 500
+
+
+class EndpointInfo(BaseModel):
+    """One endpoint, as Redis sees it now."""
+
+    endpoint: str
+    #: Requests waiting for pickup.
+    depth: int
+    #: Requests picked up and not answered yet.
+    in_flight: int
+    #: Age of the oldest queued request, seconds (None when nothing is queued).
+    oldest_age_s: float | None
+    #: Receiver nodes that took from the endpoint within the last few checks.
+    receivers: int
+    #: The endpoint's enqueue counter: requests enqueued since Redis last lost its data.
+    enqueued_total: int
+    #: When a node last reported using the endpoint, ms since the epoch (0: never).
+    last_seen_ms: int
+
+
+class QueuedItem(BaseModel):
+    """One queued request, without its parameters."""
+
+    id: str
+    method: str
+    service: str
+    priority: int
+    producer: str | None
+    created_ms: int
+    age_s: float
+    body_bytes: int
+    #: Why the stored request could not be read (it is listed all the same), else None.
+    error: str | None = None
+
+
+class QueuedPage(BaseModel):
+    """A page of an endpoint's queued requests, oldest first."""
+
+    endpoint: str
+    offset: int
+    limit: int
+    #: Requests queued in all (the page holds at most `limit` of them).
+    total: int
+    items: list[QueuedItem]
+
+
+class RedisHealth(BaseModel):
+    """Whether Redis answers, and whether its configuration suits prq (see prq.health)."""
+
+    ok: bool
+    version: str | None = None
+    maxmemory_policy: str | None = None
+    #: Kinds of persistence in use: "aof", "rdb snapshots"; empty when none.
+    persistence: list[str] = []
+    #: Why this Redis would lose requests silently or defeat data-loss detection.
+    warnings: list[str] = []
+    #: Why Redis could not be asked (when `ok` is false).
+    error: str | None = None
+
+
+class Inspector:
+    """Reads the state of one key prefix for operators; never writes.
+
+    Example:
+        inspector = Inspector.from_url("redis://localhost:6379/0")
+        for info in await inspector.endpoints():
+            print(info.endpoint, info.depth, info.in_flight)
+        await inspector.aclose()
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        max_endpoints: int = 1000,
+    ) -> None:
+        self.client = client
+        self.keys = KeySchema(prefix)
+        self.settings = settings or QueueSettings()
+        self.max_endpoints = max_endpoints
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        redis_settings: RedisSettings | None = None,
+    ) -> Self:
+        """An inspector with its own small connection pool (`url` or `PRQ_REDIS_URL`)."""
+        rs = redis_settings or RedisSettings.from_url(url)
+        kwargs = client_kwargs(rs) | {"max_connections": 4}
+        return cls(redis.asyncio.Redis.from_url(rs.url, **kwargs), prefix=prefix, settings=settings)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    async def endpoints(self) -> list[EndpointInfo]:
+        """Every endpoint nodes reported lately (at most `max_endpoints`, newest first kept),
+        sorted by name."""
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command("TIME")
+            pipe.execute_command(
+                "ZRANGE", self.keys.endpoints, 0, self.max_endpoints - 1, "REV", "WITHSCORES"
+            )
+            now_reply, registry = await pipe.execute()
+        seen: dict[str, int] = {}
+        for encoded, score in _pairs(registry):
+            try:
+                endpoint = validate_endpoint(decode_endpoint(_text(encoded)))
+            except (ValueError, UnicodeDecodeError):
+                continue  # not written by prq: never shown, never used in a key
+            if encode_endpoint(endpoint) != _text(encoded):
+                continue  # not prq's encoding of any name (e.g. a stray "%ZZ")
+            seen[endpoint] = int(float(score))
+        infos = await self._describe(sorted(seen), _server_ms(now_reply))
+        return [info.model_copy(update={"last_seen_ms": seen[info.endpoint]}) for info in infos]
+
+    async def endpoint(self, endpoint: str) -> EndpointInfo:
+        """One endpoint, registered or not (raises InvalidEndpoint for a bad name)."""
+        endpoint = validate_endpoint(endpoint)
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command("TIME")
+            pipe.execute_command("ZSCORE", self.keys.endpoints, encode_endpoint(endpoint))
+            now_reply, score = await pipe.execute()
+        (info,) = await self._describe([endpoint], _server_ms(now_reply))
+        return info.model_copy(update={"last_seen_ms": int(float(score or 0))})
+
+    async def _describe(self, endpoints: Sequence[str], now_ms: int) -> list[EndpointInfo]:
+        if not endpoints:
+            return []
+        in_flight_from = now_ms - int(self.settings.in_flight_ttl_s() * 1000)
+        live_from = now_ms - int(RECEIVER_LIVE_REPORTS * presence_interval_s(self.settings) * 1000)
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            for endpoint in endpoints:
+                keys = self.keys.endpoint(endpoint)
+                pipe.llen(keys.pending)
+                pipe.lrange(keys.pending, 0, OLDEST_PROBE - 1)
+                pipe.zcount(keys.running, in_flight_from, "+inf")
+                pipe.zcount(keys.receivers, live_from, "+inf")
+                pipe.get(keys.sequence)
+            replies = await pipe.execute()
+            heads = [list(replies[i * 5 + 1]) for i in range(len(endpoints))]
+            pipe = self.client.pipeline(transaction=False)
+            for endpoint, head in zip(endpoints, heads, strict=True):
+                keys = self.keys.endpoint(endpoint)
+                for request_id in head:
+                    pipe.hmget(keys.request(_text(request_id)), ["st", "ct"])
+            states = iter(await pipe.execute() if any(heads) else [])
+        infos = []
+        for i, endpoint in enumerate(endpoints):
+            depth, _, in_flight, receivers, counter = replies[i * 5 : i * 5 + 5]
+            oldest: int | None = None
+            for _ in heads[i]:
+                st, created = next(states)
+                if oldest is None and _text(st) == "queued" and created is not None:
+                    oldest = int(_text(created))
+            infos.append(
+                EndpointInfo(
+                    endpoint=endpoint,
+                    depth=int(depth),
+                    in_flight=int(in_flight),
+                    oldest_age_s=None if oldest is None else max(0.0, (now_ms - oldest) / 1000),
+                    receivers=int(receivers),
+                    enqueued_total=int(counter or 0),
+                    last_seen_ms=0,
+                )
+            )
+        return infos
+
+    async def queued(self, endpoint: str, offset: int = 0, limit: int = 50) -> QueuedPage:
+        """A page of the endpoint's queued requests, oldest first (ids that are no longer
+        queued, about to be skipped by the next take, are left out of the page)."""
+        endpoint = validate_endpoint(endpoint)
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_PAGE}")
+        keys = self.keys.endpoint(endpoint)
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command("TIME")
+            pipe.llen(keys.pending)
+            pipe.lrange(keys.pending, offset, offset + limit - 1)
+            now_reply, total, ids = await pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            for request_id in ids:
+                pipe.hmget(keys.request(_text(request_id)), ["st", "b", "ct"])
+            rows = await pipe.execute() if ids else []
+        now_ms = _server_ms(now_reply)
+        items = []
+        for raw_id, (st, body, created) in zip(ids, rows, strict=True):
+            if _text(st) != "queued" or body is None:
+                continue
+            items.append(_queued_item(_text(raw_id), endpoint, body, created, now_ms))
+        return QueuedPage(
+            endpoint=endpoint, offset=offset, limit=limit, total=int(total), items=items
+        )
+
+    # -- Redis ----------------------------------------------------------------------------------
+
+    async def redis_health(self) -> RedisHealth:
+        """Ping Redis and judge its configuration; never raises for an unreachable Redis."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for args in INFO_CALLS:
+                pipe.execute_command(*args)
+            replies = await pipe.execute()
+        except RedisError as exc:
+            return RedisHealth(ok=False, error=f"{type(exc).__name__}: {exc}")
+        info = parse_info(*replies)
+        save: str | None = None
+        with contextlib.suppress(ResponseError):  # CONFIG is refused to least-privilege users
+            config: dict[Any, Any] = await self.client.config_get("save")
+            value = config.get("save", config.get(b"save"))
+            save = None if value is None else _text(value)
+        return RedisHealth(
+            ok=True,
+            version=info.get("redis_version"),
+            maxmemory_policy=info.get("maxmemory_policy"),
+            persistence=redis_persistence(info, save),
+            warnings=redis_warnings(info, save),
+        )
+
+
+@contextlib.contextmanager
+def _reading() -> Iterator[None]:
+    """prq's errors for a read: QueueUnavailable when Redis does not answer (not retried: an
+    operator's view should say so at once)."""
+    try:
+        with translate_errors():
+            yield
+    except RedisUnavailable as exc:
+        raise QueueUnavailable(f"Redis did not answer: {exc}") from exc
+
+
+def _queued_item(
+    request_id: str, endpoint: str, body: bytes, created: Any, now_ms: int
+) -> QueuedItem:
+    created_ms = int(_text(created) or 0)
+    age_s = max(0.0, (now_ms - created_ms) / 1000) if created_ms else 0.0
+    try:
+        request = decode_request(body)
+    except SerializationError as exc:
+        return QueuedItem(
+            id=request_id, method="", service="", priority=0, producer=None,
+            created_ms=created_ms, age_s=age_s, body_bytes=len(body), error=str(exc)[:200],
+        )  # fmt: skip
+    error = None if request.endpoint == endpoint else "stored request names another endpoint"
+    return QueuedItem(
+        id=request_id, method=request.method, service=request.service,
+        priority=request.priority, producer=request.producer, created_ms=created_ms,
+        age_s=age_s, body_bytes=len(body), error=error,
+    )  # fmt: skip
+
+
+def _pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """(member, score) pairs of a WITHSCORES reply: pairs in RESP3, a flat list in RESP2."""
+    items = list(reply or [])
+    if items and isinstance(items[0], (list, tuple)):
+        return [(member, score) for member, score in items]
+    return list(zip(items[::2], items[1::2], strict=False))
+
+
+def _server_ms(reply: Any) -> int:
+    """Redis TIME as ms since the epoch (redis-py answers a (seconds, microseconds) tuple)."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)

@@ -1,0 +1,169 @@
+"""Prometheus metrics of prq, in the process-wide default registry (names prefixed `prq_`).
+
+Counters and histograms count what this process's nodes did; every node in the process adds to
+the same series, labelled by endpoint. The per-endpoint gauges (depth, in flight, oldest age,
+receivers) describe Redis, not this process: a scrape handler fills them from Redis with
+`refresh_endpoint_gauges` (the admin service does this on every `/metrics`), so they cost
+nothing between scrapes.
+
+Expose them with `prometheus_client.start_http_server(port)` in a worker process, or scrape the
+admin service's `/metrics`.
+
+Series:
+    prq_enqueued_total{endpoint}            requests this process enqueued (new, not replays)
+    prq_taken_total{endpoint}               requests this process's receivers took
+    prq_responded_total{endpoint}           responses this process's receivers stored
+    prq_failed_total{endpoint,error}        calls that ended without a result: a prq error by
+                                            class name, or RemoteError when the service raised
+    prq_cancelled_total{endpoint}           requests cancelled through this process's cancel()
+    prq_dead_lettered_total{endpoint}       requests moved to the dead-letter list
+    prq_heartbeats_missed_total{endpoint,side}  a side declared lost: side="receiver" (seen by
+                                            the sender) or "sender" (seen by the receiver)
+    prq_data_loss_events_total              data-loss declarations (Redis lost or rolled back)
+    prq_redis_retries_total                 Redis round trips retried after a connection failure
+    prq_pickup_wait_seconds{endpoint}       enqueue to pickup (0 for a hand-off to a waiting
+                                            receiver); sender's clock vs receiver's clock
+    prq_round_trip_seconds{endpoint}        queue_and_wait from call to response
+    prq_endpoint_depth{endpoint}            queued requests (from Redis, at scrape)
+    prq_endpoint_in_flight{endpoint}        picked up, unanswered (from Redis, at scrape)
+    prq_endpoint_oldest_age_seconds{endpoint}  age of the oldest queued request (at scrape)
+    prq_endpoint_receivers{endpoint}        live receiver nodes (from Redis, at scrape)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from prq.errors import PrqError, ReceiverLost
+
+if TYPE_CHECKING:
+    from prq.admin import Inspector
+    from prq.models import Response
+
+__all__ = [
+    "CANCELLED",
+    "DATA_LOSS_EVENTS",
+    "DEAD_LETTERED",
+    "ENDPOINT_DEPTH",
+    "ENDPOINT_IN_FLIGHT",
+    "ENDPOINT_OLDEST_AGE",
+    "ENDPOINT_RECEIVERS",
+    "ENQUEUED",
+    "FAILED",
+    "HEARTBEATS_MISSED",
+    "PICKUP_WAIT",
+    "REDIS_RETRIES",
+    "RESPONDED",
+    "ROUND_TRIP",
+    "TAKEN",
+    "call_ended",
+    "pickup_waited",
+    "refresh_endpoint_gauges",
+]
+
+#: Latency buckets, seconds: sub-millisecond round trips up to calls that run for minutes.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+)  # fmt: skip
+
+ENQUEUED = Counter("prq_enqueued", "Requests enqueued by this process.", ["endpoint"])
+TAKEN = Counter("prq_taken", "Requests taken by this process's receivers.", ["endpoint"])
+RESPONDED = Counter("prq_responded", "Responses stored by this process's receivers.", ["endpoint"])
+FAILED = Counter(
+    "prq_failed",
+    "Calls that ended without a result, by error type (RemoteError: the service raised).",
+    ["endpoint", "error"],
+)
+CANCELLED = Counter(
+    "prq_cancelled", "Requests cancelled through this process's cancel().", ["endpoint"]
+)
+DEAD_LETTERED = Counter(
+    "prq_dead_lettered", "Requests moved to the dead-letter list.", ["endpoint"]
+)
+HEARTBEATS_MISSED = Counter(
+    "prq_heartbeats_missed",
+    "Sides declared lost for missing heartbeats (side: the one that went silent).",
+    ["endpoint", "side"],
+)
+DATA_LOSS_EVENTS = Counter(
+    "prq_data_loss_events", "Times a node of this process declared that Redis lost data."
+)
+REDIS_RETRIES = Counter(
+    "prq_redis_retries", "Redis round trips retried after a connection-class failure."
+)
+PICKUP_WAIT = Histogram(
+    "prq_pickup_wait_seconds",
+    "Time from enqueue to pickup (0 for a hand-off to a waiting receiver).",
+    ["endpoint"],
+    buckets=LATENCY_BUCKETS,
+)
+ROUND_TRIP = Histogram(
+    "prq_round_trip_seconds",
+    "queue_and_wait duration, from the call to its response.",
+    ["endpoint"],
+    buckets=LATENCY_BUCKETS,
+)
+ENDPOINT_DEPTH = Gauge("prq_endpoint_depth", "Queued requests (read from Redis).", ["endpoint"])
+ENDPOINT_IN_FLIGHT = Gauge(
+    "prq_endpoint_in_flight", "Requests picked up and unanswered (read from Redis).", ["endpoint"]
+)
+ENDPOINT_OLDEST_AGE = Gauge(
+    "prq_endpoint_oldest_age_seconds",
+    "Age of the oldest queued request (0 when none; read from Redis).",
+    ["endpoint"],
+)
+ENDPOINT_RECEIVERS = Gauge(
+    "prq_endpoint_receivers", "Live receiver nodes (read from Redis).", ["endpoint"]
+)
+_ENDPOINT_GAUGES = (ENDPOINT_DEPTH, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_AGE, ENDPOINT_RECEIVERS)
+
+
+def call_ended(
+    endpoint: str, started: float, response: Response | None, error: BaseException | None
+) -> None:
+    """Record one queue_and_wait: its round trip, or why it failed (`started`: perf_counter)."""
+    if response is not None:
+        ROUND_TRIP.labels(endpoint).observe(time.perf_counter() - started)
+        if response.error is not None:
+            FAILED.labels(endpoint, "RemoteError").inc()
+    elif isinstance(error, PrqError):
+        FAILED.labels(endpoint, type(error).__name__).inc()
+        if isinstance(error, ReceiverLost):
+            HEARTBEATS_MISSED.labels(endpoint, "receiver").inc()
+
+
+def pickup_waited(endpoint: str, created_ms: int) -> None:
+    """A receiver took a request enqueued at `created_ms` (0: handed off, no wait)."""
+    wait_s = max(0.0, time.time() - created_ms / 1000.0) if created_ms else 0.0
+    PICKUP_WAIT.labels(endpoint).observe(wait_s)
+
+
+async def refresh_endpoint_gauges(inspector: Inspector) -> None:
+    """Read every endpoint from Redis once and set the gauges; endpoints no node reports any
+    more lose their series."""
+    infos = await inspector.endpoints()
+    current = {info.endpoint for info in infos}
+    for gauge in _ENDPOINT_GAUGES:
+        for labels in _label_values(gauge):
+            if labels[0] not in current:
+                gauge.remove(*labels)
+    for info in infos:
+        ENDPOINT_DEPTH.labels(info.endpoint).set(info.depth)
+        ENDPOINT_IN_FLIGHT.labels(info.endpoint).set(info.in_flight)
+        ENDPOINT_OLDEST_AGE.labels(info.endpoint).set(info.oldest_age_s or 0.0)
+        ENDPOINT_RECEIVERS.labels(info.endpoint).set(info.receivers)
+
+
+def _label_values(gauge: Gauge) -> list[tuple[str, ...]]:
+    """The label sets a gauge has series for (read from its samples)."""
+    seen: list[tuple[str, ...]] = []
+    for family in gauge.collect():
+        for sample in family.samples:
+            labels = (sample.labels["endpoint"],)
+            if labels not in seen:
+                seen.append(labels)
+    return seen
