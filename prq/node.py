@@ -162,18 +162,16 @@ class QueueBase:
 
     @staticmethod
     def _server_check_steps() -> list[list[Call]]:
-        """INFO (needed) and CONFIG GET save (only where the ACL allows it), as two steps."""
-        return [[Call(args) for args in INFO_CALLS], [Call(("CONFIG", "GET", "save"))]]
+        """INFO, read at start to judge the server's configuration (one step)."""
+        return [[Call(args) for args in INFO_CALLS]]
 
-    def _server_checked(self, info: list[Reply] | PrqError, config: list[Reply] | PrqError) -> None:
-        """Warn loudly, once, when Redis evicts keys or persists data (see prq.health)."""
+    def _server_checked(self, info: list[Reply] | PrqError) -> None:
+        """Warn loudly, once, when Redis evicts keys or persists data (see prq.health). Reads
+        INFO only: CONFIG is not granted to the least-privilege user."""
         if isinstance(info, PrqError):
             logger.info("could not read Redis INFO to check its configuration: %s", info)
             return
-        save = None
-        if not isinstance(config, PrqError) and config:
-            save = _config_value(config[0], "save")
-        self.redis_warnings = redis_warnings(parse_info(*info), save)
+        self.redis_warnings = redis_warnings(parse_info(*info))
         for warning in self.redis_warnings:
             logger.warning("redis configuration defeats prq's guarantees: %s", warning)
 
@@ -401,18 +399,3 @@ class QueueBase:
 
     def _shutdown_error(self) -> QueueShutdown:
         return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")
-
-
-def _config_value(reply: Reply, name: str) -> str | None:
-    """One setting's value from a CONFIG GET reply (a map in RESP3, a flat list in RESP2)."""
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    elif isinstance(reply, list):
-        pairs = list(zip(reply[::2], reply[1::2], strict=False))
-    else:
-        return None
-    for key, value in pairs:
-        key_text = key.decode() if isinstance(key, bytes) else str(key)
-        if key_text == name:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return None

@@ -108,12 +108,12 @@ class AsyncQueue(QueueBase):
                 return
             if self._closed:
                 raise self._shutdown_error()
-            loaded, *checks = await self._io.execute_many(
+            loaded, info = await self._io.execute_many(
                 [script_load_calls(), *self._server_check_steps()]
             )
             if isinstance(loaded, PrqError):
                 raise loaded
-            self._server_checked(*checks)
+            self._server_checked(info)
             await self._pulses.start()
             self._watch_task = asyncio.create_task(self._watch_loop(), name="prq-watch")
             self._started = True

@@ -103,12 +103,10 @@ class Queue(QueueBase):
                 return
             if self._closed:
                 raise self._shutdown_error()
-            loaded, *checks = self._io.execute_many(
-                [script_load_calls(), *self._server_check_steps()]
-            )
+            loaded, info = self._io.execute_many([script_load_calls(), *self._server_check_steps()])
             if isinstance(loaded, PrqError):
                 raise loaded
-            self._server_checked(*checks)
+            self._server_checked(info)
             self._pulses.start()
             self._watch_thread = threading.Thread(
                 target=self._watch_loop, name="prq-watch", daemon=True

@@ -12,12 +12,15 @@ duration passes or Ctrl-C → let senders finish their calls (bounded, then canc
 nodes (stop event, bounded join, terminate, kill) → stop Redis → one summary line.
 
 Every wait is bounded; a node that dies or hangs is reported and killed, never waited on forever.
-Run it as `prq demo`; `python -m prq.demo` does the same with default options.
+Run it as `prq demo`; `python -m prq.demo` does the same with default options. `prq demo
+--no-nodes` starts no node and drives the calls at workers elsewhere, which serve the same
+endpoints with `prq worker prq.demo.handlers:handle` (as docker-compose.yml does).
 
 Modules, in lifecycle order:
 
     config.py    DemoConfig and NodeSpec: what to run (defaults, the two nodes)
     services.py  the methods the nodes serve: echo, sum, sleep, flaky (no I/O)
+    handlers.py  the same methods as handlers for `prq worker` (async and blocking)
     nodes.py     the receiver node processes: their entry point, start and stop
     stats.py     what the senders saw: per-endpoint windows, latency sample, percentiles
     senders.py   the load generators: asyncio tasks making random calls

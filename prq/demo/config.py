@@ -44,7 +44,11 @@ NODES: tuple[NodeSpec, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
-    """What `run_demo` needs; `url` None starts an embedded Redis."""
+    """What `run_demo` needs; `url` None starts an embedded Redis.
+
+    `start_nodes` False starts no receiver node: the senders call the nodes' endpoints all the
+    same, for workers elsewhere (`prq worker prq.demo.handlers:handle`) to serve.
+    """
 
     url: str | None = None
     duration_s: float = DEFAULT_DURATION_S
@@ -52,3 +56,4 @@ class DemoConfig:
     prefix: str = DEFAULT_PREFIX
     nodes: tuple[NodeSpec, ...] = NODES
     seed: int | None = None
+    start_nodes: bool = True

@@ -37,6 +37,8 @@ DEFAULT_HEADLESS_LINE_S = 2.0
 DEFAULT_PING_TIMEOUT_S = 3.0
 #: Columns assumed when printing without a terminal.
 DEFAULT_HEADLESS_WIDTH = 120
+#: What the table shows as the node of an endpoint that workers elsewhere serve.
+EXTERNAL_NODE = "ext"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,9 @@ async def _drive(
     config: DemoConfig, url: str, nodes: ReceiverNodes, console: Console
 ) -> DemoResult:
     stats = {
-        endpoint: EndpointStats(endpoint, nodes.node_of(endpoint))
+        endpoint: EndpointStats(
+            endpoint, nodes.node_of(endpoint) if config.start_nodes else EXTERNAL_NODE
+        )
         for spec in config.nodes
         for endpoint in spec.endpoints
     }
@@ -81,7 +85,8 @@ async def _drive(
         started = time.monotonic()
         deadline = started + config.duration_s if config.duration_s > 0 else None
         until = f"{config.duration_s:g} s" if deadline is not None else "Ctrl-C"
-        title = f"prq demo: {config.concurrency} senders, 2 nodes, until {until}"
+        served_by = f"{len(config.nodes)} nodes" if config.start_nodes else "external workers"
+        title = f"prq demo: {config.concurrency} senders, {served_by}, until {until}"
         with _stop_on_signals(asyncio.get_running_loop(), stop), contextlib.ExitStack() as screen:
             live: Live | None = None
             if console.is_terminal:
@@ -127,7 +132,7 @@ def _summary(result: DemoResult, nodes: ReceiverNodes) -> str:
         f"prq demo: {result.calls} calls in {result.elapsed_s:.1f} s ({rate:.0f} calls/s), "
         f"p50 {fmt_ms(result.p50_ms)} ms, p99 {fmt_ms(result.p99_ms)} ms, "
         f"{result.errors} errors raised by the service, {result.failed} failed; "
-        f"handled by node {handled}"
+        + (f"handled by node {handled}" if handled else "served by external workers")
     )
 
 
@@ -153,9 +158,15 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> int:
                 console.print(f"[red]cannot reach Redis at {url}: {problem}[/red]")
                 return 1
             console.print(f"using Redis at {url}")
-        nodes = ReceiverNodes(url, config.prefix, config.nodes)
+        nodes = ReceiverNodes(url, config.prefix, config.nodes if config.start_nodes else ())
         stack.callback(nodes.stop)
-        console.print("starting receiver nodes " + ", ".join(_describe(s) for s in config.nodes))
+        if config.start_nodes:
+            console.print(
+                "starting receiver nodes " + ", ".join(_describe(s) for s in config.nodes)
+            )
+        else:
+            endpoints = ", ".join(e for spec in config.nodes for e in spec.endpoints)
+            console.print(f"no receiver nodes: calling {endpoints} for workers elsewhere")
         try:
             nodes.start()
         except RuntimeError as exc:

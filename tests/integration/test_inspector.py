@@ -217,6 +217,7 @@ async def test_health_reports_eviction_and_persistence(own_redis: EmbeddedRedis)
             client.config_set("maxmemory-policy", "allkeys-lru")
             client.config_set("appendonly", "yes")
             client.config_set("save", "3600 1")
+            client.save()  # INFO shows snapshots once one was taken
             health = await view.redis_health()
             assert health.persistence == ["aof", "rdb snapshots"]
             assert len(health.warnings) == 2

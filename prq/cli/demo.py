@@ -1,100 +1,30 @@
-"""The `prq` command line: one typer app, one function per command.
-
-Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
-default (the variable is named in `--help`). Logging goes to stderr at WARNING (INFO with
-`--verbose`); the library itself never configures logging.
-
-Commands: `demo`, `bench`. Still to come, and meant to slot in beside them as one function
-each: `worker`, `api`, `call`, `stats`.
-"""
+"""`prq demo` and `prq bench`: the two commands that bring their own Redis when none is given."""
 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from prq.cli.options import EmbeddedUrlOption, PrefixOption
 from prq.demo import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PREFIX
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["app", "main"]
+__all__ = ["BENCH_SCRIPT", "bench", "demo"]
 
 #: Where `prq bench` finds the benchmark script: the source checkout's bench/ folder.
-BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "rpc.py"
-
-app = typer.Typer(
-    name="prq",
-    help=(
-        "prq: a Redis-backed distributed pending-request queue.\n\n"
-        "Options come from flags, else from PRQ_* environment variables, else defaults. "
-        "Without PRQ_REDIS_URL (or --url), demo and bench start a private redis-server."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
-)
-
-# -- options shared by several commands ----------------------------------------------------------
-
-UrlOption = Annotated[
-    str | None,
-    typer.Option(
-        "--url",
-        envvar="PRQ_REDIS_URL",
-        show_envvar=True,
-        help="Redis URL, e.g. redis://host:6379/0. Unset: start an embedded redis-server.",
-    ),
-]
-PrefixOption = Annotated[
-    str,
-    typer.Option(
-        "--prefix", envvar="PRQ_PREFIX", show_envvar=True, help="Key prefix of the queue."
-    ),
-]
-
-
-def configure_logging(verbose: bool) -> None:
-    """WARNING by default, INFO with --verbose; records go to stderr through rich."""
-    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(name)s: %(message)s",
-        handlers=[handler],
-        force=True,
-    )
-
-
-@app.callback()
-def root(
-    verbose: Annotated[
-        bool,
-        typer.Option(
-            "--verbose",
-            "-v",
-            envvar="PRQ_VERBOSE",
-            show_envvar=True,
-            help="Log lifecycle events (INFO) instead of warnings only.",
-        ),
-    ] = False,
-) -> None:
-    """Run a demo or a benchmark of prq; more commands (worker, api, call, stats) follow."""
-    configure_logging(verbose)
+BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "rpc.py"
 
 
 # -- demo ----------------------------------------------------------------------------------------
 
 
-@app.command()
 def demo(
-    url: UrlOption = None,
+    url: EmbeddedUrlOption = None,
     duration: Annotated[
         float,
         typer.Option(
@@ -121,6 +51,17 @@ def demo(
         int | None,
         typer.Option("--seed", help="Seed the senders' random choices (repeatable runs)."),
     ] = None,
+    nodes: Annotated[
+        bool,
+        typer.Option(
+            "--nodes/--no-nodes",
+            envvar="PRQ_DEMO_NODES",
+            show_envvar=True,
+            help="Start the two receiver nodes. --no-nodes drives the calls at workers that "
+            "serve the same endpoints elsewhere, e.g. `prq worker prq.demo.handlers:handle` "
+            "(docker-compose.yml does this).",
+        ),
+    ] = True,
 ) -> None:
     """Start two receiver nodes and drive calls at them, with a live table.
 
@@ -134,7 +75,12 @@ def demo(
     from prq.demo import DemoConfig, run_demo
 
     config = DemoConfig(
-        url=url, duration_s=duration, concurrency=concurrency, prefix=prefix, seed=seed
+        url=url,
+        duration_s=duration,
+        concurrency=concurrency,
+        prefix=prefix,
+        seed=seed,
+        start_nodes=nodes,
     )
     raise typer.Exit(run_demo(config))
 
@@ -142,9 +88,8 @@ def demo(
 # -- bench ---------------------------------------------------------------------------------------
 
 
-@app.command()
 def bench(
-    url: UrlOption = None,
+    url: EmbeddedUrlOption = None,
     calls: Annotated[
         int,
         typer.Option(
@@ -238,14 +183,22 @@ def bench(
     if root_dir not in sys.path:
         sys.path.insert(0, root_dir)
     rpc = importlib.import_module("bench.rpc")
-    code = rpc.main(argv)
+    with _working(f"prq bench: {repeat} run(s) of each variant, {calls} + {seq_calls} calls each"):
+        code = rpc.main(argv)
     raise typer.Exit(int(code))
 
 
-def main() -> None:
-    """Entry point of the `prq` console script."""
-    app()
-
-
-if __name__ == "__main__":
-    main()
+def _working(description: str) -> Progress:
+    """A spinner with the elapsed time on stderr while the benchmark runs (terminals only;
+    the lines the benchmark prints scroll above it)."""
+    console = Console(stderr=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    progress.add_task(description, total=None)
+    return progress

@@ -1,0 +1,153 @@
+"""`create_app`: the admin service as a FastAPI app (the caller runs it, e.g. under uvicorn).
+
+While the app runs (its lifespan), it owns one prq queue node (status and cancel go through it;
+its data-loss watch feeds `/health`), one `Inspector` (read-only views of Redis), and a
+background sampler of enqueue counters for the throughput chart. Shutdown stops the sampler
+(bounded) and closes the inspector and the node.
+
+Every route but `/health` and the dashboard shell needs a bearer token (`api.auth`), the
+OpenAPI document included (`/openapi.json`). Errors share one JSON shape (`api.errors`); request
+bodies are limited (`api.body_limit`); CORS is off unless exact origins are configured.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from api.auth import TokenChecker, require_read
+from api.body_limit import BodySizeLimit
+from api.deps import Service
+from api.errors import install_error_handlers
+from api.routes import endpoints, health, metrics, requests
+from api.routes.dashboard import mount_dashboard
+from api.settings import ApiSettings
+from api.throughput import ReadTotals, ThroughputSampler
+from prq.admin import Inspector
+from prq.config import QueueSettings
+from prq.errors import ConfigurationError, PrqError
+from prq.queue import AsyncQueue
+
+__all__ = ["create_app", "service_version"]
+
+logger = logging.getLogger(__name__)
+
+#: Where the OpenAPI document is served (behind a token, like the routes it describes).
+OPENAPI_PATH = "/openapi.json"
+
+
+def service_version() -> str:
+    """The installed prq version (the source tree's when not installed)."""
+    try:
+        return importlib.metadata.version("prq")
+    except importlib.metadata.PackageNotFoundError:
+        import prq
+
+        return prq.__version__
+
+
+def _enqueued_totals(inspector: Inspector) -> ReadTotals:
+    """Reads every endpoint's enqueue counter (one Redis read), for the sampler."""
+
+    async def read() -> dict[str, int]:
+        return {info.endpoint: info.enqueued_total for info in await inspector.endpoints()}
+
+    return read
+
+
+def create_app(
+    settings: ApiSettings | None = None,
+    *,
+    redis_url: str,
+    prefix: str = "prq",
+    queue_settings: QueueSettings | None = None,
+) -> FastAPI:
+    """The admin service for the queue at `redis_url` / `prefix`.
+
+    Raises:
+        ConfigurationError: no admin token is configured (PRQ_API_ADMIN_TOKENS).
+    """
+    settings = settings if settings is not None else ApiSettings()
+    if not settings.admin_tokens:
+        raise ConfigurationError(
+            "the admin service needs at least one admin token: set PRQ_API_ADMIN_TOKENS "
+            "(comma-separated, each at least 16 characters)"
+        )
+    version = service_version()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        queue = AsyncQueue.from_url(redis_url, prefix=prefix, settings=queue_settings)
+        inspector = Inspector.from_url(redis_url, prefix=prefix, settings=queue_settings)
+        sampler = ThroughputSampler(
+            _enqueued_totals(inspector),
+            interval_s=settings.sample_interval_s,
+            window_s=settings.throughput_window_s,
+            max_samples=settings.samples_per_endpoint,
+            timeout_s=settings.redis_timeout_s,
+        )
+        try:
+            await queue.start()
+        except PrqError as exc:
+            # Serve anyway: /health says Redis is down, and the node starts on first use.
+            logger.warning("admin service: queue node not started error=%s", exc)
+        sampler.start()
+        app.state.service = Service(
+            settings=settings,
+            queue=queue,
+            inspector=inspector,
+            sampler=sampler,
+            version=version,
+        )
+        logger.info(
+            "admin service started version=%s prefix=%s node_id=%s admin_tokens=%d read_tokens=%d",
+            version,
+            prefix,
+            queue.node_id,
+            len(settings.admin_tokens),
+            len(settings.read_tokens),
+        )
+        try:
+            yield
+        finally:
+            await sampler.aclose()
+            await inspector.aclose()
+            await queue.aclose()
+            logger.info("admin service stopped node_id=%s", queue.node_id)
+
+    app = FastAPI(
+        title="prq admin",
+        version=version,
+        summary="Health, endpoints, requests and metrics of a prq queue.",
+        lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.token_checker = TokenChecker(settings.admin_tokens, settings.read_tokens)
+    install_error_handlers(app)
+    for area in (health, endpoints, requests, metrics):
+        app.include_router(area.router)
+    mount_dashboard(app)
+
+    @app.get(OPENAPI_PATH, include_in_schema=False, dependencies=[Depends(require_read)])
+    async def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            allow_credentials=False,
+            max_age=600,
+        )
+    return app

@@ -1,0 +1,116 @@
+"""What routes depend on: the running service (queue node, inspector, sampler) and parameters.
+
+`Service` exists while the app's lifespan runs; routes reach it through `ServiceDep`. Every Redis
+read a route makes goes through `Service.redis(...)`, which bounds it by `redis_timeout_s`, so a
+Redis that does not answer costs a client a 503 after a few seconds, not a hung request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.errors import RedisTimeout
+from api.settings import ApiSettings
+from api.throughput import ThroughputSampler
+from prq.admin import MAX_PAGE, Inspector
+from prq.models import MAX_ENDPOINT_LENGTH, REQUEST_ID_PATTERN
+from prq.queue import AsyncQueue
+
+__all__ = [
+    "ENDPOINT_PATTERN",
+    "MAX_QUEUED_OFFSET",
+    "EndpointParams",
+    "EndpointQuery",
+    "QueuedParams",
+    "QueuedQuery",
+    "RequestIdPath",
+    "Service",
+    "ServiceDep",
+    "get_service",
+]
+
+T = TypeVar("T")
+
+#: Endpoint names are 1-200 printable characters (`str.isprintable`). JSON Schema cannot say
+#: "printable" exactly, so the pattern refuses the control characters; the few other
+#: non-printable characters (e.g. U+200B) pass the pattern and are refused with 422 by prq.
+ENDPOINT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+
+#: Largest offset into an endpoint's queue (a bound on what a client can ask Redis for).
+MAX_QUEUED_OFFSET = 2**31 - 1
+
+EndpointName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_ENDPOINT_LENGTH,
+        pattern=ENDPOINT_PATTERN,
+        description="The endpoint's name, e.g. poll://billing-7 (1-200 printable characters)",
+        examples=["poll://billing-7"],
+    ),
+]
+
+
+class EndpointParams(BaseModel):
+    """Query parameters naming one endpoint (an unknown parameter is refused, not ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: EndpointName
+
+
+class QueuedParams(EndpointParams):
+    """Query parameters of a page of an endpoint's queued requests."""
+
+    offset: int = Field(0, ge=0, le=MAX_QUEUED_OFFSET, description="How many to skip")
+    limit: int = Field(50, ge=1, le=MAX_PAGE, description=f"Most items in the page (1-{MAX_PAGE})")
+
+
+EndpointQuery = Annotated[EndpointParams, Query()]
+QueuedQuery = Annotated[QueuedParams, Query()]
+
+RequestIdPath = Annotated[
+    str,
+    Path(
+        pattern=REQUEST_ID_PATTERN,
+        description="The request's id (as the caller's Request.id)",
+        examples=["0f8fad5bd9cb469fa16570867728950e"],
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """The parts of a running admin service that routes use."""
+
+    settings: ApiSettings
+    queue: AsyncQueue
+    inspector: Inspector
+    sampler: ThroughputSampler
+    version: str
+
+    async def redis(self, operation: Awaitable[T]) -> T:
+        """Await a Redis-backed operation, at most `redis_timeout_s` (else RedisTimeout)."""
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                return await operation
+        except TimeoutError as exc:
+            raise RedisTimeout(
+                f"Redis did not answer within {self.settings.redis_timeout_s:g} s; "
+                "try again in a moment"
+            ) from exc
+
+
+def get_service(request: Request) -> Service:
+    """The service of the running app (set by its lifespan)."""
+    service: Service = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]

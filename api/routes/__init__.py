@@ -1,0 +1,13 @@
+"""The admin service's routes, one router per area.
+
+- `health`: `/health` (no auth) and `/api/whoami`.
+- `endpoints`: what Redis holds per endpoint: `/api/endpoints`, `/api/endpoint`, `/api/queued`,
+  `/api/throughput`.
+- `requests`: one request by id: `/api/requests/{request_id}` and its `cancel`.
+- `metrics`: Prometheus `/metrics`.
+- `dashboard`: the HTML dashboard shell and its packaged assets (not in the OpenAPI document).
+
+Endpoint names travel in the `endpoint` query parameter, never in the path: they contain `/`.
+Dead letters and limits (a later issue) slot in as `dead_letters` (`/api/dead-letters?endpoint=`)
+and `limits` (`/api/limits?endpoint=`), each a router of its own included by `api.app`.
+"""

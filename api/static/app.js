@@ -1,0 +1,352 @@
+// The prq dashboard: health banner, endpoints table, throughput chart, one endpoint's queued
+// requests (with Cancel for admins). Everything refreshes every REFRESH_MS.
+//
+// States: signed out (the form shows) → signed in (role known from /api/whoami; data refreshes).
+// A 401 on any call signs out. Other errors show in the status line and the next refresh retries.
+
+import { api, clearToken, loadToken, saveToken, tokenFromFragment } from "./api.js";
+import { renderThroughput } from "./chart.js";
+import { el, formatAge, formatBytes, formatClock, formatCount } from "./dom.js";
+
+const REFRESH_MS = 2000;
+
+const $ = (id) => document.getElementById(id);
+
+/** Write text only when it changed, so live regions do not re-announce the same words. */
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+const state = {
+  role: null, // "admin" | "read" once signed in
+  selected: null, // endpoint whose queued requests show
+  timer: null,
+  /** Latest call number per resource: an older answer arriving late is dropped. */
+  seq: { endpoints: 0, throughput: 0, queued: 0 },
+  /** Where the status line's message came from: "refresh" messages clear on the next success. */
+  statusSource: null,
+};
+
+// -- status line ---------------------------------------------------------------------------
+
+function setStatus(text, kind = "info", source = "action") {
+  const line = $("status");
+  setText(line, text);
+  line.className = `status ${kind}`;
+  state.statusSource = text ? source : null;
+}
+
+function clearRefreshError() {
+  if (state.statusSource === "refresh") setStatus("");
+}
+
+/** Say what went wrong; a 401 signs out. */
+function report(error, what) {
+  if (error.status === 401) {
+    signOut("The token was not accepted (401). Sign in again.");
+  } else if (error.status === 0) {
+    setStatus(`Network error: ${error.message}. Retrying every ${REFRESH_MS / 1000} s.`, "error",
+      "refresh");
+  } else if (error.status === 403) {
+    setStatus(`Not allowed (403): ${what} needs an admin token.`, "error", "action");
+  } else {
+    const code = error.status ? ` (${error.status} ${error.type})` : "";
+    setStatus(`Could not ${what}${code}: ${error.message}`, "error", "refresh");
+  }
+}
+
+// -- health ----------------------------------------------------------------------------------
+
+function showHealth(status, detail, warnings) {
+  $("health").className = `health ${status}`;
+  setText($("health-state"), status);
+  setText($("health-detail"), detail);
+  const list = $("health-warnings");
+  if (list.textContent !== warnings.join("")) {
+    list.replaceChildren(...warnings.map((w) => el("li", { text: w })));
+  }
+}
+
+function renderHealth(health) {
+  const redis = health.redis ?? {};
+  const persistence = (redis.persistence ?? []).join(", ") || "none";
+  const parts = redis.ok
+    ? [`Redis ${redis.version ?? "?"}`, `eviction ${redis.maxmemory_policy ?? "?"}`,
+      `persistence ${persistence}`]
+    : ["Redis does not answer"];
+  if (health.version) parts.push(`prq ${health.version}`);
+  const warnings = (redis.warnings ?? []).map(String);
+  if (redis.error) warnings.push(String(redis.error));
+  if (health.data_loss_events > 0) {
+    warnings.push(`${health.data_loss_events} data-loss event(s) seen by this service`);
+  }
+  showHealth(String(health.status ?? "unknown"), parts.join(" · "), warnings);
+}
+
+async function refreshHealth() {
+  try {
+    renderHealth(await api.health());
+  } catch (error) {
+    showHealth("unknown", error.message, []);
+  }
+}
+
+// -- endpoints table -------------------------------------------------------------------------
+
+const ENDPOINT_CELLS = [
+  ["depth", (e) => formatCount(e.depth)],
+  ["in-flight", (e) => formatCount(e.in_flight)],
+  ["oldest-age", (e) => formatAge(e.oldest_age_s)],
+  ["receivers", (e) => formatCount(e.receivers)],
+  ["enqueued-total", (e) => formatCount(e.enqueued_total)],
+];
+
+/** Rows are kept per endpoint and updated in place, so focus and selection survive refreshes. */
+const endpointRows = new Map();
+
+function endpointRow(endpoint) {
+  let row = endpointRows.get(endpoint);
+  if (row) return row;
+  const button = el("button", {
+    type: "button",
+    class: "link",
+    "data-testid": "endpoint-link",
+    "aria-label": `Show queued requests of ${endpoint}`,
+    text: endpoint,
+  });
+  row = el("tr", { "data-testid": "endpoint-row", onclick: () => select(endpoint) },
+    el("th", { scope: "row" }, button),
+    ...ENDPOINT_CELLS.map(([name]) => el("td", { class: "num", "data-testid": `endpoint-${name}` })));
+  endpointRows.set(endpoint, row);
+  return row;
+}
+
+function renderEndpoints(endpoints) {
+  const body = $("endpoint-rows");
+  const seen = new Set();
+  endpoints.forEach((info, index) => {
+    seen.add(info.endpoint);
+    const row = endpointRow(info.endpoint);
+    ENDPOINT_CELLS.forEach(([, value], i) => {
+      setText(row.cells[i + 1], value(info));
+    });
+    const selected = info.endpoint === state.selected;
+    row.classList.toggle("selected", selected);
+    row.querySelector("button").toggleAttribute("aria-current", selected);
+    if (body.children[index] !== row) body.insertBefore(row, body.children[index] ?? null);
+  });
+  for (const [endpoint, row] of endpointRows) {
+    if (!seen.has(endpoint)) {
+      row.remove();
+      endpointRows.delete(endpoint);
+    }
+  }
+  $("endpoints-empty").hidden = endpoints.length > 0;
+}
+
+async function refreshEndpoints() {
+  const seq = ++state.seq.endpoints;
+  const endpoints = await api.endpoints();
+  if (seq === state.seq.endpoints) renderEndpoints(endpoints);
+}
+
+async function refreshThroughput() {
+  const seq = ++state.seq.throughput;
+  const data = await api.throughput();
+  if (seq !== state.seq.throughput) return;
+  const minutes = Math.round((Number(data.window_s) || 600) / 60);
+  $("throughput-caption").textContent = `enqueued per second, last ${minutes} minutes`;
+  renderThroughput($("throughput"), data);
+}
+
+// -- queued requests -------------------------------------------------------------------------
+
+const queuedRows = new Map();
+
+function cancelButton(item) {
+  return el("button", {
+    type: "button",
+    class: "danger",
+    "data-testid": "cancel-button",
+    "aria-label": `Cancel request ${item.id}`,
+    text: "Cancel",
+    onclick: (event) => cancel(item.id, event.currentTarget),
+  });
+}
+
+function queuedRow(item) {
+  let row = queuedRows.get(item.id);
+  if (row) return row;
+  row = el("tr", { "data-testid": "queued-row", "data-request-id": item.id },
+    el("td", { class: "mono", "data-testid": "queued-id", text: item.id }),
+    el("td", { "data-testid": "queued-method", text: item.method }),
+    el("td", { class: "num", "data-testid": "queued-age" }),
+    el("td", { "data-testid": "queued-producer", text: item.producer ?? "—" }),
+    el("td", { class: "num", "data-testid": "queued-priority", text: formatCount(item.priority) }),
+    el("td", { class: "num", "data-testid": "queued-size", text: formatBytes(item.body_bytes) }),
+    state.role === "admin" ? el("td", { class: "actions" }, cancelButton(item)) : null);
+  queuedRows.set(item.id, row);
+  return row;
+}
+
+function renderQueued(page) {
+  const body = $("queued-rows");
+  const seen = new Set();
+  page.items.forEach((item, index) => {
+    seen.add(item.id);
+    const row = queuedRow(item);
+    row.cells[2].textContent = formatAge(item.age_s);
+    if (body.children[index] !== row) body.insertBefore(row, body.children[index] ?? null);
+  });
+  for (const [id, row] of queuedRows) {
+    if (!seen.has(id)) {
+      row.remove();
+      queuedRows.delete(id);
+    }
+  }
+  const shown = page.items.length;
+  $("queued").querySelector("[data-testid=queued-count]").textContent =
+    shown < page.total ? `${shown} oldest of ${formatCount(page.total)}` : `${shown} queued`;
+  $("queued-empty").hidden = shown > 0;
+}
+
+function resetQueued() {
+  queuedRows.clear();
+  $("queued-rows").replaceChildren();
+  $("queued").querySelector("[data-testid=queued-count]").textContent = "";
+  $("queued-empty").hidden = true;
+  const head = $("queued-head");
+  head.querySelector(".actions")?.remove();
+  if (state.role === "admin") head.append(el("th", { scope: "col", class: "actions", text: "Action" }));
+}
+
+async function refreshQueued() {
+  if (state.selected === null) return;
+  const seq = ++state.seq.queued;
+  const endpoint = state.selected;
+  const page = await api.queued(endpoint, 50);
+  if (seq === state.seq.queued && endpoint === state.selected) renderQueued(page);
+}
+
+function select(endpoint) {
+  if (state.selected !== endpoint) {
+    state.selected = endpoint;
+    state.seq.queued += 1; // drop an answer still on its way for the previous endpoint
+    resetQueued();
+  }
+  $("queued").hidden = false;
+  $("queued").querySelector("[data-testid=queued-endpoint]").textContent = endpoint;
+  for (const [name, row] of endpointRows) {
+    row.classList.toggle("selected", name === endpoint);
+    row.querySelector("button").toggleAttribute("aria-current", name === endpoint);
+  }
+  refreshQueued().catch((error) => report(error, "load the queued requests"));
+}
+
+function unselect() {
+  state.selected = null;
+  state.seq.queued += 1;
+  $("queued").hidden = true;
+  resetQueued();
+  for (const row of endpointRows.values()) {
+    row.classList.remove("selected");
+    row.querySelector("button").removeAttribute("aria-current");
+  }
+}
+
+async function cancel(id, button) {
+  button.disabled = true;
+  try {
+    const outcome = await api.cancel(id);
+    if (outcome.cancelled) setStatus(`Cancelled request ${id}.`, "ok");
+    else setStatus(`Request ${id} was not cancelled: it is ${outcome.state}.`, "warn");
+  } catch (error) {
+    button.disabled = false;
+    report(error, `cancel request ${id}`);
+    return;
+  }
+  await refreshData();
+}
+
+// -- refresh loop ----------------------------------------------------------------------------
+
+async function refreshData() {
+  const results = await Promise.allSettled([
+    refreshEndpoints(), refreshThroughput(), refreshQueued(),
+  ]);
+  const failed = results.find((r) => r.status === "rejected");
+  if (failed) {
+    report(failed.reason, "refresh");
+    return;
+  }
+  clearRefreshError();
+  $("dashboard").querySelector("[data-testid=updated]").textContent =
+    `updated ${formatClock(new Date())}`;
+}
+
+async function tick() {
+  clearTimeout(state.timer);
+  const work = [refreshHealth()];
+  if (state.role === null && loadToken()) work.push(learnRole());
+  else if (state.role !== null && !document.hidden) work.push(refreshData());
+  await Promise.allSettled(work);
+  clearTimeout(state.timer);
+  state.timer = setTimeout(tick, REFRESH_MS);
+}
+
+// -- signing in and out ----------------------------------------------------------------------
+
+async function learnRole() {
+  try {
+    const who = await api.whoami();
+    state.role = who.role === "admin" ? "admin" : "read";
+  } catch (error) {
+    report(error, "sign in");
+    return;
+  }
+  clearRefreshError();
+  $("signin").hidden = true;
+  $("dashboard").hidden = false;
+  $("session").hidden = false;
+  $("session").querySelector("[data-testid=role]").textContent =
+    state.role === "admin" ? "admin" : "read-only";
+  resetQueued();
+  await refreshData();
+}
+
+function signOut(message, kind = "error") {
+  clearToken();
+  state.role = null;
+  unselect();
+  $("dashboard").hidden = true;
+  $("session").hidden = true;
+  $("signin").hidden = false;
+  setStatus(message ?? "", kind);
+  $("token-input").focus();
+}
+
+function onSignIn(event) {
+  event.preventDefault();
+  const input = $("token-input");
+  const token = input.value.trim();
+  if (!token) return;
+  saveToken(token);
+  input.value = "";
+  setStatus("Signing in…", "info", "refresh");
+  tick();
+}
+
+function start() {
+  const fromFragment = tokenFromFragment();
+  if (fromFragment) saveToken(fromFragment);
+  $("signin-form").addEventListener("submit", onSignIn);
+  $("sign-out").addEventListener("click", () => signOut("Signed out.", "info"));
+  $("queued-close").addEventListener("click", unselect);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) tick();
+  });
+  if (!loadToken()) signOut();
+  tick();
+}
+
+start();

@@ -1,0 +1,90 @@
+"""The `prq` command line: one typer app, one module per command.
+
+    prq demo     two receiver nodes and senders, with a live table          (demo.py)
+    prq bench    prq against a raw redis-py list RPC on the same Redis       (demo.py)
+    prq worker   serve endpoints with a handler named MODULE:FUNCTION        (worker.py)
+    prq api      the admin service and dashboard under uvicorn              (api.py)
+    prq call     send one call (or --count N) and print the result as JSON  (call.py)
+    prq stats    a table of the endpoints, and Redis health warnings         (stats.py)
+
+Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
+default (the variable is named in `--help`). worker, api, call and stats need the Redis every
+node shares (`--url` or `PRQ_REDIS_URL`) and refuse to start without one; demo and bench start
+a private redis-server when none is given. Exit codes are listed in options.py (0 done,
+1 failed, 2 usage error, 3 retryable failure, 130 Ctrl-C). Logging goes to stderr at WARNING
+(INFO with `--verbose`); the library itself never configures logging.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from prq.cli import api, call, demo, stats, worker
+
+__all__ = ["app", "configure_logging", "main"]
+
+app = typer.Typer(
+    name="prq",
+    help=(
+        "prq: a Redis-backed distributed pending-request queue.\n\n"
+        "Serve endpoints (worker), call them (call), watch them (stats), run the admin "
+        "service and dashboard (api), or try it all out (demo, bench).\n\n"
+        "Options come from flags, else from PRQ_* environment variables, else defaults. "
+        "worker, api, call and stats need the shared Redis (--url or PRQ_REDIS_URL); "
+        "without one, demo and bench start a private redis-server."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+
+
+def configure_logging(verbose: bool) -> None:
+    """WARNING by default, INFO with --verbose; records go to stderr through rich."""
+    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[handler],
+        force=True,
+    )
+
+
+@app.callback()
+def root(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            envvar="PRQ_VERBOSE",
+            show_envvar=True,
+            help="Log lifecycle events (INFO) instead of warnings only.",
+        ),
+    ] = False,
+) -> None:
+    """Operate prq: serve, call and watch endpoints, run the admin service, or the demo."""
+    configure_logging(verbose)
+
+
+app.command("worker")(worker.worker)
+app.command("call")(call.call)
+app.command("stats")(stats.stats)
+app.command("api")(api.api)
+app.command("demo")(demo.demo)
+app.command("bench")(demo.bench)
+
+
+def main() -> None:
+    """Entry point of the `prq` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`/metrics`: Prometheus text that the Prometheus parser reads, with prq's series and the
+per-endpoint gauges refreshed from Redis on the scrape."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from prq import AsyncQueue, Request, RequestState
+from tests.queue_facades import wait_for_state
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://metrics-1"
+
+#: Families prq exposes (the parser names counters without their `_total` suffix).
+PRQ_FAMILIES = {
+    "prq_enqueued",
+    "prq_taken",
+    "prq_responded",
+    "prq_failed",
+    "prq_cancelled",
+    "prq_dead_lettered",
+    "prq_heartbeats_missed",
+    "prq_data_loss_events",
+    "prq_redis_retries",
+    "prq_pickup_wait_seconds",
+    "prq_round_trip_seconds",
+    "prq_endpoint_depth",
+    "prq_endpoint_in_flight",
+    "prq_endpoint_oldest_age_seconds",
+    "prq_endpoint_receivers",
+}
+
+
+#: family name -> {(label pairs..., ("__name__", sample name)): value}
+Families = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+async def scrape(http: httpx.AsyncClient, headers: dict[str, str]) -> Families:
+    response = await http.get("/metrics", headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    families: Families = {}
+    for family in text_string_to_metric_families(response.text):
+        families[family.name] = {
+            (*sorted(s.labels.items()), ("__name__", s.name)): s.value for s in family.samples
+        }
+    return families
+
+
+def gauge(families: Families, name: str, endpoint: str) -> float | None:
+    key = (("endpoint", endpoint), ("__name__", name))
+    return families.get(name, {}).get(key)
+
+
+async def test_metrics_parse_and_show_the_queued_depth(
+    http: httpx.AsyncClient, read: dict[str, str], sender: AsyncQueue
+) -> None:
+    # Given two requests queued on an endpoint by another node
+    requests = [Request(endpoint=ENDPOINT, method="m") for _ in range(2)]
+    calls = [asyncio.create_task(sender.queue_and_wait(r)) for r in requests]
+    try:
+        for request in requests:
+            await wait_for_state(sender, request.id, RequestState.QUEUED)
+
+        # When /metrics is scraped (with a read token) until the node has reported the endpoint
+        async def depth_shown() -> Families | None:
+            families = await scrape(http, read)
+            return families if gauge(families, "prq_endpoint_depth", ENDPOINT) == 2 else None
+
+        families = await async_wait_until(depth_shown, 10, 0.05, "depth gauge = 2")
+
+        # Then every prq family is there, and the endpoint's gauges match Redis
+        assert set(families) >= PRQ_FAMILIES
+        assert gauge(families, "prq_endpoint_in_flight", ENDPOINT) == 0
+        assert (gauge(families, "prq_endpoint_oldest_age_seconds", ENDPOINT) or 0) >= 0
+        assert gauge(families, "prq_endpoint_receivers", ENDPOINT) == 0
+        # And this process's enqueue counter counted the two requests
+        enqueued = families["prq_enqueued"]
+        key = (("endpoint", ENDPOINT), ("__name__", "prq_enqueued_total"))
+        assert enqueued[key] >= 2
+    finally:
+        for call in calls:
+            call.cancel()
+        await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)

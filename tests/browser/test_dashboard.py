@@ -1,0 +1,169 @@
+"""The dashboard in a real headless Chromium against the real admin service and Redis.
+
+Requests wait in queues nobody serves; the page must show them, escape what the endpoint name
+holds, cancel one for an admin (its caller gets CancelledBeforePickup), and offer no Cancel to a
+read-only token. A screenshot lands in test-output/dashboard.png for people to look at.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Locator, Page, expect
+
+from prq import CancelledBeforePickup, RequestState
+from tests.browser.support import AdminService, Callers
+
+pytestmark = pytest.mark.integration
+
+#: Bound of every wait on the page, ms (the page refreshes every 2 s).
+EXPECT_MS = 10_000
+#: Where the screenshot goes: test-output/ under the repository root (ignored by git).
+SCREENSHOT = Path(__file__).resolve().parents[2] / "test-output" / "dashboard.png"
+#: An endpoint name with markup in it: shown as typed, never run or parsed.
+EVIL_ENDPOINT = 'poll://dash/<script>window.__pwned=1</script><b>&amp;"bold"</b>'
+TOKEN_KEY = "prq.dashboard.token"
+#: A number above zero, as an attribute holds it.
+POSITIVE = re.compile(r"^(?!0(?:\.0*)?$)[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?$")
+
+
+def endpoint_row(page: Page, endpoint: str) -> Locator:
+    link = page.get_by_test_id("endpoint-link").get_by_text(endpoint, exact=True)
+    return page.get_by_test_id("endpoint-row").filter(has=link)
+
+
+def open_dashboard(page: Page, service: AdminService, token: str) -> None:
+    page.goto(f"{service.url}/dashboard#token={token}")
+    # The token left the address bar and sits in this tab's session storage.
+    expect(page).to_have_url(f"{service.url}/dashboard", timeout=EXPECT_MS)
+    expect(page.get_by_test_id("dashboard")).to_be_visible(timeout=EXPECT_MS)
+    assert page.evaluate(f"sessionStorage.getItem('{TOKEN_KEY}')") == token
+
+
+def test_admin_sees_queued_requests_and_cancels_one(
+    page: Page, admin_service: AdminService, callers: Callers
+) -> None:
+    # Given three requests waiting on an endpoint whose name holds markup, one on another
+    ids = [
+        callers.call(EVIL_ENDPOINT, "resize", producer="batch<i>", priority=p) for p in (0, 1, 5)
+    ]
+    callers.call("poll://dash/billing", "charge", producer="shop")
+
+    # When an admin opens the dashboard with the token in the fragment
+    open_dashboard(page, admin_service, admin_service.admin_token)
+
+    # Then the role, the health banner and the endpoint with its depth show
+    expect(page.get_by_test_id("role")).to_have_text("admin", timeout=EXPECT_MS)
+    health_state = page.get_by_test_id("health-state")
+    expect(health_state).to_have_text(re.compile(r"^(ok|degraded)$"), timeout=EXPECT_MS)
+    row = endpoint_row(page, EVIL_ENDPOINT)
+    expect(row.get_by_test_id("endpoint-depth")).to_have_text("3", timeout=EXPECT_MS)
+    expect(row.get_by_test_id("endpoint-in-flight")).to_have_text("0")
+    expect(endpoint_row(page, "poll://dash/billing").get_by_test_id("endpoint-depth")).to_have_text(
+        "1"
+    )
+    # ... and the markup in the name stayed text: no script ran, no element was made of it
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("script").count() == 1  # the dashboard's own module
+    assert page.locator("b").count() == 0
+
+    # When two more requests arrive on the listed billing endpoint
+    for _ in range(2):
+        callers.call("poll://dash/billing", "charge", producer="shop")
+
+    # Then the throughput chart draws a rise in billing's enqueue rate
+    billing_line = page.locator(
+        '[data-testid=throughput-svg] [data-endpoint="poll://dash/billing"]'
+    )
+    expect(billing_line).to_have_attribute("data-peak", POSITIVE, timeout=EXPECT_MS)
+
+    # When the admin clicks the endpoint
+    row.get_by_test_id("endpoint-link").click()
+
+    # Then its queued requests show, each with a Cancel button
+    expect(page.get_by_test_id("queued-endpoint")).to_have_text(EVIL_ENDPOINT, timeout=EXPECT_MS)
+    queued = page.get_by_test_id("queued-row")
+    expect(queued).to_have_count(3, timeout=EXPECT_MS)
+    assert sorted(queued.get_by_test_id("queued-id").all_inner_texts()) == sorted(ids)
+    expect(queued.first.get_by_test_id("queued-producer")).to_have_text("batch<i>")
+    expect(page.get_by_test_id("cancel-button")).to_have_count(3)
+    # ... and the chart's legend names it (as text)
+    series = page.get_by_test_id("throughput-series").filter(has_text=EVIL_ENDPOINT)
+    expect(series).to_be_visible(timeout=EXPECT_MS)
+
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+    # When the admin cancels the middle request
+    victim = ids[1]
+    page.get_by_role("button", name=f"Cancel request {victim}").click()
+
+    # Then the page says so, and the request leaves the list and the depth
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Cancelled request {victim}.", timeout=EXPECT_MS
+    )
+    expect(page.get_by_test_id("cancel-button")).to_have_count(2, timeout=EXPECT_MS)
+    assert sorted(queued.get_by_test_id("queued-id").all_inner_texts()) == sorted(ids[::2])
+    expect(row.get_by_test_id("endpoint-depth")).to_have_text("2", timeout=EXPECT_MS)
+    # ... its caller got prq's Cancelled error, and its status says it was cancelled
+    assert isinstance(callers.outcome(victim), CancelledBeforePickup)
+    status = callers.queue.status(victim)
+    assert (status.state, status.reason) == (RequestState.WITHDRAWN, "cancelled")
+    headers = {"Authorization": f"Bearer {admin_service.read_token}"}
+    with httpx.Client(base_url=admin_service.url, headers=headers, timeout=10) as client:
+        answer = client.get(f"/api/requests/{victim}")
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["state"], answer.json()["reason"]) == ("withdrawn", "cancelled")
+    # ... while the other callers still wait
+    assert callers.queue.status(ids[0]).state == RequestState.QUEUED
+
+
+def test_read_only_token_sees_queued_requests_without_cancel(
+    page: Page, admin_service: AdminService, callers: Callers
+) -> None:
+    # Given a waiting request
+    endpoint = "poll://dash/read-only"
+    request_id = callers.call(endpoint, "lookup", producer="reports")
+
+    # When a read-only user opens the dashboard and the endpoint
+    open_dashboard(page, admin_service, admin_service.read_token)
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then the request shows, with no Cancel button and no action column
+    queued = page.get_by_test_id("queued-row")
+    expect(queued.get_by_test_id("queued-id")).to_have_text([request_id], timeout=EXPECT_MS)
+    expect(page.get_by_test_id("cancel-button")).to_have_count(0)
+    expect(page.get_by_role("columnheader", name="Action")).to_have_count(0)
+    assert callers.queue.status(request_id).state == RequestState.QUEUED
+
+
+def test_sign_in_form_rejects_a_bad_token_and_keeps_a_good_one(
+    page: Page, admin_service: AdminService
+) -> None:
+    # Given the dashboard opened without a token
+    page.goto(f"{admin_service.url}/dashboard")
+    expect(page.get_by_test_id("signin")).to_be_visible(timeout=EXPECT_MS)
+    expect(page.get_by_test_id("dashboard")).to_be_hidden()
+
+    # When a wrong token is entered, Then the page says it was refused and stays on the form
+    page.get_by_label("Access token").fill("not-a-valid-token-at-all")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("status")).to_contain_text("401", timeout=EXPECT_MS)
+    expect(page.get_by_test_id("signin")).to_be_visible()
+
+    # When the read token is entered, Then the dashboard opens, also after a reload
+    page.get_by_label("Access token").fill(admin_service.read_token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+    expect(page.get_by_test_id("status")).to_have_text("", timeout=EXPECT_MS)
+    page.reload()
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+
+    # When the user signs out, Then the token is forgotten
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_test_id("signin")).to_be_visible(timeout=EXPECT_MS)
+    assert page.evaluate(f"sessionStorage.getItem('{TOKEN_KEY}')") is None
