@@ -5,7 +5,8 @@ read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
 
 - endpoints: the registry `prq:endpoints`, where every node lists the endpoints it used lately
   (prq.presence), newest use first, capped at `max_endpoints`;
-- depth: the length of the endpoint's pending list (withdrawn ids leave it, see withdraw.lua);
+- depth: the length of the endpoint's pending list: withdrawn and cancelled ids leave it (see
+  withdraw.lua); ids whose sender died without withdrawing stay until a take skips them;
 - in flight: the endpoint's in-flight set, counting entries touched (taken or beaten) within a
   request's in-flight TTL;
 - oldest age: the creation time of the first live request among the first few of the list;
@@ -158,6 +159,26 @@ class Inspector:
     async def endpoints(self) -> list[EndpointInfo]:
         """Every endpoint nodes reported lately (at most `max_endpoints`, newest first kept),
         sorted by name."""
+        now_ms, seen = await self._registry()
+        infos = await self._describe(sorted(seen), now_ms)
+        return [info.model_copy(update={"last_seen_ms": seen[info.endpoint]}) for info in infos]
+
+    async def enqueued_totals(self) -> dict[str, int]:
+        """Every reported endpoint's enqueue counter: two round trips, one read per endpoint
+        (what a throughput sampler needs, without the rest of `endpoints()`)."""
+        _, seen = await self._registry()
+        names = sorted(seen)
+        if not names:
+            return {}
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            for endpoint in names:
+                pipe.get(self.keys.endpoint(endpoint).sequence)
+            counters = await pipe.execute()
+        return {name: int(value or 0) for name, value in zip(names, counters, strict=True)}
+
+    async def _registry(self) -> tuple[int, dict[str, int]]:
+        """Redis's time (ms) and the endpoints nodes reported: name -> last seen (ms)."""
         with _reading():
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
@@ -174,8 +195,7 @@ class Inspector:
             if encode_endpoint(endpoint) != _text(encoded):
                 continue  # not prq's encoding of any name (e.g. a stray "%ZZ")
             seen[endpoint] = int(float(score))
-        infos = await self._describe(sorted(seen), _server_ms(now_reply))
-        return [info.model_copy(update={"last_seen_ms": seen[info.endpoint]}) for info in infos]
+        return _server_ms(now_reply), seen
 
     async def endpoint(self, endpoint: str) -> EndpointInfo:
         """One endpoint, registered or not (raises InvalidEndpoint for a bad name)."""

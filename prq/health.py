@@ -8,9 +8,13 @@ settings defeat that or lose requests silently:
   back empty; prq's counters still catch most rollbacks, but requests that had finished may be
   handed out again, and the time a reload takes is time every call waits.
 
-INFO has no `save` schedule: snapshots show once one was taken (or data was loaded at start);
-callers that may read CONFIG can pass the schedule. Nodes log these loudly when they start; the
-admin service's health reports them. Pure functions
+prq's ACL users may not run CONFIG (CONFIG GET would also reveal passwords), so the judgement
+reads INFO, which has no snapshot schedule: RDB persistence shows once a snapshot was taken
+(under the default schedule, within an hour of the first write) or when data was loaded from
+disk at start. A manual SAVE counts too, rightly: Redis loads that dump.rdb when it restarts.
+Callers that may read CONFIG can pass the schedule as `save`. Nodes read INFO at start and at
+every data-loss check and log each warning when it first appears; the admin service's health
+reports them. Pure functions
 over the text Redis returns, so the same judgement serves both facades and the admin service.
 """
 

@@ -96,12 +96,13 @@ class Liveness:
         keys = self.ctx.keys
         calls: list[tuple[Lease, Call]] = []
         in_flight_ttl_ms = _ms(settings.in_flight_ttl_s())
+        list_ttl_ms = _ms(settings.list_ttl_s)
         for lease in self.sent.values():
             if self._beat_due(lease, now):
                 lease.last_beat = now
                 call = beat_call(
                     keys.endpoint(lease.endpoint), lease.request_id, "s", "", True,
-                    0, in_flight_ttl_ms, keys.node_channel_prefix,
+                    0, in_flight_ttl_ms, keys.node_channel_prefix, list_ttl_ms,
                 )  # fmt: skip
                 calls.append((lease, call))
         in_touch = now - self.last_contact <= 2 * settings.poll_interval_s + 1.0
@@ -119,7 +120,7 @@ class Liveness:
             call = beat_call(
                 keys.endpoint(lease.endpoint), lease.request_id, "r",
                 lease.pending.owner_token, record, sender_timeout_ms,
-                in_flight_ttl_ms, keys.node_channel_prefix,
+                in_flight_ttl_ms, keys.node_channel_prefix, list_ttl_ms,
             )  # fmt: skip
             calls.append((lease, call))
         self.beats_sent += len(calls)

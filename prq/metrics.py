@@ -1,10 +1,10 @@
 """Prometheus metrics of prq, in the process-wide default registry (names prefixed `prq_`).
 
 Counters and histograms count what this process's nodes did; every node in the process adds to
-the same series, labelled by endpoint. The per-endpoint gauges (depth, in flight, oldest age,
-receivers) describe Redis, not this process: a scrape handler fills them from Redis with
-`refresh_endpoint_gauges` (the admin service does this on every `/metrics`), so they cost
-nothing between scrapes.
+the same series, labelled by endpoint. The `prq_endpoint_*` series describe Redis, not this
+process: a scrape handler reads them from Redis with `refresh_endpoint_gauges` (the admin
+service does this on every `/metrics`), so they cost nothing between scrapes, and the admin
+service's scrape gives the queue-wide picture while each worker's gives its own work.
 
 Expose them with `prometheus_client.start_http_server(port)` in a worker process, or scrape the
 admin service's `/metrics`.
@@ -28,29 +28,31 @@ Series:
     prq_endpoint_in_flight{endpoint}        picked up, unanswered (from Redis, at scrape)
     prq_endpoint_oldest_age_seconds{endpoint}  age of the oldest queued request (at scrape)
     prq_endpoint_receivers{endpoint}        live receiver nodes (from Redis, at scrape)
+    prq_endpoint_enqueued_total{endpoint}   the endpoint's enqueue counter in Redis, all nodes
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from prq.errors import PrqError, ReceiverLost
 
 if TYPE_CHECKING:
-    from prq.admin import Inspector
+    from prq.admin import EndpointInfo, Inspector
     from prq.models import Response
 
 __all__ = [
     "CANCELLED",
     "DATA_LOSS_EVENTS",
     "DEAD_LETTERED",
-    "ENDPOINT_DEPTH",
-    "ENDPOINT_IN_FLIGHT",
-    "ENDPOINT_OLDEST_AGE",
-    "ENDPOINT_RECEIVERS",
+    "ENDPOINTS",
     "ENQUEUED",
     "FAILED",
     "HEARTBEATS_MISSED",
@@ -107,19 +109,64 @@ ROUND_TRIP = Histogram(
     ["endpoint"],
     buckets=LATENCY_BUCKETS,
 )
-ENDPOINT_DEPTH = Gauge("prq_endpoint_depth", "Queued requests (read from Redis).", ["endpoint"])
-ENDPOINT_IN_FLIGHT = Gauge(
-    "prq_endpoint_in_flight", "Requests picked up and unanswered (read from Redis).", ["endpoint"]
-)
-ENDPOINT_OLDEST_AGE = Gauge(
-    "prq_endpoint_oldest_age_seconds",
-    "Age of the oldest queued request (0 when none; read from Redis).",
-    ["endpoint"],
-)
-ENDPOINT_RECEIVERS = Gauge(
-    "prq_endpoint_receivers", "Live receiver nodes (read from Redis).", ["endpoint"]
-)
-_ENDPOINT_GAUGES = (ENDPOINT_DEPTH, ENDPOINT_IN_FLIGHT, ENDPOINT_OLDEST_AGE, ENDPOINT_RECEIVERS)
+
+
+class EndpointCollector(Collector):
+    """The per-endpoint series read from Redis: the last snapshot `refresh` took.
+
+    A custom collector rather than gauges, so that an endpoint no node reports any more simply
+    drops out of the next scrape, and so that the endpoint's enqueue counter in Redis is
+    exposed as a counter (`prq_endpoint_enqueued_total`, for rate()).
+    """
+
+    def __init__(self) -> None:
+        self._infos: list[EndpointInfo] = []
+
+    def update(self, infos: list[EndpointInfo]) -> None:
+        self._infos = list(infos)
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families([])
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._infos)
+
+    @staticmethod
+    def _families(infos: list[EndpointInfo]) -> list[Metric]:
+        depth = GaugeMetricFamily(
+            "prq_endpoint_depth", "Queued requests (read from Redis).", labels=["endpoint"]
+        )
+        in_flight = GaugeMetricFamily(
+            "prq_endpoint_in_flight",
+            "Requests picked up and unanswered (read from Redis).",
+            labels=["endpoint"],
+        )
+        oldest = GaugeMetricFamily(
+            "prq_endpoint_oldest_age_seconds",
+            "Age of the oldest queued request (0 when none; read from Redis).",
+            labels=["endpoint"],
+        )
+        receivers = GaugeMetricFamily(
+            "prq_endpoint_receivers", "Live receiver nodes (read from Redis).", labels=["endpoint"]
+        )
+        enqueued = CounterMetricFamily(
+            "prq_endpoint_enqueued",
+            "Requests enqueued on the endpoint by any node (Redis's counter; it restarts from 0 "
+            "when Redis loses its data).",
+            labels=["endpoint"],
+        )
+        for info in infos:
+            labels = [info.endpoint]
+            depth.add_metric(labels, info.depth)
+            in_flight.add_metric(labels, info.in_flight)
+            oldest.add_metric(labels, info.oldest_age_s or 0.0)
+            receivers.add_metric(labels, info.receivers)
+            enqueued.add_metric(labels, info.enqueued_total)
+        return [depth, in_flight, oldest, receivers, enqueued]
+
+
+ENDPOINTS = EndpointCollector()
+REGISTRY.register(ENDPOINTS)
 
 
 def call_ended(
@@ -143,27 +190,6 @@ def pickup_waited(endpoint: str, created_ms: int) -> None:
 
 
 async def refresh_endpoint_gauges(inspector: Inspector) -> None:
-    """Read every endpoint from Redis once and set the gauges; endpoints no node reports any
-    more lose their series."""
-    infos = await inspector.endpoints()
-    current = {info.endpoint for info in infos}
-    for gauge in _ENDPOINT_GAUGES:
-        for labels in _label_values(gauge):
-            if labels[0] not in current:
-                gauge.remove(*labels)
-    for info in infos:
-        ENDPOINT_DEPTH.labels(info.endpoint).set(info.depth)
-        ENDPOINT_IN_FLIGHT.labels(info.endpoint).set(info.in_flight)
-        ENDPOINT_OLDEST_AGE.labels(info.endpoint).set(info.oldest_age_s or 0.0)
-        ENDPOINT_RECEIVERS.labels(info.endpoint).set(info.receivers)
-
-
-def _label_values(gauge: Gauge) -> list[tuple[str, ...]]:
-    """The label sets a gauge has series for (read from its samples)."""
-    seen: list[tuple[str, ...]] = []
-    for family in gauge.collect():
-        for sample in family.samples:
-            labels = (sample.labels["endpoint"],)
-            if labels not in seen:
-                seen.append(labels)
-    return seen
+    """Read every endpoint from Redis once (a few pipelined round trips) for the next scrape;
+    endpoints no node reports any more drop out."""
+    ENDPOINTS.update(await inspector.endpoints())

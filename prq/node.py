@@ -41,7 +41,7 @@ from prq.flows import (
     respond_flow,
     take_flow,
 )
-from prq.health import INFO_CALLS, parse_info, redis_warnings
+from prq.health import INFO_CALLS
 from prq.keys import KeySchema
 from prq.models import (
     DeliveryInfo,
@@ -148,8 +148,6 @@ class QueueBase:
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
-        #: Why this Redis would defeat prq's guarantees (eviction, persistence), read at start.
-        self.redis_warnings: list[str] = []
 
         self._closed = False
         if datastreams is not None:
@@ -166,14 +164,14 @@ class QueueBase:
         return [[Call(args) for args in INFO_CALLS]]
 
     def _server_checked(self, info: list[Reply] | PrqError) -> None:
-        """Warn loudly, once, when Redis evicts keys or persists data (see prq.health). Reads
-        INFO only: CONFIG is not granted to the least-privilege user."""
-        if isinstance(info, PrqError):
-            logger.info("could not read Redis INFO to check its configuration: %s", info)
-            return
-        self.redis_warnings = redis_warnings(parse_info(*info))
-        for warning in self.redis_warnings:
-            logger.warning("redis configuration defeats prq's guarantees: %s", warning)
+        """Warn loudly when Redis evicts keys or persists data (see prq.health); the watch
+        re-reads INFO at every data-loss check and warns again only about what is new."""
+        self._watch.server_checked(info)
+
+    @property
+    def redis_warnings(self) -> list[str]:
+        """Why this Redis would defeat prq's guarantees (eviction, persistence), as last read."""
+        return list(self._watch.server_warnings)
 
     # -- building and checking what goes to Redis -------------------------------------------
 

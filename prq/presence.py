@@ -2,11 +2,15 @@
 
 Every `presence_interval_s(settings)` (5 s, or the data-loss check interval when that is
 shorter), and at once when it uses an endpoint for the first time, a node adds its endpoints to
-the registry `prq:endpoints` (scored by when the node last used each, in
-ms since the epoch; `ZADD GT`, so the newest use wins) and itself to `prq:{e}:rcv` of every
-endpoint it took from lately. Nothing here is on a call's path; a lost or failed report only
-makes the admin view a little stale. Endpoints are stored encoded (prq.keys), never as raw user
-text, and nodes forget endpoints they have not used for a list TTL, so both are bounded.
+the registry `prq:endpoints` (scored by when the node last used each, in ms since the epoch;
+`ZADD GT`, so the newest use wins) and itself to `prq:{e}:rcv` of every endpoint it took from
+lately (presence.lua, scored by Redis's clock, which also judges liveness). Nothing here is on
+a call's path; a lost or failed report only makes the admin view a little stale.
+
+Bounds: endpoints are stored encoded (prq.keys), never as raw user text; each report drops
+registry entries no node used for a list TTL (1 day) and receiver entries not seen for an hour;
+nodes forget endpoints they have not used for a list TTL. The registry's scores are the nodes'
+wall clocks: "last used" is informational, a skewed node moves it by its skew.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from prq._types import Call
 from prq.config import QueueSettings
 from prq.keys import KeySchema, encode_endpoint
+from prq.scripts import presence_call
 
 __all__ = ["RECEIVER_LIVE_REPORTS", "Presence", "presence_interval_s"]
 
@@ -80,20 +85,16 @@ class Presence:
             registry += [int(wall_ms - (now - last) * 1000.0), encode_endpoint(endpoint)]
         calls = [
             Call(("ZADD", self.keys.endpoints, "GT", *registry)),
+            Call(("ZREMRANGEBYSCORE", self.keys.endpoints, "-inf", int(wall_ms) - ttl_ms)),
             Call(("PEXPIRE", self.keys.endpoints, ttl_ms)),
         ]
         window = self.serve_window_s()
         # A receiver entry this old is dead for sure; dropping it keeps the set small.
-        stale_ms = int(wall_ms - max(3600.0, 10 * window) * 1000.0)
+        stale_ms = int(max(3600.0, 10 * window) * 1000.0)
         for endpoint, last in self.served.items():
-            if now - last > window:
-                continue
-            key = self.keys.endpoint(endpoint).receivers
-            calls += [
-                Call(("ZADD", key, int(wall_ms), self.node_id)),
-                Call(("ZREMRANGEBYSCORE", key, "-inf", stale_ms)),
-                Call(("PEXPIRE", key, ttl_ms)),
-            ]
+            if now - last <= window:
+                keys = self.keys.endpoint(endpoint)
+                calls.append(presence_call(keys, self.node_id, stale_ms, ttl_ms))
         return calls
 
     def _forget(self, now: float) -> None:

@@ -22,6 +22,7 @@ from prq._types import Call, Reply
 from prq.data_loss import Check, DataLossWatch
 from prq.errors import PrqError
 from prq.flows import Context
+from prq.health import INFO_CALLS, parse_info, redis_warnings
 from prq.heartbeats import Lease, Liveness
 from prq.models import PendingRequest
 from prq.presence import Presence
@@ -40,6 +41,8 @@ class WatchPlan:
     check: Check | None = None
     #: The presence report rides with the check (its replies are not read).
     presence: bool = False
+    #: INFO, re-read with each data-loss check: the step's index, or None.
+    server_step: int | None = None
     steps: list[list[Call]] = field(default_factory=list)
 
 
@@ -50,6 +53,8 @@ class NodeWatch:
         self.liveness = Liveness(ctx)
         self.data_loss = DataLossWatch(ctx)
         self.presence = Presence(ctx.keys, ctx.settings, ctx.node_id)
+        #: Why Redis would defeat prq's guarantees, as last read from INFO (prq.health).
+        self.server_warnings: list[str] = []
         #: Wakes the facade's watch loop for a turn now (set by the facade).
         self.wake: Callable[[], None] = lambda: None
         self.router = router
@@ -69,6 +74,9 @@ class NodeWatch:
         if check_only or self.data_loss.check_due(now):
             plan.check = self.data_loss.check(now)
             plan.steps.append(plan.check.calls)
+            if not check_only:
+                plan.server_step = len(plan.steps)
+                plan.steps.append([Call(args) for args in INFO_CALLS])
         if not check_only and self.presence.due(now):
             report = self.presence.calls(now)
             if report:
@@ -85,6 +93,8 @@ class NodeWatch:
         ]
         for verdict in self.liveness.settle(plan.beats, beat_replies):
             self._ended(verdict.lease, verdict.reason)
+        if plan.server_step is not None:
+            self.server_checked(results[plan.server_step])
         if plan.check is not None:
             check = results[len(plan.beats)]
             if isinstance(check, PrqError):
@@ -93,6 +103,18 @@ class NodeWatch:
             reason = self.data_loss.settle(plan.check, check, now)
             if reason:
                 self.declare_data_loss(reason)
+
+    def server_checked(self, info: list[Reply] | PrqError) -> None:
+        """Judge an INFO reading; log each warning once, when it first appears (loudly: a
+        Redis that evicts or persists defeats what prq promises)."""
+        if isinstance(info, PrqError):
+            logger.info("could not read Redis INFO to check its configuration: %s", info)
+            return
+        warnings = redis_warnings(parse_info(*info))
+        for warning in warnings:
+            if warning not in self.server_warnings:
+                logger.warning("redis configuration defeats prq's guarantees: %s", warning)
+        self.server_warnings = warnings
 
     def _ended(self, lease: Lease, reason: str) -> None:
         self.liveness.release(lease.request_id)

@@ -35,6 +35,7 @@ __all__ = [
     "parse_snapshot",
     "parse_take",
     "parse_withdraw",
+    "presence_call",
     "read_response_call",
     "script_load_calls",
     "take_call",
@@ -67,7 +68,10 @@ READ_RESPONSE: Final = Script.load("read_response")
 BEAT: Final = Script.load("beat")
 CANCEL: Final = Script.load("cancel")
 CANARY: Final = Script.load("canary")
-ALL_SCRIPTS: Final = (ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY)
+PRESENCE: Final = Script.load("presence")
+ALL_SCRIPTS: Final = (
+    ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
+)  # fmt: skip
 
 
 def script_load_calls() -> tuple[Call, ...]:
@@ -287,11 +291,12 @@ def beat_call(
     sender_timeout_ms: int,
     in_flight_ttl_ms: int,
     node_channel_prefix: str,
+    list_ttl_ms: int,
 ) -> Call:
     return BEAT.call(
         (keys.request(request_id), keys.running),
         (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
-         node_channel_prefix, request_id),
+         node_channel_prefix, request_id, list_ttl_ms),
     )  # fmt: skip
 
 
@@ -315,6 +320,10 @@ def cancel_call(
         (keys.request(request_id), keys.running, keys.pending),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
+
+
+def presence_call(keys: EndpointKeys, node_id: str, stale_ms: int, ttl_ms: int) -> Call:
+    return PRESENCE.call((keys.receivers,), (node_id, stale_ms, ttl_ms))
 
 
 def canary_call(key: str, ttl_ms: int, last: int | None) -> Call:

@@ -10,6 +10,7 @@ ARGV[4]  sender timeout, ms (receiver role: a sender silent this long cancels th
 ARGV[5]  TTL of an in-flight request, ms (a beat extends it)
 ARGV[6]  node channel prefix   prq:node:
 ARGV[7]  request id
+ARGV[8]  TTL of the in-flight set, ms (a receiver's beat keeps it alive under a long call)
 
 Reply: {state, reason}
   state = "taken"       still in flight (for the receiver: and still its own)
@@ -55,5 +56,6 @@ if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'hr', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('ZADD', KEYS[2], 'XX', now, ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ARGV[8])
 end
 return {'taken', ''}

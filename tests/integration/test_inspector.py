@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +21,7 @@ from prq import (
     PendingRequest,
     PickupTimeout,
     QueueSettings,
+    QueueShutdown,
     Request,
     RequestState,
     Response,
@@ -246,3 +248,81 @@ async def test_a_node_warns_loudly_at_start_about_an_evicting_redis(
     warned = [r for r in caplog.records if "defeats prq's guarantees" in r.getMessage()]
     assert len(warned) == 1 and "volatile-lru" in warned[0].getMessage()
     assert queue.redis_warnings == [warned[0].getMessage().split(": ", 1)[1]]
+
+
+async def test_a_silent_sender_leaves_no_request_in_flight(
+    make_queue: QueueFactory, inspector: Inspector
+) -> None:
+    # Given a request picked up by a receiver, from a sender that then goes silent
+    timings: dict[str, Any] = {
+        "sender_timeout_s": 1.0, "heartbeat_interval_s": 0.2, "heartbeat_initial_delay_s": 0.1,
+    }  # fmt: skip
+    sender, receiver = make_queue(pickup_timeout_s=30, **timings), make_queue(**timings)
+    endpoint = "poll://inspect-sender-lost"
+    call = asyncio.create_task(sender.queue_and_wait(Request(endpoint=endpoint, method="m")))
+    held = await receiver.dequeue(endpoint, timeout_s=5)
+    assert held is not None
+    assert (await inspector.endpoint(endpoint)).in_flight == 1
+    await sender.aclose()  # its beats stop; its caller is told the queue closed
+    with pytest.raises(QueueShutdown):
+        await asyncio.wait_for(call, 10)
+
+    # When the receiver's beats judge the sender lost, the request is cancelled under it
+    assert await asyncio.to_thread(held.wait_cancelled, 10.0)
+    assert held.cancel_reason == "sender_lost"
+    # Then it is no longer in flight
+    assert (await inspector.endpoint(endpoint)).in_flight == 0
+
+
+async def test_endpoints_unused_for_a_day_leave_the_registry(
+    make_queue: QueueFactory,
+    inspector: Inspector,
+    redis_client: redis.Redis,
+    key_prefix: str,
+) -> None:
+    # Given a registry entry nobody refreshed for two days
+    registry = f"{key_prefix}:endpoints"
+    stale = encode_endpoint("poll://long-gone")
+    redis_client.zadd(registry, {stale: int((time.time() - 2 * 86400) * 1000)})
+    assert "poll://long-gone" in {i.endpoint for i in await inspector.endpoints()}
+
+    # When a node reports its own endpoints
+    sender = make_queue(data_loss_check_interval_s=CHECK_S)
+    with pytest.raises(PickupTimeout):
+        await sender.queue_and_wait(
+            Request(endpoint="poll://in-use", method="m"), pickup_timeout_s=0.05
+        )
+
+    # Then the stale entry is dropped and the live one listed
+    async def trimmed() -> bool:
+        return {i.endpoint for i in await inspector.endpoints()} == {"poll://in-use"}
+
+    await async_wait_until(trimmed, 10.0, 0.05, "stale endpoint trimmed")
+    # And the sampler's cheap read agrees with the full one
+    assert await inspector.enqueued_totals() == {"poll://in-use": 1}
+
+
+async def test_a_running_node_warns_when_redis_starts_persisting(
+    make_own_queue: QueueFactory,
+    own_redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a node running against a Redis configured as prq wants it
+    queue = make_own_queue(data_loss_check_interval_s=0.1)
+    with caplog.at_level(logging.WARNING, logger="prq"):
+        await queue.start()
+        assert queue.redis_warnings == []
+
+        # When someone turns AOF on, Then the node notices at its next check, and says it once
+        own_redis_client.config_set("appendonly", "yes")
+        await async_wait_until(
+            lambda: len(queue.redis_warnings) == 1, 10.0, 0.05, "persistence noticed"
+        )
+        # (and stays quiet through a few more checks)
+        watch = queue._watch
+        later = watch.data_loss.next_check + 3 * 0.1
+        await async_wait_until(
+            lambda: watch.data_loss.next_check > later, 10.0, 0.05, "three more checks"
+        )
+    warned = [r for r in caplog.records if "defeats prq's guarantees" in r.getMessage()]
+    assert len(warned) == 1 and "aof" in warned[0].getMessage()

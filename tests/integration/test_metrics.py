@@ -147,6 +147,7 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
 
         await async_wait_until(scrape_shows_three, 10, 0.05, "depth gauge shows 3")
         assert value("prq_endpoint_in_flight", endpoint=endpoint) == 0
+        assert value("prq_endpoint_enqueued_total", endpoint=endpoint) == 3
         assert value("prq_endpoint_oldest_age_seconds", endpoint=endpoint) >= 0
 
         # The exposition parses, and names every prq family with the prq_ prefix
@@ -156,7 +157,7 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
             "prq_dead_lettered", "prq_heartbeats_missed", "prq_data_loss_events",
             "prq_redis_retries", "prq_pickup_wait_seconds", "prq_round_trip_seconds",
             "prq_endpoint_depth", "prq_endpoint_in_flight", "prq_endpoint_oldest_age_seconds",
-            "prq_endpoint_receivers",
+            "prq_endpoint_receivers", "prq_endpoint_enqueued",
         }  # fmt: skip
         assert expected <= families
 

@@ -24,6 +24,7 @@ from prq.scripts import (
     parse_enqueue,
     parse_take,
     parse_withdraw,
+    presence_call,
     take_call,
     withdraw_call,
 )
@@ -152,3 +153,21 @@ def test_withdraw_replay_is_still_this_calls_withdrawal(
     # Then a take hands nothing out
     _, _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
     assert items == []
+    # And the withdrawn id left the list: its length is the queue's depth
+    assert client.llen(keys.endpoint(ENDPOINT).pending) == 0
+
+
+def test_presence_replay_only_moves_the_node_forward(client: redis.Redis, key_prefix: str) -> None:
+    # Given a node that reported serving the endpoint, and a node dead for two hours
+    keys = KeySchema(key_prefix).endpoint(ENDPOINT)
+    server_ms = int(client.time()[0]) * 1000
+    client.zadd(keys.receivers, {"dead-node": server_ms - 2 * 3600 * 1000})
+    call = presence_call(keys, "live-node", 3600 * 1000, TTL_MS)
+    first = send(client, call)
+    # When the report is replayed
+    again = send(client, call)
+    # Then the node is listed once, on Redis's clock, the dead one dropped, the set has a TTL
+    assert isinstance(first, int) and isinstance(again, int) and again >= first >= server_ms
+    members = client.zrange(keys.receivers, 0, -1, withscores=True)
+    assert members == [(b"live-node", float(again))]
+    assert 0 < client.pttl(keys.receivers) <= TTL_MS
