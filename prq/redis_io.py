@@ -175,6 +175,14 @@ def _split(steps: Sequence[Sequence[Call]], replies: list[Reply]) -> list[list[R
     return results
 
 
+def _fail_step(future: asyncio.Future[list[Reply]], error: BaseException) -> None:
+    """Fail a waiting step. Its waiter (if it still waits) gets the error when it awaits; one
+    that gave up (cancelled) never will, so mark the error seen rather than have asyncio log
+    "exception was never retrieved" for it."""
+    future.set_exception(error)
+    future.exception()
+
+
 def _needs_scripts(replies: list[Reply]) -> bool:
     return any(isinstance(reply, NoScriptError) for reply in replies)
 
@@ -296,7 +304,7 @@ class AsyncRedisIO(IOCounters):
             failure = exc if isinstance(exc, PrqError) else _closed_error(exc)
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(failure)
+                    _fail_step(future, failure)
             if isinstance(exc, PrqError):
                 return
             raise
@@ -304,7 +312,7 @@ class AsyncRedisIO(IOCounters):
             if future.done():
                 continue
             if isinstance(result, PrqError):
-                future.set_exception(result)
+                _fail_step(future, result)
             else:
                 future.set_result(result)
 
@@ -358,7 +366,7 @@ class AsyncRedisIO(IOCounters):
         pending, self._pending = self._pending, []
         for _, future in pending:
             if not future.done():
-                future.set_exception(_closed_error())
+                _fail_step(future, _closed_error())
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(BaseException):
