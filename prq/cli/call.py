@@ -41,18 +41,23 @@ from prq.cli.options import (
     queue_settings,
     require_url,
 )
-from prq.config import RedisSettings
+from prq.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
 from prq.demo.stats import percentile
 from prq.errors import InvalidEndpoint, PrqError, RemoteError
 from prq.models import Request, validate_endpoint
 from prq.sync import Queue
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "CallSummary", "call", "exit_code_for", "parse_params"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "CallSummary",
+    "call",
+    "exit_code_for",
+    "parse_params",
+    "pickup_timeout_s",
+]
 
 #: How long one call waits for its response, unless told otherwise.
 DEFAULT_CALL_TIMEOUT_S = 60.0
-#: How long a call may wait for pickup, unless told otherwise.
-DEFAULT_CLI_PICKUP_TIMEOUT_S = 30.0
 #: How long an interrupted single call may take to withdraw its request.
 DEFAULT_WITHDRAW_TIMEOUT_S = 5.0
 
@@ -88,16 +93,18 @@ def call(
         ),
     ] = DEFAULT_CALL_TIMEOUT_S,
     pickup_timeout: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--pickup-timeout",
-            envvar="PRQ_CALL_PICKUP_TIMEOUT_S",
+            envvar="PRQ_PICKUP_TIMEOUT_S",
             show_envvar=True,
             min=0.001,
+            show_default=False,
             help="Seconds a request may wait for a receiver to pick it up (PickupTimeout "
-            "after; the request is withdrawn and never runs).",
+            "after; the request is withdrawn and never runs). Default: the queue's "
+            f"pickup_timeout_s ({DEFAULT_PICKUP_TIMEOUT_S:g}).",
         ),
-    ] = DEFAULT_CLI_PICKUP_TIMEOUT_S,
+    ] = None,
     count: Annotated[
         int,
         typer.Option(
@@ -142,7 +149,9 @@ def call(
         queue = Queue(RedisSettings.from_url(redis_url), prefix=prefix, settings=settings)
     except ValueError as exc:  # redis-py's verdict on the URL
         raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc
-    target = _Target(endpoint, method, value, timeout or None, pickup_timeout)
+    target = _Target(
+        endpoint, method, value, timeout or None, pickup_timeout_s(pickup_timeout, settings)
+    )
     try:
         with queue:
             code = (
@@ -176,6 +185,12 @@ def parse_params(text: str | None) -> JsonValue:
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="PARAMS_JSON") from exc
     return value
+
+
+def pickup_timeout_s(flag: float | None, settings: QueueSettings) -> float:
+    """`--pickup-timeout` (or PRQ_PICKUP_TIMEOUT_S, which click reads into it), else the
+    queue's own `pickup_timeout_s`: the one setting a library caller would get too."""
+    return settings.pickup_timeout_s if flag is None else flag
 
 
 def exit_code_for(exc: PrqError) -> int:

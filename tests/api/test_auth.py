@@ -1,21 +1,34 @@
 """Bearer tokens: 401 on every route but health and the dashboard shell without a valid token,
-403 for a read token on a route that changes something; tokens never in bodies or logs."""
+403 for a read token on a route that changes something; tokens never in bodies or logs.
+
+The guarded routes are read from the app itself, so a route added without a token check fails
+here without anyone having to remember to list it."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import secrets
+from typing import Any
 
+import fastapi.routing
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from tests.api.conftest import Tokens
+from tests.api.servers import ApiServer
 
 pytestmark = pytest.mark.integration
 
-#: Every route that needs a token: (method, URL).
-GUARDED = [
+#: Served without a token: health (for load balancers) and the dashboard's shell and assets.
+UNGUARDED_PATHS = {"/health", "/dashboard"}
+UNGUARDED_MOUNTS = {"/dashboard/static"}
+#: A value for every path parameter and required query parameter of a guarded route, by name.
+SAMPLE_PARAMETERS = {"request_id": "0f8fad5bd9cb469fa16570867728950e", "endpoint": "poll://a"}
+#: Routes the list derived from the app must include (a check on the derivation itself).
+KNOWN_GUARDED = [
     ("GET", "/api/whoami"),
     ("GET", "/api/endpoints"),
     ("GET", "/api/endpoint?endpoint=poll://a"),
@@ -26,8 +39,61 @@ GUARDED = [
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
 ]
-#: Routes that change something (admin only).
-MUTATING = [("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel")]
+
+
+def app_routes(app: FastAPI) -> list[Any]:
+    """Every route of `app` with its full path, those of included routers too (recent FastAPI
+    keeps an included router as one entry of `app.routes`; `iter_route_contexts` opens it)."""
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    return list(contexts(app.routes)) if contexts is not None else list(app.routes)
+
+
+def guarded_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, URL) of every route of `app` but health and the dashboard, with a sample value
+    for each path parameter and required query parameter: a route added later is in it."""
+    schema = app.openapi()["paths"]
+    guarded = []
+    for route in app_routes(app):
+        methods = getattr(route, "methods", None)
+        if methods is None:  # a mount
+            assert route.path in UNGUARDED_MOUNTS, f"{route.path}: a mount this test cannot check"
+            continue
+        if route.path in UNGUARDED_PATHS:
+            continue
+        for method in sorted(set(methods) - {"HEAD", "OPTIONS"}):
+            url = re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: sample(m.group(1)), route.path)
+            operation = schema.get(route.path, {}).get(method.lower(), {})
+            query = [
+                f"{p['name']}={sample(p['name'])}"
+                for p in operation.get("parameters", [])
+                if p["in"] == "query" and p.get("required")
+            ]
+            guarded.append((method, url + ("?" + "&".join(query) if query else "")))
+    return guarded
+
+
+def sample(name: str) -> str:
+    assert name in SAMPLE_PARAMETERS, f"parameter {name!r}: add a sample value to SAMPLE_PARAMETERS"
+    return SAMPLE_PARAMETERS[name]
+
+
+@pytest.fixture
+def guarded(api: ApiServer) -> list[tuple[str, str]]:
+    """Every route of the running app that needs a token."""
+    return guarded_routes(api.app)
+
+
+def mutating(routes: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Routes that change something (admin only): every method but GET."""
+    return [(method, url) for method, url in routes if method != "GET"]
+
+
+def test_the_guarded_routes_come_from_the_app(guarded: list[tuple[str, str]]) -> None:
+    # The routes known today are found (so the derivation finds routes at all)...
+    assert set(KNOWN_GUARDED) <= set(guarded), sorted(set(KNOWN_GUARDED) - set(guarded))
+    # ...and neither health nor the dashboard is among them
+    assert not [url for _, url in guarded if url.split("?")[0] in UNGUARDED_PATHS]
+    assert mutating(guarded) == [("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel")]
 
 
 def assert_unauthorized(response: httpx.Response) -> None:
@@ -49,7 +115,10 @@ def assert_unauthorized(response: httpx.Response) -> None:
     ],
 )
 async def test_every_guarded_route_needs_a_valid_token(
-    http: httpx.AsyncClient, tokens: Tokens, authorization: str | None
+    http: httpx.AsyncClient,
+    tokens: Tokens,
+    guarded: list[tuple[str, str]],
+    authorization: str | None,
 ) -> None:
     # Given a request without a token, with another scheme, or with a token the service
     # does not know (even one that is a prefix or an extension of a real one)
@@ -59,18 +128,18 @@ async def test_every_guarded_route_needs_a_valid_token(
             admin=tokens.admin, admin_prefix=tokens.admin[:-1]
         )
     # When it is sent to any guarded route / Then it is refused with 401 and a Bearer challenge
-    for method, url in GUARDED:
+    for method, url in guarded:
         assert_unauthorized(await http.request(method, url, headers=headers))
 
 
 async def test_both_roles_pass_the_token_check_on_reads(
-    http: httpx.AsyncClient, tokens: Tokens
+    http: httpx.AsyncClient, tokens: Tokens, guarded: list[tuple[str, str]]
 ) -> None:
     for (method, url), header in itertools.product(
-        GUARDED, (tokens.admin_header, tokens.read_header)
+        guarded, (tokens.admin_header, tokens.read_header)
     ):
         response = await http.request(method, url, headers=header)
-        expected_forbidden = (method, url) in MUTATING and header == tokens.read_header
+        expected_forbidden = (method, url) in mutating(guarded) and header == tokens.read_header
         if expected_forbidden:
             assert response.status_code == 403, response.text
             assert response.json()["error"]["type"] == "forbidden"
@@ -95,7 +164,10 @@ async def test_the_dashboard_shell_and_health_need_no_token(http: httpx.AsyncCli
 
 
 async def test_tokens_never_show_in_responses_or_logs(
-    http: httpx.AsyncClient, tokens: Tokens, caplog: pytest.LogCaptureFixture
+    http: httpx.AsyncClient,
+    tokens: Tokens,
+    guarded: list[tuple[str, str]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given every log record of the service captured, down to DEBUG
     for client_side in ("httpx", "httpcore"):  # the test's own client: only noise here
@@ -105,7 +177,7 @@ async def test_tokens_never_show_in_responses_or_logs(
     bodies: list[str] = []
 
     # When every route is called with the admin token, the read token and a wrong one
-    for method, url in [*GUARDED, ("GET", "/health")]:
+    for method, url in [*guarded, ("GET", "/health")]:
         for token in (tokens.admin, tokens.read, wrong):
             response = await http.request(method, url, headers={"Authorization": f"Bearer {token}"})
             bodies.append(response.text)

@@ -1,4 +1,5 @@
-"""`/health`: no auth; ok with Redis; 503 "down" (fast) when Redis is gone, ok again after."""
+"""`/health`: no auth; ok with Redis; "degraded" when Redis evicts keys; 503 "down" (fast) when
+Redis is gone, ok again after."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 
 import httpx
 import pytest
+import redis
 
 from prq import QueueSettings
 from prq.embedded import EmbeddedRedis, free_port
@@ -61,6 +63,30 @@ async def test_health_is_down_while_redis_is_dead(
             return response.status_code == 200 and response.json()["data_loss_events"] >= 1
 
         await async_wait_until(healthy_after_loss, 15, 0.1, "health ok, data loss counted")
+
+
+async def test_health_is_degraded_while_redis_evicts_keys(
+    make_api: MakeApi, own_redis: EmbeddedRedis, own_redis_client: redis.Redis
+) -> None:
+    # Given the service on a Redis of the test's own, configured as prq wants
+    api = make_api(own_redis.url)
+    async with httpx.AsyncClient(base_url=api.url, timeout=15) as http:
+        assert (await http.get("/health")).json()["status"] == "ok"
+
+        # When that Redis is told to evict keys under memory pressure
+        own_redis_client.config_set("maxmemory", "100mb")
+        own_redis_client.config_set("maxmemory-policy", "allkeys-lru")
+        response = await http.get("/health")
+
+        # Then health still answers 200 (Redis is up) but says "degraded", and why
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["status"] == "degraded"
+        assert body["redis"]["ok"] is True
+        assert body["redis"]["maxmemory_policy"] == "allkeys-lru"
+        [warning] = body["redis"]["warnings"]
+        assert "Redis evicts keys under memory pressure (maxmemory-policy allkeys-lru)" in warning
+        assert "set maxmemory-policy noeviction" in warning
 
 
 async def test_the_service_starts_without_redis_and_says_down(

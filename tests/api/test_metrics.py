@@ -4,6 +4,7 @@ per-endpoint gauges refreshed from Redis on the scrape."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,8 @@ from tests.redis_servers import async_wait_until
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://metrics-1"
+#: Redis's clock and the sender's (same host) may disagree by this much in an age.
+CLOCK_SLACK_S = 0.05
 
 #: Families prq exposes (the parser names counters without their `_total` suffix).
 PRQ_FAMILIES = {
@@ -34,6 +37,7 @@ PRQ_FAMILIES = {
     "prq_endpoint_in_flight",
     "prq_endpoint_oldest_age_seconds",
     "prq_endpoint_receivers",
+    "prq_endpoint_enqueued",
 }
 
 
@@ -63,6 +67,7 @@ async def test_metrics_parse_and_show_the_queued_depth(
 ) -> None:
     # Given two requests queued on an endpoint by another node
     requests = [Request(endpoint=ENDPOINT, method="m") for _ in range(2)]
+    before_enqueue = time.monotonic()
     calls = [asyncio.create_task(sender.queue_and_wait(r)) for r in requests]
     try:
         for request in requests:
@@ -78,8 +83,15 @@ async def test_metrics_parse_and_show_the_queued_depth(
         # Then every prq family is there, and the endpoint's gauges match Redis
         assert set(families) >= PRQ_FAMILIES
         assert gauge(families, "prq_endpoint_in_flight", ENDPOINT) == 0
-        assert (gauge(families, "prq_endpoint_oldest_age_seconds", ENDPOINT) or 0) >= 0
         assert gauge(families, "prq_endpoint_receivers", ENDPOINT) == 0
+        # ... the oldest request's age: above 0 (it is queued) and no more than it can be
+        oldest_age = gauge(families, "prq_endpoint_oldest_age_seconds", ENDPOINT)
+        assert oldest_age is not None
+        assert 0 < oldest_age <= time.monotonic() - before_enqueue + CLOCK_SLACK_S
+        # ... and the endpoint's enqueue counter in Redis (all nodes): the two requests
+        endpoint_enqueued = families["prq_endpoint_enqueued"]
+        key = (("endpoint", ENDPOINT), ("__name__", "prq_endpoint_enqueued_total"))
+        assert endpoint_enqueued[key] == 2
         # And this process's enqueue counter counted the two requests
         enqueued = families["prq_enqueued"]
         key = (("endpoint", ENDPOINT), ("__name__", "prq_enqueued_total"))

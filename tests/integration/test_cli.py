@@ -143,11 +143,13 @@ class PrqRunner:
         self.started.append(process)
         return process
 
-    def run(self, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout_s: float = 60.0, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "prq.cli", *args],
             cwd=ROOT,
-            env=self.env,
+            env=self.env | env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -244,6 +246,12 @@ def test_call_reports_failures_with_exit_codes_that_say_whether_to_retry(
     unserved = prq.run("call", "poll://cli-nobody", "m", "--pickup-timeout", "0.3")
     assert unserved.returncode == 3
     assert unserved.stderr.startswith("error: PickupTimeout: ")
+
+    # When only the queue setting PRQ_PICKUP_TIMEOUT_S bounds the pickup, Then it applies
+    started = time.monotonic()
+    unserved = prq.run("call", "poll://cli-nobody", "m", PRQ_PICKUP_TIMEOUT_S="0.3")
+    assert unserved.returncode == 3 and unserved.stderr.startswith("error: PickupTimeout: ")
+    assert time.monotonic() - started < 15.0  # start-up included; the defaults are 30 s and more
 
     # When the params are not JSON, Then: a usage error (exit 2) before anything is sent
     bad = prq.run("call", "poll://cli-failing", "m", "{oops")

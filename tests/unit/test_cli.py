@@ -20,10 +20,11 @@ from prq import PickupTimeout, RemoteError, ServerError
 from prq.admin import EndpointInfo, RedisHealth
 from prq.cli import app
 from prq.cli.api import dashboard_url
-from prq.cli.call import CallSummary, exit_code_for, parse_params
+from prq.cli.call import CallSummary, exit_code_for, parse_params, pickup_timeout_s
 from prq.cli.options import EXIT_FAILED, EXIT_OK, EXIT_RETRYABLE, EXIT_USAGE, redact_url
 from prq.cli.stats import Snapshot, format_age, render
 from prq.cli.worker import is_coroutine_handler, load_handler
+from prq.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings
 from prq.errors import QueueUnavailable
 
 COMMANDS = ("worker", "call", "stats", "api", "demo", "bench")
@@ -96,8 +97,8 @@ PRECEDENCE = [
     ("worker", ["m:f"], "--url", "PRQ_REDIS_URL", "url", None, "redis://env:1/0",
      "redis://flag:2/0"),
     ("call", ["e", "m"], "--timeout", "PRQ_CALL_TIMEOUT_S", "timeout", 60.0, "7", "9"),
-    ("call", ["e", "m"], "--pickup-timeout", "PRQ_CALL_PICKUP_TIMEOUT_S", "pickup_timeout",
-     30.0, "1.5", "2.5"),
+    ("call", ["e", "m"], "--pickup-timeout", "PRQ_PICKUP_TIMEOUT_S", "pickup_timeout",
+     None, "1.5", "2.5"),
     ("call", ["e", "m"], "--count", "PRQ_CALL_COUNT", "count", 1, "10", "20"),
     ("stats", [], "--watch", "PRQ_STATS_WATCH_S", "watch", None, "2.0", "3.0"),
     ("api", [], "--port", "PRQ_API_PORT", "port", 8080, "8081", "8082"),
@@ -123,11 +124,32 @@ def test_a_flag_beats_the_environment_which_beats_the_default(
     from_env: str,
     from_flag: str,
 ) -> None:
-    kind: Any = type(default) if default is not None else (float if name == "watch" else str)
+    kind: Any = type(default) if default is not None else (str if name == "url" else float)
     assert params(monkeypatch, command, args)[name] == default
     assert params(monkeypatch, command, args, **{env: from_env})[name] == kind(from_env)
     flagged = params(monkeypatch, command, [*args, flag, from_flag], **{env: from_env})
     assert flagged[name] == kind(from_flag)
+
+
+def test_call_waits_for_pickup_as_long_as_the_queue_settings_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given only PRQ_PICKUP_TIMEOUT_S (the library's own setting), Then `prq call` uses it
+    flag = params(monkeypatch, "call", ["e", "m"], PRQ_PICKUP_TIMEOUT_S="0.75")["pickup_timeout"]
+    assert pickup_timeout_s(flag, QueueSettings()) == 0.75
+    # Given the flag as well, Then the flag wins
+    flag = params(
+        monkeypatch, "call", ["e", "m", "--pickup-timeout", "4"], PRQ_PICKUP_TIMEOUT_S="0.75"
+    )["pickup_timeout"]
+    assert pickup_timeout_s(flag, QueueSettings()) == 4.0
+    # Given neither, Then the queue settings' value applies (no default of the CLI's own)
+    flag = params(monkeypatch, "call", ["e", "m"])["pickup_timeout"]
+    assert flag is None
+    assert pickup_timeout_s(flag, QueueSettings()) == DEFAULT_PICKUP_TIMEOUT_S
+    assert pickup_timeout_s(flag, QueueSettings(pickup_timeout_s=9)) == 9.0
+    # And the CLI-only name it once had is not read
+    stale = params(monkeypatch, "call", ["e", "m"], PRQ_CALL_PICKUP_TIMEOUT_S="0.75")
+    assert stale["pickup_timeout"] is None
 
 
 def test_worker_endpoints_and_facade_come_from_flags_or_the_environment(

@@ -20,6 +20,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from prq.cli import app
+from prq.cli.options import DEFAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 PRQ_SERVICES = ("api", "worker", "demo")
@@ -93,6 +94,19 @@ def test_the_services_share_redis_as_the_application_user() -> None:
     assert api["environment"]["PRQ_API_ADMIN_TOKENS"].startswith("${PRQ_API_ADMIN_TOKENS:-")
     assert "/health" in " ".join(api["healthcheck"]["test"])
     assert stack["worker"]["command"][1].startswith("prq.demo.handlers:")
+
+
+def test_the_worker_serves_its_metrics_to_the_network() -> None:
+    # A Prometheus on the compose network scrapes worker:9100/metrics (the default host,
+    # 127.0.0.1, would be unreachable from outside the container).
+    worker = services()["worker"]
+    subcommands: dict[str, Any] = get_command(app).commands  # type: ignore[attr-defined]
+    args = [str(arg) for arg in worker["command"][1:]]
+    params = subcommands["worker"].make_context("worker", args).params
+    assert (params["metrics_port"], params["metrics_host"]) == (9100, "0.0.0.0")
+    assert "9100" in [str(port) for port in worker.get("expose", [])]
+    header = (ROOT / "docker-compose.yml").read_text().split("services:")[0]
+    assert "worker:9100/metrics" in header and "api:8080/metrics" in header
 
 
 def test_redis_service_uses_the_shipped_configuration() -> None:
@@ -260,8 +274,12 @@ def test_acl_file_disables_the_default_user_and_confines_prq() -> None:
         assert rules[0] == "on" and "resetkeys" in rules and "resetchannels" in rules, name
         assert "-@all" in rules and not any(r in rules for r in ("+@all", "allkeys", "~*")), name
         assert not any(r in ("nopass", "allchannels", "&*") for r in rules), name
+    # Patterns of the default key prefix; redis.conf tells operators of another to change them.
+    assert DEFAULT_PREFIX == "prq"
     assert [r for r in users["prq"] if r[0] in "~%&"] == ["~prq:*", "&prq:*"]
     assert [r for r in users["prq-admin"] if r[0] in "~%&"] == ["%R~prq:*"]
+    conf = " ".join((ROOT / "redis-conf" / "redis.conf").read_text().split())
+    assert "assume prq's default key prefix `prq`" in conf and "PRQ_PREFIX" in conf
 
 
 def test_the_app_user_is_granted_exactly_the_commands_prq_sends() -> None:
