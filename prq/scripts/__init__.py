@@ -19,6 +19,7 @@ from prq.keys import EndpointKeys
 
 __all__ = [
     "ALL_SCRIPTS",
+    "BatchOutcome",
     "EnqueueOutcome",
     "RequestSnapshot",
     "Script",
@@ -28,10 +29,12 @@ __all__ = [
     "canary_call",
     "cancel_call",
     "enqueue_call",
+    "enqueue_many_call",
     "parse_apply_response",
     "parse_beat",
     "parse_canary",
     "parse_enqueue",
+    "parse_enqueue_many",
     "parse_snapshot",
     "parse_take",
     "parse_withdraw",
@@ -69,8 +72,10 @@ BEAT: Final = Script.load("beat")
 CANCEL: Final = Script.load("cancel")
 CANARY: Final = Script.load("canary")
 PRESENCE: Final = Script.load("presence")
+ENQUEUE_MANY: Final = Script.load("enqueue_many")
 ALL_SCRIPTS: Final = (
     ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
+    ENQUEUE_MANY,
 )  # fmt: skip
 
 
@@ -145,6 +150,47 @@ def parse_enqueue(reply: Reply) -> EnqueueOutcome:
     if items and _text(items[0]) == "known" and len(items) == 4:
         return EnqueueOutcome(counter=None, known=_snapshot(items[1:]))
     raise SerializationError(f"unexpected enqueue reply from Redis: {reply!r:.200}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What one enqueue_many call did: requests accepted (queued by this batch) and the ids that
+    were already known, so nothing was enqueued for them."""
+
+    accepted: int
+    duplicate_ids: list[str]
+    counter: int
+
+
+def enqueue_many_call(
+    keys: EndpointKeys,
+    nonce: str,
+    items: list[tuple[str, bytes]],
+    now_ms: int,
+    pickup_deadline_ms: int,
+    request_ttl_ms: int,
+    list_ttl_ms: int,
+) -> Call:
+    args: list[str | int | bytes] = [
+        nonce, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
+    ]  # fmt: skip
+    for request_id, body in items:
+        args += [request_id, body]
+    return ENQUEUE_MANY.call((keys.pending, keys.sequence, keys.request_prefix), tuple(args))
+
+
+def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
+    items = _array(reply, "enqueue_many")
+    if (
+        len(items) < 3
+        or not all(isinstance(v, int) for v in items[:3])
+        or len(items) != 3 + items[1]  # type: ignore[operator]
+        or items[0] + items[1] != expected  # type: ignore[operator]
+    ):
+        raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
+    accepted, _, counter = items[:3]
+    assert isinstance(accepted, int) and isinstance(counter, int)
+    return BatchOutcome(accepted, [_text(v) for v in items[3:]], counter)
 
 
 # -- take ---------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ Invariants:
 - beats and judgments use server time (TIME), the clock every node shares
 - only the owner's beat counts for the receiver side: a fenced (zombie) receiver changes nothing
 - a beat extends the in-flight TTL, so a long call keeps its keys while both sides live
-- the sender side is judged by its last beat "hs", or before its first beat by "tk"
+- the sender side is judged by its last beat "hs", or before its first beat by "tk"; a detached
+  request (no "snd") has no sender to judge
 ]]
 local st, why, own, hs, tk, snd = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own', 'hs',
   'tk', 'snd'))
@@ -43,7 +44,8 @@ end
 
 if own ~= ARGV[2] then return {'fenced', ''} end
 local last = math.max(tonumber(hs) or 0, tonumber(tk) or 0)
-if now - last > tonumber(ARGV[4]) then
+-- a detached request (bulk enqueue) names no sender: nobody's silence can cancel it
+if snd and now - last > tonumber(ARGV[4]) then
   redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'sender_lost', 'dn', now)
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('ZREM', KEYS[2], ARGV[7])

@@ -35,6 +35,7 @@ from prq import (
     current_request,
 )
 from prq.admin import Inspector
+from prq.bulk import BulkClient
 from prq.embedded import find_server_binary, free_port
 from prq.keys import KeySchema, encode_endpoint
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
@@ -331,6 +332,27 @@ async def test_the_app_user_takes_the_rare_paths_without_a_single_refusal(
     assert await asyncio.wait_for(sender.call(SERVED, "echo", "after"), 10) == "after"
 
     # Then Redis refused the application user nothing on any of these paths
+    assert_no_refusals(server, "prq")
+
+
+async def test_the_app_user_enqueues_in_bulk_without_a_single_refusal(
+    server: AclServer, app_queues: QueueFactory
+) -> None:
+    # Given detached requests enqueued in bulk as the app user, twice (the second: duplicates)
+    endpoint = "poll://acl-bulk"
+    requests = [Request(endpoint=endpoint, method="echo", params=i, id=f"b:{i}") for i in range(5)]
+    with BulkClient.from_url(server.url("prq"), prefix=PREFIX) as bulk:
+        assert bulk.enqueue_many(requests).accepted == 5
+        assert bulk.enqueue_many(requests).duplicates == 5
+        # When a receiver serves them, Then their outcomes are read back as the app user
+        receiver = app_queues()
+        app_queues.serve(receiver, endpoint, _handler(app_queues.facade))
+        ids = [r.id for r in requests]
+
+        def all_done() -> bool:
+            return all(o.state == "done" for o in bulk.outcomes(endpoint, ids).values())
+
+        await async_wait_until(all_done, 10, 0.05, "bulk requests answered")
     assert_no_refusals(server, "prq")
 
 

@@ -1,0 +1,223 @@
+"""Bulk enqueue of detached requests, and reading their outcomes, without running a node.
+
+A *detached* request has no sender waiting on a pulse: its response is kept under its id (for
+the response TTL) for whoever asks, and no sender liveness is judged, so it runs to the end even
+when whoever enqueued it is gone (a Spark task that failed, say). Enqueue is idempotent by id:
+a known id is never enqueued twice, whoever tries (see enqueue_many.lua), so a retried or
+speculative batch with deterministic ids enqueues nothing twice.
+
+`BulkClient` is blocking and light: one owned Redis connection (the retry policy, error
+translation and script loading of the queue's own I/O), no background thread, no pub/sub. It
+sends up to `batch_size` requests per round trip (one script call per endpoint and batch, plus
+each id's locator so that `status`/`cancel` by id work from any node) and checks every reply:
+a full or failing Redis raises, it never loses requests silently.
+
+Example:
+    with BulkClient.from_url("redis://localhost:6379/0") as bulk:
+        result = bulk.enqueue_many(
+            Request(endpoint="poll://billing-1", method="charge", params=row, id=f"run-7:{key}")
+            for key, row in rows
+        )
+        print(result.accepted, result.duplicates, len(result.rejected))
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Self
+
+from prq._types import Call
+from prq.config import QueueSettings, RedisSettings
+from prq.errors import PayloadTooLarge, PrqError
+from prq.keys import KeySchema
+from prq.models import Request, validate_endpoint
+from prq.scripts import (
+    RequestSnapshot,
+    enqueue_many_call,
+    parse_enqueue_many,
+    parse_snapshot,
+    read_response_call,
+)
+from prq.sync_io import SyncRedisIO
+
+__all__ = ["DEFAULT_BATCH_SIZE", "BulkClient", "BulkResult", "Rejected"]
+
+#: Requests per round trip (the measured sweet spot: larger batches gain little).
+DEFAULT_BATCH_SIZE = 1000
+#: Most requests in one script call (Lua's unpack limit is far above; keeps Redis responsive).
+MAX_BATCH_SIZE = 5000
+#: The producer named in detached requests that do not name one.
+BULK_PRODUCER = "bulk"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A request refused before anything was written, and why."""
+
+    request_id: str
+    error: PrqError
+
+
+@dataclass(slots=True)
+class BulkResult:
+    """What `enqueue_many` did, exactly, counted from Redis's replies."""
+
+    #: Requests queued by this call (a retried round trip is not counted twice).
+    accepted: int = 0
+    #: Ids that were already known (queued, running, answered, cancelled): not enqueued again.
+    duplicate_ids: list[str] = field(default_factory=list)
+    #: Requests refused before any write (an invalid endpoint, a body over max_body_bytes).
+    rejected: list[Rejected] = field(default_factory=list)
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.duplicate_ids)
+
+    def add(self, other: BulkResult) -> None:
+        self.accepted += other.accepted
+        self.duplicate_ids += other.duplicate_ids
+        self.rejected += other.rejected
+
+
+class BulkClient:
+    """Enqueues detached requests in batches and reads their outcomes (blocking)."""
+
+    def __init__(
+        self,
+        redis_settings: RedisSettings,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+    ) -> None:
+        self.settings = settings or QueueSettings()
+        self.keys = KeySchema(prefix)
+        self._io = SyncRedisIO(redis_settings, self.settings)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+    ) -> Self:
+        """A client for `url` (else `PRQ_REDIS_URL`)."""
+        return cls(RedisSettings.from_url(url), prefix=prefix, settings=settings)
+
+    def close(self) -> None:
+        self._io.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    def enqueue_many(
+        self,
+        requests: Iterable[Request],
+        *,
+        pickup_timeout_s: float | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """Enqueue detached requests, `batch_size` per round trip; idempotent by request id.
+
+        Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
+        memory) or ConfigurationError; what was sent before stays enqueued, and sending the
+        same requests again enqueues only what is missing.
+        """
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
+        pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+        total = BulkResult()
+        for batch in _chunks(iter(requests), batch_size):
+            total.add(self._enqueue_batch(batch, pickup))
+        return total
+
+    def _enqueue_batch(self, batch: Sequence[Request], pickup_timeout_s: float) -> BulkResult:
+        result = BulkResult()
+        by_endpoint: dict[str, list[tuple[str, bytes]]] = {}
+        for request in batch:
+            try:
+                by_endpoint.setdefault(request.endpoint, []).append(self._encode(request))
+            except PrqError as exc:
+                result.rejected.append(Rejected(request.id, exc))
+        if not by_endpoint:
+            return result
+        settings = self.settings
+        now_ms = int(time.time() * 1000)
+        request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
+        locator_ttl_ms = int(
+            (request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s) * 1000
+        )
+        calls: list[Call] = []
+        for endpoint, items in by_endpoint.items():
+            calls.append(
+                enqueue_many_call(
+                    self.keys.endpoint(endpoint),
+                    uuid.uuid4().hex,
+                    items,
+                    now_ms,
+                    now_ms + int(pickup_timeout_s * 1000),
+                    int(request_ttl_s * 1000),
+                    int(settings.list_ttl_s * 1000),
+                )
+            )
+            calls += [
+                Call(("SET", self.keys.locator(request_id), endpoint, "PX", locator_ttl_ms))
+                for request_id, _ in items
+            ]
+        replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
+        at = 0
+        for items in by_endpoint.values():
+            outcome = parse_enqueue_many(replies[at], len(items))
+            result.accepted += outcome.accepted
+            result.duplicate_ids += outcome.duplicate_ids
+            at += 1 + len(items)
+        return result
+
+    def _encode(self, request: Request) -> tuple[str, bytes]:
+        validate_endpoint(request.endpoint)
+        if request.producer is None:
+            request = request.model_copy(update={"producer": BULK_PRODUCER})
+        body = request.model_dump_json().encode()
+        limit = self.settings.max_body_bytes
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"request {request.id} is {len(body)} bytes, over max_body_bytes={limit}; "
+                "nothing was written",
+                size_bytes=len(body),
+                limit_bytes=limit,
+            )
+        return request.id, body
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def outcomes(self, endpoint: str, request_ids: Sequence[str]) -> dict[str, RequestSnapshot]:
+        """Where each request stands, with its stored response once it has one, in one round
+        trip. A request whose receiver stopped beating for the receiver timeout is declared
+        lost here (state "cancelled", reason "receiver_lost"), as a waiting caller would."""
+        keys = self.keys.endpoint(validate_endpoint(endpoint))
+        timeout_ms = int(self.settings.receiver_timeout_s * 1000)
+        calls = [
+            read_response_call(keys, request_id, timeout_ms, self.keys.node_channel_prefix)
+            for request_id in request_ids
+        ]
+        if not calls:
+            return {}
+        replies = self._io.execute(calls)
+        return {
+            request_id: parse_snapshot(reply)
+            for request_id, reply in zip(request_ids, replies, strict=True)
+        }
+
+
+def _chunks(items: Iterator[Request], size: int) -> Iterator[list[Request]]:
+    while batch := list(islice(items, size)):
+        yield batch

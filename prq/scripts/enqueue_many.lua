@@ -1,0 +1,69 @@
+--[[ enqueue_many: queue a batch of detached requests for one endpoint; once per id.
+
+Detached requests (bulk enqueue, e.g. from Spark) have no sender node waiting on a pulse: the
+response is kept under the request id (response TTL) for whoever asks, and no sender liveness is
+judged (beat.lua judges a sender only when the request names one).
+
+KEYS[1]  pending list          prq:{e}:q
+KEYS[2]  enqueue counter       prq:{e}:seq
+KEYS[3]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
+ARGV[1]  batch nonce (the same when the call is retried)
+ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
+ARGV[3]  pickup deadline, ms since the epoch
+ARGV[4]  request TTL, ms
+ARGV[5]  list and counter TTL, ms
+ARGV[6]  the endpoint's pulse channel
+ARGV[7..] id1, body1, id2, body2, ...
+
+Reply: {accepted, duplicates, counter, dup_id1, dup_id2, ...}
+  accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
+               same batch whose reply was lost: counted again, so a retried call reports what
+               the batch did, not what the retry did)
+  duplicates = ids already known from elsewhere (queued, running, answered or cancelled by
+               another batch or caller): nothing was enqueued for them; their ids follow
+  counter    = the endpoint's enqueue counter after the batch
+
+Invariants:
+- a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
+- a replay of the batch (same nonce) enqueues nothing more and reports the same counts
+- each hash is written with its TTL; the ids go to the list in batch order, in one RPUSH
+- one pulse for the batch, only when something was queued
+]]
+local fresh = {}
+local accepted, duplicates = 0, 0
+local dups = {}
+for i = 7, #ARGV, 2 do
+  local id, body = ARGV[i], ARGV[i + 1]
+  local key = KEYS[3] .. id
+  local st, bn = unpack(redis.call('HMGET', key, 'st', 'bn'))
+  if st == 'withdrawn' then
+    redis.call('DEL', key)
+    st = nil
+  end
+  if not st then
+    redis.call('HSET', key, 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0',
+      'bn', ARGV[1])
+    redis.call('PEXPIRE', key, ARGV[4])
+    fresh[#fresh + 1] = id
+    accepted = accepted + 1
+  elseif bn == ARGV[1] then
+    accepted = accepted + 1
+  else
+    duplicates = duplicates + 1
+    dups[#dups + 1] = id
+  end
+end
+
+local counter
+if #fresh > 0 then
+  redis.call('RPUSH', KEYS[1], unpack(fresh))
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  counter = redis.call('INCRBY', KEYS[2], #fresh)
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  redis.call('PUBLISH', ARGV[6], '')
+else
+  counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+local out = {accepted, duplicates, counter}
+for _, id in ipairs(dups) do out[#out + 1] = id end
+return out

@@ -1,0 +1,164 @@
+"""Bulk enqueue of detached requests (prq.bulk) against a real Redis and real receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from prq import QueueSettings, Request, RequestState
+from prq.bulk import BulkClient
+from prq.keys import KeySchema
+from prq.scripts import enqueue_many_call, parse_enqueue_many
+from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def bulk(redis_url: str, key_prefix: str) -> Iterator[BulkClient]:
+    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60})
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
+        yield client
+
+
+def rows(endpoint: str, run: str, n: int) -> list[Request]:
+    return [
+        Request(endpoint=endpoint, method="double", params=i, id=f"{run}:{i}") for i in range(n)
+    ]
+
+
+def test_a_batch_is_enqueued_once_whoever_sends_it_again(
+    bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given 2,500 requests for two endpoints, sent 1,000 per round trip
+    requests = rows("poll://bulk-a", "run1", 1500) + rows("poll://bulk-b", "run1", 1000)
+    first = bulk.enqueue_many(requests)
+    assert (first.accepted, first.duplicates, first.rejected) == (2500, 0, [])
+    keys = bulk.keys
+    assert redis_client.llen(keys.endpoint("poll://bulk-a").pending) == 1500
+    assert redis_client.llen(keys.endpoint("poll://bulk-b").pending) == 1000
+
+    # When the same requests are sent again (a retried Spark task), in other batch sizes
+    again = bulk.enqueue_many(requests, batch_size=700)
+
+    # Then nothing is enqueued twice, and every id is reported as a duplicate
+    assert (again.accepted, again.duplicates) == (0, 2500)
+    assert sorted(again.duplicate_ids) == sorted(r.id for r in requests)
+    assert redis_client.llen(keys.endpoint("poll://bulk-a").pending) == 1500
+    assert int(redis_client.get(keys.endpoint("poll://bulk-a").sequence) or 0) == 1500
+
+
+def test_a_replayed_round_trip_reports_what_the_batch_did(
+    bulk: BulkClient, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given one batch call, sent twice with the same nonce (its first reply was lost)
+    keys = KeySchema(key_prefix).endpoint("poll://bulk-replay")
+    items = [(f"r:{i}", Request(endpoint=keys.endpoint, method="m", id=f"r:{i}")) for i in range(5)]
+    encoded = [(rid, r.model_dump_json().encode()) for rid, r in items]
+    now_ms = int(time.time() * 1000)
+    call = enqueue_many_call(keys, "nonce-1", encoded, now_ms, now_ms + 60_000, 60_000, 60_000)
+    bulk._io.execute([call])  # the first run
+    replayed = parse_enqueue_many(bulk._io.execute([call])[0], 5)
+
+    # Then the replay counts the batch's own requests as accepted, and enqueued nothing more
+    assert (replayed.accepted, replayed.duplicate_ids) == (5, [])
+    assert redis_client.llen(keys.pending) == 5
+    # And another batch with those ids is told they are duplicates
+    other = enqueue_many_call(keys, "nonce-2", encoded, now_ms, now_ms + 60_000, 60_000, 60_000)
+    assert parse_enqueue_many(bulk._io.execute([other])[0], 5).duplicate_ids == [
+        rid for rid, _ in items
+    ]
+
+
+def test_too_large_requests_are_rejected_and_the_rest_enqueued(
+    redis_url: str, key_prefix: str
+) -> None:
+    settings = QueueSettings(max_body_bytes=300, inline_limit_bytes=300)
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
+        small = Request(endpoint="poll://bulk-size", method="m", id="ok")
+        large = Request(endpoint="poll://bulk-size", method="m", params="x" * 400, id="big")
+        result = client.enqueue_many([small, large])
+    assert result.accepted == 1
+    assert [(r.request_id, type(r.error).__name__) for r in result.rejected] == [
+        ("big", "PayloadTooLarge")
+    ]
+
+
+async def test_detached_requests_run_to_the_end_and_keep_their_responses(
+    bulk: BulkClient, make_queue: QueueFactory
+) -> None:
+    # Given detached requests, and a receiver whose sender-silence limit is short
+    endpoint = "poll://bulk-served"
+    requests = rows(endpoint, f"run-{uuid.uuid4().hex[:6]}", 30)
+    assert bulk.enqueue_many(requests).accepted == 30
+    timings: dict[str, Any] = {"sender_timeout_s": 0.6, "heartbeat_interval_s": 0.1,
+               "heartbeat_initial_delay_s": 0.1}  # fmt: skip
+    receiver = make_queue(**timings)
+
+    async def slow_double(request: Request) -> object:
+        if request.params == 0:
+            await asyncio.sleep(1.5)  # the work: longer than the sender-silence limit
+        return {"doubled": request.params * 2}  # type: ignore[operator]
+
+    make_queue.serve(receiver, endpoint, slow_double, concurrency=4)
+
+    # Then every request is answered (nobody cancels a detached request for its sender's
+    # silence), and the responses are kept under their ids
+    ids = [r.id for r in requests]
+
+    def all_done() -> bool:
+        return all(s.state == "done" for s in bulk.outcomes(endpoint, ids).values())
+
+    await async_wait_until(all_done, 20.0, 0.1, "every detached request answered")
+    outcomes = bulk.outcomes(endpoint, ids)
+    assert b'"doubled":0' in outcomes[ids[0]].response.replace(b" ", b"")
+    assert b'"doubled":58' in outcomes[ids[29]].response.replace(b" ", b"")
+    # And any node can ask by id alone (the locator was written)
+    status = await receiver.status(ids[5])
+    assert status.state == RequestState.DONE and status.endpoint == endpoint
+
+
+async def test_a_lost_receiver_is_reported_and_cancelled_ids_can_be_sent_again(
+    make_queue: QueueFactory, redis_url: str, key_prefix: str
+) -> None:
+    settings = QueueSettings(
+        **FAST_SETTINGS,
+        receiver_timeout_s=1.0,
+        heartbeat_interval_s=0.2,
+        heartbeat_initial_delay_s=0.1,
+    )
+    bulk = BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings)
+    try:
+        await _lost_receiver_then_resend(bulk, make_queue)
+    finally:
+        bulk.close()
+
+
+async def _lost_receiver_then_resend(bulk: BulkClient, make_queue: QueueFactory) -> None:
+    endpoint = "poll://bulk-lost"
+    taken_req, queued_req = rows(endpoint, "lost", 2)
+    assert bulk.enqueue_many([taken_req, queued_req]).accepted == 2
+    timings: dict[str, Any] = {"receiver_timeout_s": 1.0, "heartbeat_interval_s": 0.2,
+               "heartbeat_initial_delay_s": 0.1}  # fmt: skip
+    receiver, other = make_queue(**timings), make_queue(**timings)
+    held = await receiver.dequeue(endpoint, timeout_s=5)
+    assert held is not None and held.id == taken_req.id
+    await receiver.aclose()  # it dies holding the request
+
+    # Then reading the outcome, after the receiver timeout, declares it lost
+    def lost() -> bool:
+        return bulk.outcomes(endpoint, [taken_req.id])[taken_req.id].reason == "receiver_lost"
+
+    await async_wait_until(lost, 10.0, 0.1, "receiver declared lost")
+
+    # And a request cancelled before pickup (by id, from any node) may be sent again
+    assert await other.cancel(queued_req.id) is True
+    again = bulk.enqueue_many([queued_req, taken_req])
+    assert again.accepted == 1 and again.duplicate_ids == [taken_req.id]
