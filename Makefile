@@ -15,12 +15,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 format: $(STAMP)
-	$(BIN)/ruff format prq api tests bench
-	$(BIN)/ruff check --fix prq api tests bench
+	$(BIN)/ruff format prq api tests bench examples
+	$(BIN)/ruff check --fix prq api tests bench examples
 
 lint: $(STAMP)
-	$(BIN)/ruff check prq api tests bench
-	$(BIN)/ruff format --check prq api tests bench
+	$(BIN)/ruff check prq api tests bench examples
+	$(BIN)/ruff format --check prq api tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -125,8 +125,14 @@ class BulkClient:
         *,
         pickup_timeout_s: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        nonce: str | None = None,
     ) -> BulkResult:
         """Enqueue detached requests, `batch_size` per round trip; idempotent by request id.
+
+        `nonce` names the sender of these requests across retries (e.g. a Spark task: its run
+        and partition, the same for every attempt): ids that an earlier call with the same
+        nonce enqueued count as accepted again, not as duplicates, so the counts of the attempt
+        that succeeds are exact. Default: a fresh nonce per round trip.
 
         Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
         memory) or ConfigurationError; what was sent before stays enqueued, and sending the
@@ -137,10 +143,12 @@ class BulkClient:
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         total = BulkResult()
         for batch in _chunks(iter(requests), batch_size):
-            total.add(self._enqueue_batch(batch, pickup))
+            total.add(self._enqueue_batch(batch, pickup, nonce or uuid.uuid4().hex))
         return total
 
-    def _enqueue_batch(self, batch: Sequence[Request], pickup_timeout_s: float) -> BulkResult:
+    def _enqueue_batch(
+        self, batch: Sequence[Request], pickup_timeout_s: float, nonce: str
+    ) -> BulkResult:
         result = BulkResult()
         by_endpoint: dict[str, list[tuple[str, bytes]]] = {}
         for request in batch:
@@ -161,7 +169,7 @@ class BulkClient:
             calls.append(
                 enqueue_many_call(
                     self.keys.endpoint(endpoint),
-                    uuid.uuid4().hex,
+                    nonce,
                     items,
                     now_ms,
                     now_ms + int(pickup_timeout_s * 1000),

@@ -26,6 +26,7 @@ from redis.exceptions import (
     BusyLoadingError,
     NoPermissionError,
     NoScriptError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -82,6 +83,11 @@ def translate_errors() -> Iterator[None]:
         raise RedisUnavailable(str(exc)) from exc
     except NoScriptError:
         raise
+    except OutOfMemoryError as exc:
+        raise QueueFull(
+            f"Redis is out of memory and refuses writes: {exc}; free memory or raise "
+            "maxmemory (prq needs maxmemory-policy noeviction)"
+        ) from exc
     except ResponseError as exc:
         if str(exc).startswith("OOM"):
             raise QueueFull(

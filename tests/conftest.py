@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -71,3 +72,11 @@ def own_redis_client(own_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Collect reference cycles at each test's end, so that a resource a test leaks inside a
+    cycle (an unclosed socket, say) is reported against that test, not a later one."""
+    yield
+    gc.collect()

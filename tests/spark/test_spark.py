@@ -1,0 +1,397 @@
+"""prq.spark on a real local Spark (`local[2,2]`) against a real Redis and a real receiver.
+
+Failures are injected with the config's test hook: the first attempt of partition 0 raises
+once half its rows were handed over; Spark then retries the task (maxFailures 2), and the
+stage's failed-task count proves the failure happened.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+
+from prq.embedded import EmbeddedRedis
+from prq.keys import KeySchema
+from prq.spark import (
+    PartitionCounts,
+    SparkQueueConfig,
+    arrow_enqueuer,
+    call_dataframe,
+    enqueue_dataframe,
+    enqueue_partitions,
+    foreach_batch,
+)
+from tests.integration.test_cli import Prq, PrqRunner
+from tests.redis_servers import wait_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+
+def config(redis_url: str, prefix: str, endpoint: str, **overrides: Any) -> SparkQueueConfig:
+    values: dict[str, Any] = {
+        "url": redis_url,
+        "prefix": prefix,
+        "endpoint": endpoint,
+        "method": "square",
+        "namespace": f"job-{uuid.uuid4().hex[:6]}:run-1",
+        "key_column": "key",
+        "pickup_timeout_s": 300.0,
+    } | overrides
+    return SparkQueueConfig(**values)
+
+
+def failed_tasks(spark: SparkSession, group: str) -> int:
+    """Failed task attempts of the jobs run under job group `group`."""
+    tracker = spark.sparkContext.statusTracker()
+    failed = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        assert job is not None
+        for stage_id in job.stageIds:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                failed += stage.numFailedTasks
+    return failed
+
+
+def totals(counts: list[tuple[int, int, int, int]]) -> tuple[int, int, int]:
+    return (
+        sum(c[1] for c in counts),
+        sum(c[2] for c in counts),
+        sum(c[3] for c in counts),
+    )
+
+
+# -- enqueue --------------------------------------------------------------------------------------
+
+
+def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given 200,000 rows in 4 partitions, whose partition 0 fails on its first attempt after
+    # 25,000 of its 50,000 rows were enqueued
+    endpoint = "poll://spark-bulk"
+    cfg = config(redis_url, key_prefix, endpoint, fail_first_attempt_after=25_000)
+    df = spark.range(0, 200_000, numPartitions=4).selectExpr("id AS key", "id * 2 AS doubled")
+    group = f"enqueue-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "200k enqueue with a failed attempt")
+
+    # When the rows are enqueued
+    counts = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
+
+    # Then the first attempt did fail, and was retried
+    assert failed_tasks(spark, group) == 1
+    # And the counts of the successful attempts say: every row accepted once, no duplicate
+    assert len(counts) == 4
+    assert totals(counts) == (200_000, 0, 0)
+    assert all(c[1] == 50_000 for c in counts)
+    # And Redis holds exactly 200,000 requests, each once
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    assert redis_client.llen(keys.pending) == 200_000
+    assert int(redis_client.get(keys.sequence) or 0) == 200_000
+    pending = redis_client.lrange(keys.pending, 0, -1)
+    assert len(set(pending)) == 200_000
+    first = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:7"), "b") or b"{}")
+    assert (first["method"], first["params"]) == ("square", {"doubled": 14})
+
+    # When the same rows are enqueued again by a second action (a whole-job rerun)
+    again = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
+
+    # Then nothing more is enqueued, and every row is reported as a duplicate
+    assert totals(again) == (0, 200_000, 0)
+    assert redis_client.llen(keys.pending) == 200_000
+
+
+def test_rows_with_keys_that_make_no_request_id_are_rejected(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given rows whose keys include a space, a pipe, an empty string and a null
+    endpoint = "poll://spark-keys"
+    cfg = config(redis_url, key_prefix, endpoint, params_columns=("n",))
+    bad = ["has space", "a|b", "", None]
+    rows = [(f"k{i}", i, "ignored") for i in range(20)] + [(k, -1, "x") for k in bad]
+    df = spark.createDataFrame(rows, "key string, n long, other string").repartition(2)
+
+    # When they are enqueued through foreachPartition (fire and forget)
+    df.foreachPartition(enqueue_partitions(cfg))
+
+    # Then the 20 good rows are queued, with only the chosen params, and the others are not
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    assert redis_client.llen(keys.pending) == 20
+    body = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:k3"), "b") or b"{}")
+    assert body["params"] == {"n": 3}
+    # And the Arrow variant reports the bad rows as rejected, the good ones as duplicates
+    counts = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
+    assert totals(counts) == (0, 20, 4)
+
+
+def test_enqueue_raises_when_redis_is_away(spark: SparkSession, key_prefix: str) -> None:
+    # Given a config naming a Redis nobody listens on (and a short retry budget)
+    from prq.embedded import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    cfg = config(url, key_prefix, "poll://spark-away", queue_settings={"retry_budget_s": 0.3})
+    df = spark.range(0, 10, numPartitions=1).selectExpr("id AS key")
+    # When the rows are enqueued, Then the job fails (after the task's retry): nothing is
+    # lost silently
+    with pytest.raises(Exception, match="QueueUnavailable"):
+        enqueue_dataframe(df, cfg)
+
+
+# -- call and collect -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def receiver(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[tuple[Prq, Path]]:
+    """A `prq worker` process serving poll://spark-call; it records each run in a ledger."""
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        worker = runner.start(
+            "worker",
+            "tests.spark.ledger_handler:record",
+            "-e",
+            "poll://spark-call",
+            "--concurrency",
+            "16",
+            PRQ_TEST_LEDGER=str(ledger),
+        )
+        worker.wait_for_line("prq worker: serving")
+        yield worker, ledger
+    finally:
+        runner.close()
+
+
+def ledger_lines(ledger: Path) -> list[str]:
+    return ledger.read_text().splitlines()
+
+
+def test_call_and_collect_runs_each_request_once_despite_a_failed_task(
+    spark: SparkSession, redis_url: str, key_prefix: str, receiver: tuple[Prq, Path]
+) -> None:
+    _, ledger = receiver
+    # Given 20,000 rows in 2 partitions; partition 0's first attempt fails after half its
+    # rows were sent
+    cfg = config(
+        redis_url,
+        key_prefix,
+        "poll://spark-call",
+        fail_first_attempt_after=5_000,
+        max_in_flight=2_000,
+        poll_interval_s=0.02,
+    )
+    df = spark.range(0, 20_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+    group = f"call-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "call and collect with a failed attempt")
+
+    # When each row is called and the responses collected
+    answers = call_dataframe(df, cfg)
+    rows = answers.collect()
+
+    # Then the injected failure happened
+    assert failed_tasks(spark, group) == 1
+    # And every row has exactly one answer: a result, or the handler's error
+    by_id = {r.request_id: r for r in rows}
+    assert len(rows) == len(by_id) == 20_000
+    ok = by_id[f"{cfg.namespace}:12"]
+    assert json.loads(ok.result_json) == {"n": 12, "squared": 144}
+    assert (ok.error_type, ok.error_message) == (None, None)
+    failed = by_id[f"{cfg.namespace}:14"]
+    assert (failed.result_json, failed.error_type) == (None, "ValueError")
+    assert failed.error_message == "14 is a multiple of 7"
+    assert sum(r.error_type is not None for r in rows) == len(range(0, 20_000, 7))
+    # And the receiver ran each request exactly once
+    runs = Counter(ledger_lines(ledger))
+    assert len(runs) == 20_000 and set(runs.values()) == {1}
+
+    # When a second action runs on the same uncached DataFrame
+    again = answers.where("error_type IS NULL").collect()
+
+    # Then it is answered from the stored responses: nothing runs again on the service
+    assert len(again) == 20_000 - len(range(0, 20_000, 7))
+    assert {r.request_id: r.result_json for r in again} == {
+        r.request_id: r.result_json for r in rows if r.error_type is None
+    }
+    assert len(ledger_lines(ledger)) == 20_000
+
+
+def test_call_answers_invalid_keys_and_unanswered_requests_with_errors(
+    spark: SparkSession, redis_url: str, key_prefix: str
+) -> None:
+    # Given rows for an endpoint nobody serves, a call timeout of 1 s, and a bad key
+    cfg = config(redis_url, key_prefix, "poll://spark-nobody", call_timeout_s=1.0)
+    df = spark.createDataFrame([("a", 1), ("b", 2), ("bad key", 3)], "key string, n long")
+
+    # When they are called
+    rows = {r.request_id: r for r in call_dataframe(df, cfg).collect()}
+
+    # Then the bad key is rejected, and the others end with CallTimeout
+    assert len(rows) == 3
+    assert rows[f"{cfg.namespace}:bad key"].error_type == "InvalidRequestId"
+    assert {rows[f"{cfg.namespace}:{k}"].error_type for k in "ab"} == {"CallTimeout"}
+
+
+# -- streaming ------------------------------------------------------------------------------------
+
+
+def test_a_replayed_micro_batch_enqueues_nothing_twice(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given the foreachBatch function, and a micro-batch of 3,000 rows
+    endpoint = "poll://spark-stream"
+    cfg = config(redis_url, key_prefix, endpoint)
+    write = foreach_batch(cfg)
+    batch = spark.range(0, 3_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+
+    # When the batch is written, then written again with the same batch id (a replay)
+    first = write(batch, 7)
+    replay = write(batch, 7)
+
+    # Then the replay enqueued nothing
+    assert sum(c.accepted for c in first) == 3_000
+    assert (sum(c.accepted for c in replay), sum(c.duplicate for c in replay)) == (0, 3_000)
+    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 3_000
+
+
+def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twice(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a streaming query from a deterministic source, writing through foreach_batch; each
+    # start runs one micro-batch (the next trigger is an hour away), so a stop never cuts one
+    endpoint = "poll://spark-replay"
+    cfg = config(redis_url, key_prefix, endpoint)
+    write = foreach_batch(cfg)
+    seen: list[tuple[int, list[PartitionCounts]]] = []
+
+    def sink(df: DataFrame, batch_id: int) -> None:
+        seen.append((batch_id, write(df, batch_id)))
+
+    checkpoint = tmp_path / "checkpoint"
+    commits = checkpoint / "commits"
+
+    def run_one_batch() -> int:
+        source = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", 500)
+            .option("numPartitions", 2)
+            .load()
+            .selectExpr("value AS key", "value AS n")
+        )
+        runs = len(seen)
+        query = (
+            source.writeStream.foreachBatch(sink)
+            .trigger(processingTime="1 hour")
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            wait_until(lambda: len(seen) > runs, 60, 0.02, "a micro-batch written")
+            batch_id = seen[-1][0]
+            wait_until(lambda: (commits / str(batch_id)).exists(), 30, 0.02, "its commit")
+        finally:
+            query.stop()
+        return batch_id
+
+    assert [run_one_batch(), run_one_batch()] == [0, 1]
+    # When the last batch's commit is lost, and the query restarts from the checkpoint
+    (commits / "1").unlink()
+    (commits / ".1.crc").unlink(missing_ok=True)
+    replayed = run_one_batch()
+
+    # Then the last batch is replayed with the same rows, and enqueues nothing
+    assert replayed == 1
+    first, again = (counts for batch_id, counts in seen if batch_id == 1)
+    assert (sum(c.accepted for c in first), sum(c.duplicate for c in first)) == (500, 0)
+    assert (sum(c.accepted for c in again), sum(c.duplicate for c in again)) == (0, 500)
+    # And Redis holds each row's request once
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    assert redis_client.llen(keys.pending) == 1_000
+    assert len(set(redis_client.lrange(keys.pending, 0, -1))) == 1_000
+
+
+def test_a_task_never_has_more_than_max_in_flight_requests_unanswered(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given 500 rows in one partition for an endpoint nobody serves, a window of 100
+    endpoint = "poll://spark-window"
+    cfg = config(
+        redis_url, key_prefix, endpoint, max_in_flight=100, batch_size=50, call_timeout_s=1.0
+    )
+    df = spark.range(0, 500, numPartitions=1).selectExpr("id AS key", "id AS n")
+
+    # When they are called
+    rows = call_dataframe(df, cfg).collect()
+
+    # Then only the first 100 were sent; the task waited for outcomes before sending more, and
+    # past the call timeout answered everything with CallTimeout (the 400 unsent ones as such)
+    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 100
+    assert len(rows) == 500 and {r.error_type for r in rows} == {"CallTimeout"}
+    assert sum("never sent" in r.error_message for r in rows) == 400
+
+
+# -- without the scheduler: concurrent attempts, a full Redis -----------------------------------
+
+
+def arrow_batches(n: int, size: int) -> list[Any]:
+    import pyarrow as pa
+
+    return [
+        pa.RecordBatch.from_pydict({"key": list(range(i, min(i + size, n))), "n": [0] * size})
+        for i in range(0, n, size)
+    ]
+
+
+def test_two_concurrent_attempts_of_a_task_enqueue_each_row_once(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    pytest.importorskip("pyarrow")
+    # Given one partition's enqueue function, run twice at once (as a speculative copy would)
+    endpoint = "poll://spark-speculative"
+    enqueue = arrow_enqueuer(config(redis_url, key_prefix, endpoint, batch_size=100))
+    batches = arrow_batches(5_000, 500)
+    with ThreadPoolExecutor(2) as pool:
+        outputs = list(pool.map(lambda _: list(enqueue(iter(batches))), range(2)))
+
+    # Then every row is queued once, and each attempt counts all its rows as accepted
+    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 5_000
+    for output in outputs:
+        stats = output[0].to_pylist()[0]
+        assert (stats["accepted"], stats["duplicate"], stats["rejected"]) == (5_000, 0, 0)
+
+
+def test_a_full_redis_is_waited_out_not_dropped(
+    own_redis: EmbeddedRedis, own_redis_client: redis.Redis, key_prefix: str
+) -> None:
+    pytest.importorskip("pyarrow")
+    # Given a Redis that refuses writes (maxmemory reached)
+    endpoint = "poll://spark-full"
+    cfg = config(own_redis.url, key_prefix, endpoint, queue_settings={"retry_budget_s": 0.2})
+    own_redis_client.config_set("maxmemory", 1)
+    enqueue = arrow_enqueuer(cfg)
+    with ThreadPoolExecutor(1) as pool:
+        # When a task enqueues into it
+        future = pool.submit(lambda: list(enqueue(iter(arrow_batches(2_000, 500)))))
+        wait_until(
+            lambda: own_redis_client.info("errorstats").get("errorstat_OOM"),
+            15,
+            0.02,
+            "Redis refused a write for lack of memory",
+        )
+        assert not future.done()
+        # Then it backs off and retries until Redis has room again, and loses nothing
+        own_redis_client.config_set("maxmemory", 0)
+        output = future.result(timeout=30)
+    assert output[0].to_pylist()[0]["accepted"] == 2_000
+    assert own_redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 2_000
