@@ -1,0 +1,190 @@
+"""Spark benchmark: rows/s of bulk enqueue and call-and-collect against a plain RPUSH baseline.
+
+In one run, on one Redis and one local Spark (`local[2]`), for the same DataFrame of ROWS rows:
+
+  (a) raw-rpush        foreachPartition, one variadic RPUSH of 1,000 JSON rows per round trip,
+                       no dedup (what a hand-written sink does)
+  (b) prq-enqueue      prq.spark.enqueue_partitions (foreachPartition), idempotent by id
+  (b') prq-enqueue-arrow  prq.spark.enqueue_dataframe (mapInArrow, exact counts)
+  (c) prq-call         prq.spark.call_dataframe against an echo receiver (`prq worker`)
+
+Each variant runs once to warm the JVM and the Python workers, then once measured; ratios are
+to (a). Uses PRQ_REDIS_URL when set, else an embedded redis-server.
+
+    python bench/spark.py [--rows 200000] [--call-rows 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Rows per RPUSH of the baseline (the batch prq uses too).
+BATCH = 1000
+#: Receiver slots of the echo worker.
+WORKER_CONCURRENCY = 32
+
+_clients: dict[tuple[str, int], redis.Redis] = {}
+
+
+def echo(request: Any) -> Any:
+    """The receiver's handler for the call variant."""
+    return request.params
+
+
+def _raw_push(url: str, key: str) -> Callable[[Iterator[Any]], None]:
+    def push(rows: Iterator[Any]) -> None:
+        client = _clients.get((url, os.getpid()))
+        if client is None:
+            client = _clients.setdefault((url, os.getpid()), redis.Redis.from_url(url))
+        batch: list[str] = []
+        for row in rows:
+            batch.append(json.dumps(row.asDict()))
+            if len(batch) == BATCH:
+                client.rpush(key, *batch)
+                batch.clear()
+        if batch:
+            client.rpush(key, *batch)
+
+    return push
+
+
+def _start_worker(url: str, prefix: str, endpoint: str) -> subprocess.Popen[str]:
+    env = os.environ | {"PRQ_REDIS_URL": url, "PRQ_PREFIX": prefix}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prq.cli", "worker", "bench.spark:echo", "-e", endpoint,
+         "-c", str(WORKER_CONCURRENCY)],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert worker.stderr is not None
+    deadline = time.monotonic() + 60
+    for line in worker.stderr:  # bounded by the worker's own start-up, checked below
+        if "prq worker: serving" in line:
+            return worker
+        if time.monotonic() > deadline:
+            break
+    worker.kill()
+    raise RuntimeError("the echo worker did not start")
+
+
+def run(url: str, rows: int, call_rows: int) -> list[tuple[str, int, float]]:
+    from pyspark.sql import SparkSession
+
+    from prq.spark import SparkQueueConfig, call_dataframe, enqueue_dataframe, enqueue_partitions
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    sys.path.insert(0, str(ROOT))
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("prq-bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    prefix = f"prq-bench-{uuid.uuid4().hex[:6]}"
+    df = (
+        spark.range(0, rows, numPartitions=4)
+        .selectExpr("id AS order_id", "id % 100 AS customer", "round(rand(7) * 100, 2) AS amount")
+        .cache()
+    )
+    df.count()
+    results: list[tuple[str, int, float]] = []
+
+    def config(tag: str, endpoint: str) -> SparkQueueConfig:
+        return SparkQueueConfig(
+            url=url, prefix=prefix, endpoint=endpoint, method="echo",
+            namespace=f"{tag}-{uuid.uuid4().hex[:6]}", key_column="order_id",
+        )  # fmt: skip
+
+    def measure(name: str, n: int, action: Callable[[str], object]) -> None:
+        action("warm")
+        started = time.perf_counter()
+        action("measured")
+        results.append((name, n, time.perf_counter() - started))
+
+    measure(
+        "raw-rpush", rows,
+        lambda tag: df.foreachPartition(_raw_push(url, f"{prefix}:raw:{tag}")),
+    )  # fmt: skip
+    measure(
+        "prq-enqueue", rows,
+        lambda tag: df.foreachPartition(enqueue_partitions(config(tag, "poll://bench-a"))),
+    )  # fmt: skip
+    measure(
+        "prq-enqueue-arrow", rows,
+        lambda tag: enqueue_dataframe(df, config(tag, "poll://bench-b")).collect(),
+    )  # fmt: skip
+    worker = _start_worker(url, prefix, "poll://bench-echo")
+    try:
+        small = df.limit(call_rows).repartition(4).cache()
+        small.count()
+        measure(
+            "prq-call", call_rows,
+            lambda tag: call_dataframe(small, config(tag, "poll://bench-echo")).count(),
+        )  # fmt: skip
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"{prefix}:*", count=10_000):
+        client.delete(key)
+    client.close()
+    spark.stop()
+    return results
+
+
+def table(results: list[tuple[str, int, float]]) -> str:
+    base = results[0][1] / results[0][2]
+    lines = [
+        "| variant | rows | seconds | rows/s | vs raw-rpush |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, n, seconds in results:
+        rate = n / seconds
+        lines.append(f"| {name} | {n:,} | {seconds:.2f} | {rate:,.0f} | {rate / base:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--call-rows", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    url = os.environ.get("PRQ_REDIS_URL")
+    server = None
+    if not url:
+        from prq.embedded import EmbeddedRedis
+
+        server = EmbeddedRedis().start()
+        url = server.url
+    try:
+        results = run(url, args.rows, args.call_rows)
+    finally:
+        if server is not None:
+            server.cleanup()
+    print(table(results))
+    enqueue = next(r for r in results if r[0] == "prq-enqueue")
+    ratio = (enqueue[1] / enqueue[2]) / (results[0][1] / results[0][2])
+    verdict = "PASS" if ratio >= 0.8 else "MISS"
+    print(f"prq-enqueue vs raw-rpush: {ratio:.2f}x (target >= 0.8x) {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
