@@ -32,9 +32,9 @@ from typing import Self
 
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PayloadTooLarge, PrqError
+from prq.errors import PrqError
 from prq.keys import KeySchema
-from prq.models import Request, validate_endpoint
+from prq.models import Request, check_body_size, validate_endpoint
 from prq.scripts import (
     RequestSnapshot,
     enqueue_many_call,
@@ -161,9 +161,7 @@ class BulkClient:
         settings = self.settings
         now_ms = int(time.time() * 1000)
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
-        locator_ttl_ms = int(
-            (request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s) * 1000
-        )
+        locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
         for endpoint, items in by_endpoint.items():
             calls.append(
@@ -195,14 +193,7 @@ class BulkClient:
         if request.producer is None:
             request = request.model_copy(update={"producer": BULK_PRODUCER})
         body = request.model_dump_json().encode()
-        limit = self.settings.max_body_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(
-                f"request {request.id} is {len(body)} bytes, over max_body_bytes={limit}; "
-                "nothing was written",
-                size_bytes=len(body),
-                limit_bytes=limit,
-            )
+        check_body_size(body, self.settings.max_body_bytes, "request", request.id)
         return request.id, body
 
     # -- outcomes -----------------------------------------------------------------------------

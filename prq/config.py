@@ -125,3 +125,7 @@ class QueueSettings(BaseSettings):
     def in_flight_ttl_s(self) -> float:
         """TTL of a picked-up request until it is answered (heartbeats extend it)."""
         return max(self.response_ttl_s, self.receiver_timeout_s + self.request_ttl_extra_s)
+
+    def locator_ttl_s(self, pickup_timeout_s: float) -> float:
+        """TTL of a request id's locator: as long as the request can be queued, run and kept."""
+        return self.request_ttl_s(pickup_timeout_s) + self.in_flight_ttl_s() + self.response_ttl_s

@@ -104,7 +104,7 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
     keys = ctx.keys.endpoint(request.endpoint)
     now_ms = ctx.wall_ms()
     request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
-    locator_ttl_s = request_ttl_s + settings.in_flight_ttl_s() + settings.response_ttl_s
+    locator_ttl_s = settings.locator_ttl_s(pickup_timeout_s)
     return _exec(
         enqueue_call(
             keys,

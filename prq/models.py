@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from prq.errors import InvalidEndpoint, SerializationError
+from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
 
 __all__ = [
     "MAX_ENDPOINT_LENGTH",
@@ -32,6 +32,7 @@ __all__ = [
     "RequestStatus",
     "Response",
     "ServerError",
+    "check_body_size",
     "decode_request",
     "decode_response",
     "validate_endpoint",
@@ -150,6 +151,17 @@ class DeliveryInfo(BaseModel):
 
     attempt: int = 1
     delivery_hash: str
+
+
+def check_body_size(body: bytes, limit: int, what: str, request_id: str) -> None:
+    """Refuse a body over `limit` bytes (max_body_bytes) before anything is written."""
+    if len(body) > limit:
+        raise PayloadTooLarge(
+            f"{what} {request_id} is {len(body)} bytes, over max_body_bytes={limit}; "
+            "nothing was written",
+            size_bytes=len(body),
+            limit_bytes=limit,
+        )
 
 
 def decode_request(raw: bytes | str) -> Request:

@@ -27,7 +27,6 @@ from prq.dedup import delivery_hash
 from prq.errors import (
     ConfigurationError,
     DataLoss,
-    PayloadTooLarge,
     PrqError,
     QueueShutdown,
     RemoteError,
@@ -49,6 +48,7 @@ from prq.models import (
     Request,
     Response,
     ServerError,
+    check_body_size,
     decode_request,
     validate_endpoint,
 )
@@ -212,14 +212,7 @@ class QueueBase:
         return body
 
     def _check_size(self, body: bytes, what: str, request_id: str) -> None:
-        limit = self.settings.max_body_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(
-                f"{what} {request_id} is {len(body)} bytes, over max_body_bytes={limit}; "
-                "nothing was written",
-                size_bytes=len(body),
-                limit_bytes=limit,
-            )
+        check_body_size(body, self.settings.max_body_bytes, what, request_id)
 
     def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
         return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
