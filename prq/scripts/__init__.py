@@ -9,6 +9,7 @@ calls, so the protocol is written once. Scripts are sent with EVALSHA; the I/O l
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final
@@ -165,7 +166,7 @@ class BatchOutcome:
 def enqueue_many_call(
     keys: EndpointKeys,
     nonce: str,
-    items: list[tuple[str, bytes]],
+    items: Sequence[tuple[str, str | bytes]],
     now_ms: int,
     pickup_deadline_ms: int,
     request_ttl_ms: int,

@@ -29,24 +29,28 @@ Invariants:
 - each hash is written with its TTL; the ids go to the list in batch order, in one RPUSH
 - one pulse for the batch, only when something was queued
 ]]
+local prefix, nonce, now, deadline, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fresh = {}
 local accepted, duplicates = 0, 0
 local dups = {}
 for i = 7, #ARGV, 2 do
-  local id, body = ARGV[i], ARGV[i + 1]
-  local key = KEYS[3] .. id
-  local st, bn = unpack(redis.call('HMGET', key, 'st', 'bn'))
-  if st == 'withdrawn' then
-    redis.call('DEL', key)
-    st = nil
+  local id = ARGV[i]
+  local key = prefix .. id
+  local st, bn
+  if redis.call('EXISTS', key) == 1 then  -- a new id (the common case) costs one cheap read
+    st, bn = unpack(redis.call('HMGET', key, 'st', 'bn'))
+    if st == 'withdrawn' then
+      redis.call('DEL', key)
+      st = nil
+    end
   end
   if not st then
-    redis.call('HSET', key, 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0',
-      'bn', ARGV[1])
-    redis.call('PEXPIRE', key, ARGV[4])
+    redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
+      'att', '0', 'bn', nonce)
+    redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1
-  elseif bn == ARGV[1] then
+  elseif bn == nonce then
     accepted = accepted + 1
   else
     duplicates = duplicates + 1

@@ -1,0 +1,60 @@
+"""PySpark integration: enqueue a DataFrame's rows as prq requests, or call and collect.
+
+Importing this package never imports pyspark or pyarrow: they are imported inside the functions
+that run on the driver or in Spark's Python workers (install them with `pip install prq[spark]`).
+
+Every row becomes one detached request (see prq.bulk) whose id is deterministic:
+`f"{cfg.namespace}:{row[cfg.key_column]}"`, never a position, an attempt number or a random id.
+Enqueue is idempotent by id, so a retried or speculative task, a replayed streaming batch or a
+second action enqueues nothing twice; call-and-collect reads the responses stored under the ids,
+so nothing runs twice on the service either. Rows whose key would make an invalid request id
+(see REQUEST_ID_PATTERN) or whose request would be over max_body_bytes are counted (or
+answered) as rejected, never sent.
+
+- `enqueue_partitions(cfg)`: a callable for `df.foreachPartition` (fire and forget).
+- `enqueue_dataframe(df, cfg)`: `mapInArrow`-based (works under Spark Connect); runs the job
+  once and returns a small DataFrame of exact per-partition counts from the successful attempts
+  (ENQUEUE_STATS_SCHEMA).
+- `call_dataframe(df, cfg)`: `mapInArrow`-based call-and-collect; a lazy DataFrame of
+  CALL_RESULT_SCHEMA with at most `cfg.max_in_flight` unanswered requests per task.
+- `foreach_batch(cfg)`: a `writeStream.foreachBatch` function; replayed batches enqueue nothing.
+
+One BulkClient per Python worker process is kept in this package (keyed by url, prefix and pid)
+and reused by every task that process runs. Every Redis reply is checked: a failing or full
+Redis raises in the task (Spark retries it), requests are never lost silently.
+
+Modules: _config (SparkQueueConfig, ids, counts), _encode (rows to request JSON, vectorised for
+Arrow), _runtime (the per-process client, the task, the enqueuer), _enqueue, _call.
+
+Example:
+    cfg = SparkQueueConfig(url="redis://redis:6379/0", endpoint="poll://scoring",
+                           method="score", namespace="daily-scoring:2026-11-21", key_column="id")
+    counts = enqueue_dataframe(df, cfg)              # partition, accepted, duplicate, rejected
+    answers = call_dataframe(df, cfg).persist()      # request_id, result_json, error_type, ...
+"""
+
+from __future__ import annotations
+
+from prq.spark._call import arrow_caller, call_dataframe
+from prq.spark._config import (
+    CALL_RESULT_SCHEMA,
+    ENQUEUE_STATS_SCHEMA,
+    PartitionCounts,
+    SparkQueueConfig,
+    request_id,
+)
+from prq.spark._enqueue import arrow_enqueuer, enqueue_dataframe, enqueue_partitions, foreach_batch
+
+__all__ = [
+    "CALL_RESULT_SCHEMA",
+    "ENQUEUE_STATS_SCHEMA",
+    "PartitionCounts",
+    "SparkQueueConfig",
+    "arrow_caller",
+    "arrow_enqueuer",
+    "call_dataframe",
+    "enqueue_dataframe",
+    "enqueue_partitions",
+    "foreach_batch",
+    "request_id",
+]

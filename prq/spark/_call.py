@@ -1,0 +1,215 @@
+"""Call and collect from Spark: each row a request, each request's outcome a result row."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prq.errors import PrqError
+from prq.models import decode_response
+from prq.scripts import RequestSnapshot
+from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
+from prq.spark._encode import Chunk, arrow_chunks
+from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = ["arrow_caller", "call_dataframe"]
+
+#: Error types for a request that ended without a response, by state and reason.
+_REASON_ERRORS = {
+    "pickup_timeout": "PickupTimeout",
+    "receiver_lost": "ReceiverLost",
+    "sender_lost": "SenderLost",
+    "call_timeout": "CallTimeout",
+    "data_loss": "DataLoss",
+}
+_FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
+_Answer = tuple[str, str | None, str | None, str | None]
+
+
+def _answer(rid: str, snapshot: RequestSnapshot) -> _Answer:
+    """A result row for a request in a final state."""
+    if snapshot.state == "done":
+        try:
+            response = decode_response(snapshot.response)
+        except PrqError as exc:
+            return rid, None, type(exc).__name__, str(exc)
+        if response.error is not None:
+            return rid, None, response.error.type, response.error.message
+        return rid, json.dumps(response.result), None, None
+    if snapshot.state in ("missing", "unknown"):
+        return (
+            rid,
+            None,
+            "RequestExpired",
+            (
+                "nothing is stored under the id: it expired unanswered (pickup timeout plus the "
+                "request TTL extra) or its response outlived the response TTL"
+            ),
+        )
+    reason = snapshot.reason or snapshot.state
+    if reason in _REASON_ERRORS:
+        error_type = _REASON_ERRORS[reason]
+    elif reason == "cancelled":
+        error_type = "CancelledBeforePickup" if snapshot.state == "withdrawn" else "Cancelled"
+    else:
+        error_type = "".join(part.capitalize() for part in reason.split("_")) or "Unknown"
+    return rid, None, error_type, f"request {snapshot.state} ({reason})"
+
+
+def _refusals(chunk: Chunk, limit: int) -> list[_Answer]:
+    """Answers for the rows of `chunk` that were never sent."""
+    answers: list[_Answer] = [(rid, None, "InvalidRequestId", msg) for rid, msg in chunk.invalid]
+    answers += [
+        (
+            rid,
+            None,
+            "PayloadTooLarge",
+            f"request {rid} is {size} bytes, over max_body_bytes={limit}; nothing was written",
+        )
+        for rid, size in chunk.too_large
+    ]
+    return answers
+
+
+class _Caller:
+    """One task's call-and-collect loop: a window of at most max_in_flight unanswered ids.
+
+    Rows are sent only while the window has room; otherwise the task waits for outcomes first.
+    Past `call_timeout_s` (counted from the task's start) nothing more is sent: what is still
+    unanswered or unsent is answered with error type CallTimeout.
+    """
+
+    def __init__(self, cfg: SparkQueueConfig) -> None:
+        self.cfg = cfg
+        partition, attempt = task_identity()
+        self.hook = FailureHook(cfg, partition, attempt)
+        self.enqueuer = Enqueuer(cfg, partition)
+        self.in_flight: dict[str, None] = {}  # insertion-ordered: oldest first
+        self.backlog_ids: list[str] = []
+        self.backlog_bodies: list[str] = []
+        self.deadline = time.monotonic() + cfg.call_timeout_s
+
+    def run(self, chunks: Iterator[Chunk]) -> Iterator[list[_Answer]]:
+        for chunk in chunks:
+            self.hook.rows_handed(chunk.rows)
+            refused = _refusals(chunk, self.enqueuer.max_body_bytes)
+            if refused:
+                yield refused
+            self.backlog_ids += chunk.ids
+            self.backlog_bodies += chunk.bodies
+            while len(self.backlog_ids) + len(self.in_flight) > self.cfg.max_in_flight:
+                yield self._send_what_fits() + self._collect()
+            duplicates = self._send_what_fits()
+            if duplicates:
+                yield duplicates
+        while self.backlog_ids or self.in_flight:
+            yield self._send_what_fits() + self._collect()
+
+    def _timed_out(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def _send_what_fits(self) -> list[_Answer]:
+        """Send what the window has room for; DuplicateKey answers for the ids this task sent
+        before (each row gets one answer; the first row with the key gets the response)."""
+        room = min(self.cfg.max_in_flight - len(self.in_flight), len(self.backlog_ids))
+        if room <= 0 or self._timed_out():
+            return []
+        ids, self.backlog_ids = self.backlog_ids[:room], self.backlog_ids[room:]
+        bodies, self.backlog_bodies = self.backlog_bodies[:room], self.backlog_bodies[room:]
+        answers: list[_Answer] = []
+        for start in range(0, len(ids), self.cfg.batch_size):
+            stop = start + self.cfg.batch_size
+            sent = self.enqueuer.send(ids[start:stop], bodies[start:stop])
+            self.in_flight.update(dict.fromkeys(sent.ids))
+            answers += [
+                (rid, None, "DuplicateKey", f"request {rid}: its row key came before in the task")
+                for rid in sent.repeated
+            ]
+        return answers
+
+    def _collect(self) -> list[_Answer]:
+        """Wait (bounded) until some requests are final; return their answers."""
+        answers: list[_Answer] = []
+        while self.in_flight:
+            answers += self._read_outcomes()
+            if answers:
+                break
+            if self._timed_out():
+                return answers + self._give_up()
+            time.sleep(self.cfg.poll_interval_s)  # the poll interval between outcome reads
+        if self._timed_out():
+            answers += self._give_up()
+        return answers
+
+    def _read_outcomes(self) -> list[_Answer]:
+        answers: list[_Answer] = []
+        ids = list(self.in_flight)
+        for start in range(0, len(ids), self.cfg.batch_size):
+            part = ids[start : start + self.cfg.batch_size]
+            for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
+                if snapshot.state in _FINAL:
+                    answers.append(_answer(rid, snapshot))
+                    del self.in_flight[rid]
+        return answers
+
+    def _give_up(self) -> list[_Answer]:
+        """CallTimeout answers for everything unanswered (sent or not); both are emptied."""
+        message = f"no outcome within call_timeout_s={self.cfg.call_timeout_s:g}"
+        unsent = " (never sent)"
+        answers: list[_Answer] = [(rid, None, "CallTimeout", message) for rid in self.in_flight]
+        answers += [(rid, None, "CallTimeout", message + unsent) for rid in self.backlog_ids]
+        self.in_flight.clear()
+        self.backlog_ids, self.backlog_bodies = [], []
+        return answers
+
+
+def _answers_batch(answers: list[_Answer]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    columns = list(zip(*answers, strict=True)) if answers else [(), (), (), ()]
+    return pa.RecordBatch.from_pydict(
+        {
+            name: pa.array(list(values), pa.string())
+            for name, values in zip(
+                ("request_id", "result_json", "error_type", "error_message"), columns, strict=True
+            )
+        }
+    )
+
+
+def arrow_caller(
+    cfg: SparkQueueConfig,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A function for `df.mapInArrow(f, CALL_RESULT_SCHEMA)`: sends each row as a request and
+    yields (request_id, result_json, error_type, error_message) once it has an outcome."""
+    run_cfg = cfg.for_run()
+
+    def call_arrow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        caller = _Caller(run_cfg)
+        chunks = arrow_chunks(run_cfg, batches, caller.enqueuer.max_body_bytes)
+        for answers in caller.run(chunks):
+            if answers:
+                yield _answers_batch(answers)
+
+    return call_arrow
+
+
+def call_dataframe(df: DataFrame, cfg: SparkQueueConfig) -> DataFrame:
+    """Call the endpoint once per row; a lazy DataFrame of CALL_RESULT_SCHEMA.
+
+    Each task keeps at most `cfg.max_in_flight` requests unanswered and waits for outcomes
+    before sending more (and backs off while Redis is full). A service error shows as
+    error_type/error_message (the ServerError's type and message); a request that ended without
+    a response as e.g. PickupTimeout, ReceiverLost or Cancelled; a row never sent as
+    InvalidRequestId, PayloadTooLarge or DuplicateKey (its key came twice in the task). Ids are
+    deterministic, so a retried task or a second action re-reads the stored responses (kept
+    for the queue's response TTL) and runs nothing twice on the service; still, persist or
+    write out the result once rather than running many actions on it.
+    """
+    return map_in_arrow(df, arrow_caller(cfg), CALL_RESULT_SCHEMA)

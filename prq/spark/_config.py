@@ -1,0 +1,122 @@
+"""What a Spark job tells prq: SparkQueueConfig, the request id of a row, per-task counts."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prq.bulk import MAX_BATCH_SIZE
+from prq.models import REQUEST_ID_PATTERN, validate_endpoint
+
+__all__ = [
+    "CALL_RESULT_SCHEMA",
+    "DEFAULT_QUEUE_FULL_TIMEOUT_S",
+    "ENQUEUE_STATS_SCHEMA",
+    "InjectedTaskFailure",
+    "PartitionCounts",
+    "SparkQueueConfig",
+    "request_id",
+]
+
+ENQUEUE_STATS_SCHEMA = "partition int, accepted long, duplicate long, rejected long"
+CALL_RESULT_SCHEMA = (
+    "request_id string, result_json string, error_type string, error_message string"
+)
+#: How long a task keeps retrying a batch Redis refused as full before it fails, seconds.
+DEFAULT_QUEUE_FULL_TIMEOUT_S = 300.0
+#: Longest method name (as Request allows).
+MAX_METHOD_LENGTH = 200
+
+ID_RE = re.compile(REQUEST_ID_PATTERN)
+
+
+class InjectedTaskFailure(RuntimeError):
+    """Raised by the test-only `fail_first_attempt_after` hook."""
+
+
+@dataclass(frozen=True)
+class SparkQueueConfig:
+    """Where and how rows become requests; plain data, pickled into every task."""
+
+    #: Redis URL (the same server the receivers use).
+    url: str
+    #: The endpoint the requests go to, e.g. "poll://scoring".
+    endpoint: str
+    #: The method named in every request.
+    method: str
+    #: Stable per logical run (e.g. job name + run id); the first part of every request id.
+    namespace: str
+    #: Column with a stable row key; request id = f"{namespace}:{key}".
+    key_column: str
+    #: Key prefix of the queue (as the receivers' PRQ_PREFIX).
+    prefix: str = "prq"
+    #: Columns sent as the request's params (a JSON object); None: every column but the key.
+    params_columns: tuple[str, ...] | None = None
+    #: Requests per Redis round trip.
+    batch_size: int = 1000
+    #: How long a request may wait for a receiver (None: the queue's default).
+    pickup_timeout_s: float | None = None
+    #: Write each request's id → endpoint locator, so that status and cancel by id alone (the
+    #: admin service, `Queue.status`) find it. False saves about a fifth of the enqueue's Redis
+    #: work; the requests are then found through their endpoint (the admin's queued list,
+    #: `BulkClient.outcomes`), and cancel by id no longer reaches them.
+    locators: bool = True
+    #: call_dataframe: most unanswered requests per task (backpressure).
+    max_in_flight: int = 1000
+    #: call_dataframe: seconds between two reads of the outcomes.
+    poll_interval_s: float = 0.05
+    #: call_dataframe: longest a task waits for its requests' outcomes; then they are answered
+    #: with error type "CallTimeout" (the requests may still run later).
+    call_timeout_s: float = 3600.0
+    #: How long a task retries a batch refused with QueueFull (backing off) before it fails.
+    queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S
+    #: QueueSettings fields for the executors' clients (e.g. {"retry_budget_s": 5}); the rest
+    #: come from the executors' PRQ_* environment.
+    queue_settings: dict[str, Any] | None = None
+    #: Test hook: the first attempt of partition 0 raises after this many of its rows were
+    #: handed over (checked between Arrow batches / row chunks). Never set it in production.
+    fail_first_attempt_after: int | None = None
+    #: Set by the driver per action (see `for_run`): the batch nonce's run part.
+    run_token: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        validate_endpoint(self.endpoint)
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        if self.poll_interval_s <= 0 or self.call_timeout_s <= 0:
+            raise ValueError("poll_interval_s and call_timeout_s must be positive")
+        if not ID_RE.match(f"{self.namespace}:x"):
+            raise ValueError(
+                f"namespace {self.namespace!r} cannot start a request id "
+                f"(ids match {REQUEST_ID_PATTERN})"
+            )
+        if not 1 <= len(self.method) <= MAX_METHOD_LENGTH:
+            raise ValueError(f"method must be 1-{MAX_METHOD_LENGTH} characters")
+
+    def for_run(self) -> SparkQueueConfig:
+        """A copy for one action: its token tells this action's own earlier attempts (counted as
+        accepted) from requests enqueued before by another action (counted as duplicates)."""
+        return replace(self, run_token=uuid.uuid4().hex)
+
+
+def request_id(namespace: str, key: object) -> str | None:
+    """The request id of a row, or None when the key makes no valid id (null, empty, a float
+    or bytes, or characters REQUEST_ID_PATTERN does not allow)."""
+    if key is None or isinstance(key, bytes | float) or key == "":
+        return None
+    rid = f"{namespace}:{key}"
+    return rid if ID_RE.match(rid) else None
+
+
+@dataclass(slots=True)
+class PartitionCounts:
+    """What one task did to its partition."""
+
+    partition: int
+    accepted: int = 0
+    duplicate: int = 0
+    rejected: int = 0

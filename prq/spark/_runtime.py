@@ -1,0 +1,155 @@
+"""What runs inside a Spark task: the per-process client, the task's identity, the enqueuer."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prq.bulk import BulkClient, BulkResult
+from prq.config import QueueSettings
+from prq.errors import QueueFull
+from prq.spark._config import InjectedTaskFailure, SparkQueueConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = ["Enqueuer", "FailureHook", "Sent", "client", "map_in_arrow", "task_identity"]
+
+#: This process's clients, by (url, prefix, pid, settings overrides); the pid keeps a forked
+#: process from using its parent's connection.
+_CLIENTS: dict[tuple[str, str, int, str], BulkClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+ArrowFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
+
+
+def client(cfg: SparkQueueConfig) -> BulkClient:
+    """The BulkClient of this Python worker process for `cfg`'s Redis (created once)."""
+    overrides = cfg.queue_settings or {}
+    key = (cfg.url, cfg.prefix, os.getpid(), repr(sorted(overrides.items())))
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            settings = QueueSettings(**overrides)
+            found = BulkClient.from_url(cfg.url, prefix=cfg.prefix, settings=settings)
+            _CLIENTS[key] = found
+        return found
+
+
+def task_identity() -> tuple[int, int]:
+    """(partition id, attempt number) of the running task; (0, 0) outside Spark."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, 0
+    return context.partitionId(), context.attemptNumber()
+
+
+class FailureHook:
+    """Implements `fail_first_attempt_after` (a test hook)."""
+
+    def __init__(self, cfg: SparkQueueConfig, partition: int, attempt: int) -> None:
+        armed = cfg.fail_first_attempt_after is not None and partition == 0 and attempt == 0
+        self.limit = cfg.fail_first_attempt_after if armed else None
+        self.seen = 0
+
+    def rows_handed(self, n: int) -> None:
+        if self.limit is not None and self.seen >= self.limit:
+            raise InjectedTaskFailure(f"injected failure after {self.seen} rows")
+        self.seen += n
+
+
+@dataclass(slots=True)
+class Sent:
+    """What `Enqueuer.send` did with one chunk."""
+
+    #: Ids sent to Redis (first seen in this task), in order.
+    ids: list[str] = field(default_factory=list)
+    #: Ids seen before in this task: not sent again.
+    repeated: list[str] = field(default_factory=list)
+    #: What Redis did with the sent ids.
+    result: BulkResult = field(default_factory=BulkResult)
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.repeated) + self.result.duplicates
+
+
+class Enqueuer:
+    """Sends a task's encoded requests; idempotent by id, with a per-task batch nonce.
+
+    The nonce is the action's run token plus the partition: requests that an earlier attempt of
+    the same task enqueued count as accepted on the retry (the script reports them as this
+    batch's own), while ids enqueued by anything else count as duplicates. An id that comes
+    twice within the task is a duplicate the second time (the script would count it as the
+    batch's own).
+    """
+
+    def __init__(self, cfg: SparkQueueConfig, partition: int) -> None:
+        self.cfg = cfg
+        self.bulk = client(cfg)
+        self.nonce = f"{cfg.run_token or 'norun'}:{cfg.namespace}:p{partition}"
+        self.seen: set[str] = set()
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.bulk.settings.max_body_bytes
+
+    def send(self, ids: Sequence[str], bodies: Sequence[str]) -> Sent:
+        """Enqueue one chunk (one round trip, QueueFull retried with backoff, bounded)."""
+        sent = Sent()
+        seen = self.seen
+        items: list[tuple[str, str]] = []
+        for rid, body in zip(ids, bodies, strict=True):
+            if rid in seen:
+                sent.repeated.append(rid)
+            else:
+                seen.add(rid)
+                sent.ids.append(rid)
+                items.append((rid, body))
+        if items:
+            sent.result = self._send_with_backoff(items)
+        return sent
+
+    def _send_with_backoff(self, items: list[tuple[str, str]]) -> BulkResult:
+        deadline = time.monotonic() + self.cfg.queue_full_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return self.bulk.enqueue_encoded(
+                    self.cfg.endpoint,
+                    items,
+                    pickup_timeout_s=self.cfg.pickup_timeout_s,
+                    nonce=self.nonce,
+                    locators=self.cfg.locators,
+                )
+            except QueueFull:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # backing off while Redis is full
+                delay = min(delay * 2, 2.0)
+
+
+def map_in_arrow(df: DataFrame, func: ArrowFunction, schema: str) -> DataFrame:
+    """`df.mapInArrow(func, schema)`, also where pandas is not installed.
+
+    Classic PySpark checks for pandas in mapInArrow although the Arrow path never uses it; then
+    the same plan is built without that check (Spark Connect clients need pandas anyway).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("pandas") is not None or not hasattr(df, "_jdf"):
+        return df.mapInArrow(func, schema)
+    from pyspark.sql import DataFrame as ClassicDataFrame
+    from pyspark.sql.pandas.functions import vectorized_udf  # type: ignore[attr-defined]
+    from pyspark.util import PythonEvalType
+
+    udf = vectorized_udf(func, schema, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[name] for name in df.columns])
+    jdf = df._jdf.mapInArrow(column._jc, False, None)
+    return ClassicDataFrame(jdf, df.sparkSession)
