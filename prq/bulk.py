@@ -33,7 +33,7 @@ from typing import Self
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
-from prq.keys import KeySchema
+from prq.keys import KeySchema, encode_endpoint
 from prq.models import Request, check_body_size, validate_endpoint
 from prq.scripts import (
     RequestSnapshot,
@@ -160,8 +160,9 @@ class BulkClient:
         For encoders that write request JSON faster than `Request` models can (prq.spark).
         Each body must be the JSON of a `Request` with that id and endpoint, within
         max_body_bytes: the caller checks; a receiver answers anything else as a
-        SerializationError. `locators=False` skips the id → endpoint locators (status and
-        cancel by id alone then do not find these requests; by endpoint they do). At most
+        SerializationError. `locators=False` skips the id → endpoint locators, most of the
+        cost of a small request: lookups by id alone (`Queue.status`, `Queue.cancel`, the
+        admin service) then ask the registered endpoints instead, a little slower. At most
         MAX_BATCH_SIZE items; otherwise as `enqueue_many`.
         """
         if not items:
@@ -219,6 +220,14 @@ class BulkClient:
                     Call(("SET", self.keys.locator(request_id), endpoint, "PX", locator_ttl_ms))
                     for request_id, _ in items
                 ]
+        registry: list[str | int] = []
+        for endpoint in by_endpoint:
+            registry += [now_ms, encode_endpoint(endpoint)]
+        list_ttl_ms = int(settings.list_ttl_s * 1000)
+        calls += [
+            Call(("ZADD", self.keys.endpoints, "GT", *registry)),
+            Call(("PEXPIRE", self.keys.endpoints, list_ttl_ms)),
+        ]  # listed where the admin view and lookups by id look (as nodes do, prq.presence)
         replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
         at = 0
         for items in by_endpoint.values():

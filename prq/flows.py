@@ -22,11 +22,19 @@ from dataclasses import dataclass, field
 from prq._types import Call, Exec, Flow, Reply, Wait, Waitable
 from prq.config import QueueSettings
 from prq.errors import (
+    PrqError,
     QueueUnavailable,
     SerializationError,
 )
-from prq.keys import KeySchema
-from prq.models import Request, RequestState, RequestStatus, Response, decode_response
+from prq.keys import KeySchema, decode_endpoint
+from prq.models import (
+    Request,
+    RequestState,
+    RequestStatus,
+    Response,
+    decode_response,
+    validate_endpoint,
+)
 from prq.outcomes import resolve
 from prq.scripts import (
     RequestSnapshot,
@@ -60,6 +68,8 @@ __all__ = [
 
 #: How many ids one take may pop while skipping dead ones.
 DEFAULT_TAKE_SCAN = 100
+#: Most endpoints asked for a request id that has no locator (see locate_flow).
+MAX_PROBED_ENDPOINTS = 1000
 #: How often a waiting take checks whether its server loop was asked to stop.
 DEFAULT_STOP_CHECK_S = 0.25
 
@@ -431,12 +441,37 @@ def respond_flow(
 
 
 def locate_flow(ctx: Context, request_id: str) -> Flow[str | None]:
-    """The endpoint a request id was sent to, or None if Redis does not know it."""
+    """The endpoint a request id was sent to, or None if Redis does not know it.
+
+    Its locator says, in one round trip. Without one (bulk requests may be enqueued without
+    locators, see BulkClient.enqueue_encoded) the endpoints in the registry are asked, newest
+    first and at most MAX_PROBED_ENDPOINTS, whether they hold the id: two more round trips.
+    """
     replies = yield _exec(Call(("GET", ctx.keys.locator(request_id))))
     endpoint = _first(replies)
     if isinstance(endpoint, bytes):
         return endpoint.decode("utf-8", errors="replace")
-    return None
+    registry = ctx.keys.endpoints
+    replies = yield _exec(Call(("ZRANGE", registry, 0, MAX_PROBED_ENDPOINTS - 1, "REV")))
+    names = _registered(_first(replies))
+    if not names:
+        return None
+    probes = [Call(("EXISTS", ctx.keys.endpoint(name).request(request_id))) for name in names]
+    replies = yield _exec(*probes)
+    assert isinstance(replies, list)
+    return next((name for name, found in zip(names, replies, strict=True) if found == 1), None)
+
+
+def _registered(reply: Reply) -> list[str]:
+    """Endpoint names from a registry read; entries that are not valid names are skipped."""
+    names: list[str] = []
+    for item in reply if isinstance(reply, list) else []:
+        try:
+            name = decode_endpoint(item.decode() if isinstance(item, bytes) else str(item))
+            names.append(validate_endpoint(name))
+        except (ValueError, PrqError):
+            continue
+    return names
 
 
 #: Fields status() reads from a request hash, in order.

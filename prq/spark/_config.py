@@ -58,11 +58,10 @@ class SparkQueueConfig:
     batch_size: int = 1000
     #: How long a request may wait for a receiver (None: the queue's default).
     pickup_timeout_s: float | None = None
-    #: Write each request's id → endpoint locator, so that status and cancel by id alone (the
-    #: admin service, `Queue.status`) find it. False saves about a fifth of the enqueue's Redis
-    #: work; the requests are then found through their endpoint (the admin's queued list,
-    #: `BulkClient.outcomes`), and cancel by id no longer reaches them.
-    locators: bool = True
+    #: Write each request's id → endpoint locator. Off by default: locators would be most of
+    #: the enqueue's Redis work, and lookups by id alone (`Queue.status`, `Queue.cancel`, the
+    #: admin service) find bulk requests without them by asking the registered endpoints.
+    locators: bool = False
     #: call_dataframe: most unanswered requests per task (backpressure).
     max_in_flight: int = 1000
     #: call_dataframe: seconds between two reads of the outcomes.

@@ -162,3 +162,35 @@ async def _lost_receiver_then_resend(bulk: BulkClient, make_queue: QueueFactory)
     assert await other.cancel(queued_req.id) is True
     again = bulk.enqueue_many([queued_req, taken_req])
     assert again.accepted == 1 and again.duplicate_ids == [taken_req.id]
+
+
+async def test_requests_without_locators_are_found_by_id_through_the_registry(
+    bulk: BulkClient, make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given requests enqueued encoded and without locators, for two endpoints, and garbage in
+    # the endpoint registry (a name that does not decode, one that is not a valid endpoint)
+    redis_client.zadd(bulk.keys.endpoints, {"%ZZ-not-encoded": 1, "%0A": 2})
+    items = {}
+    for endpoint in ("poll://quiet-a", "poll://quiet-b"):
+        requests = rows(endpoint, f"noloc-{endpoint[-1]}", 3)
+        items[endpoint] = [r.id for r in requests]
+        encoded = [(r.id, r.model_dump_json()) for r in requests]
+        done = bulk.enqueue_encoded(endpoint, encoded, locators=False)
+        assert (done.accepted, done.duplicates) == (3, 0)
+    assert not list(redis_client.scan_iter(bulk.keys.locator("*"), count=1000))
+    registered = redis_client.zrange(bulk.keys.endpoints, 0, -1)
+    assert b"poll%3A%2F%2Fquiet-a" in registered and b"poll%3A%2F%2Fquiet-b" in registered
+
+    # When a node asks by id alone
+    node = make_queue()
+    first_b = items["poll://quiet-b"][0]
+    status = await node.status(first_b)
+
+    # Then the registry's endpoints are asked and the right one answers
+    assert status.state == RequestState.QUEUED and status.endpoint == "poll://quiet-b"
+    assert await node.cancel(first_b) is True
+    assert (await node.status(first_b)).state == RequestState.WITHDRAWN
+    assert redis_client.llen(bulk.keys.endpoint("poll://quiet-b").pending) == 2
+    # And an id nobody holds is unknown, not an error
+    assert (await node.status("noloc-none:1")).state == RequestState.UNKNOWN
+    assert await node.cancel("noloc-none:1") is False
