@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prq.cli.options import EmbeddedUrlOption, PrefixOption
 from prq.demo import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PREFIX
+from prq.demo.config import DEFAULT_SPARK_ROWS
 
 __all__ = ["BENCH_SCRIPT", "bench", "demo"]
 
@@ -62,6 +63,28 @@ def demo(
             "(docker-compose.yml does this).",
         ),
     ] = True,
+    spark: Annotated[
+        bool,
+        typer.Option(
+            "--spark/--no-spark",
+            envvar="PRQ_DEMO_SPARK",
+            show_envvar=True,
+            help="Also run a local Spark job (pyspark, pyarrow and Java needed) that enqueues "
+            "--spark-rows detached requests to poll://spark-bulk while the calls go on, with a "
+            "progress bar read from Redis; a third node (S) drains them. The run lasts until "
+            "the bulk is enqueued and drained (bounded).",
+        ),
+    ] = False,
+    spark_rows: Annotated[
+        int,
+        typer.Option(
+            "--spark-rows",
+            envvar="PRQ_DEMO_SPARK_ROWS",
+            show_envvar=True,
+            min=1,
+            help="Rows the Spark job enqueues (with --spark).",
+        ),
+    ] = DEFAULT_SPARK_ROWS,
 ) -> None:
     """Start two receiver nodes and drive calls at them, with a live table.
 
@@ -70,7 +93,8 @@ def demo(
     process. Senders in this process call echo, sum, sleep and flaky (which raises now and
     then) and the table shows calls/s, p50/p99 latency, calls in flight and errors per
     endpoint, refreshed twice a second. Without a terminal it prints a status line every
-    2 s and the final table.
+    2 s and the final table. --spark adds a bulk enqueue by a local Spark job and its
+    progress (exit code 2 when pyspark, pyarrow or Java is missing).
     """
     from prq.demo import DemoConfig, run_demo
 
@@ -81,6 +105,8 @@ def demo(
         prefix=prefix,
         seed=seed,
         start_nodes=nodes,
+        spark=spark,
+        spark_rows=spark_rows,
     )
     raise typer.Exit(run_demo(config))
 

@@ -5,7 +5,9 @@ Processes:
     main process ─┬─ EmbeddedRedis (only when no URL is given)
                   ├─ senders: asyncio tasks on one AsyncQueue, `concurrency` calls in flight
                   ├─ node A (spawned): AsyncQueue.serve  poll://billing-1, poll://billing-2
-                  └─ node B (spawned): Queue.serve        poll://search-1, poll://search-2
+                  ├─ node B (spawned): Queue.serve        poll://search-1, poll://search-2
+                  └─ with --spark: node S (spawned) serving poll://spark-bulk, and a thread
+                     running a local Spark job that enqueues rows there (see spark.py)
 
 Lifecycle: start Redis → start the nodes (bounded wait for "ready") → drive calls until the
 duration passes or Ctrl-C → let senders finish their calls (bounded, then cancel) → stop the
@@ -25,6 +27,7 @@ Modules, in lifecycle order:
     stats.py     what the senders saw: per-endpoint windows, latency sample, percentiles
     senders.py   the load generators: asyncio tasks making random calls
     table.py     the rich live table and the headless status line
+    spark.py     `--spark`: a local Spark job enqueues rows while the senders call; its progress
     run.py       run_demo: Redis, nodes, senders, screen, summary
 """
 

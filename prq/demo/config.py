@@ -9,6 +9,7 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_DURATION_S",
     "DEFAULT_PREFIX",
+    "DEFAULT_SPARK_ROWS",
     "NODES",
     "DemoConfig",
     "Facade",
@@ -21,6 +22,8 @@ DEFAULT_DURATION_S = 10.0
 DEFAULT_CONCURRENCY = 32
 #: Key prefix of the demo's queue.
 DEFAULT_PREFIX = "prq"
+#: Rows the Spark job of `prq demo --spark` enqueues.
+DEFAULT_SPARK_ROWS = 200_000
 
 Facade = Literal["async", "sync"]
 
@@ -48,6 +51,9 @@ class DemoConfig:
 
     `start_nodes` False starts no receiver node: the senders call the nodes' endpoints all the
     same, for workers elsewhere (`prq worker prq.demo.handlers:handle`) to serve.
+
+    `spark` True also runs a local Spark job that enqueues `spark_rows` detached requests to
+    poll://spark-bulk while the senders call (see prq.demo.spark).
     """
 
     url: str | None = None
@@ -57,3 +63,5 @@ class DemoConfig:
     nodes: tuple[NodeSpec, ...] = NODES
     seed: int | None = None
     start_nodes: bool = True
+    spark: bool = False
+    spark_rows: int = DEFAULT_SPARK_ROWS

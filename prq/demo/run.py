@@ -2,7 +2,9 @@
 
 `run_demo` owns the lifecycle drawn in the package docstring and every bounded wait in it;
 `_drive` runs in one event loop: senders, the live table (or headless status lines) and
-Ctrl-C / SIGTERM, until the duration passes.
+Ctrl-C / SIGTERM, until the duration passes. With `--spark` (prq.demo.spark) a Spark session
+starts beside the nodes, its bulk enqueue runs during the calls, the screen shows its progress
+under the table, and the run lasts until the bulk is enqueued and drained as well.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import redis
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
+from prq.admin import Inspector
 from prq.config import QueueSettings
 from prq.demo.config import DemoConfig, NodeSpec
 from prq.demo.nodes import ReceiverNodes
 from prq.demo.senders import DEFAULT_PICKUP_TIMEOUT_S, Senders
+from prq.demo.spark import SPARK_NODE, BulkProgress, SparkBulk, spark_unavailable
 from prq.demo.stats import EndpointStats, percentile
 from prq.demo.table import fmt_ms, render_table, status_line
 from prq.errors import PrqError
@@ -49,6 +53,9 @@ class DemoResult:
     elapsed_s: float
     p50_ms: float | None
     p99_ms: float | None
+    #: With --spark: the bulk job's summary line, and whether it failed.
+    spark_summary: str | None = None
+    spark_failed: bool = False
 
 
 @contextlib.contextmanager
@@ -68,8 +75,45 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> It
             loop.remove_signal_handler(sig)
 
 
+@contextlib.asynccontextmanager
+async def _bulk_progress(
+    bulk: SparkBulk | None, url: str, prefix: str
+) -> AsyncIterator[BulkProgress | None]:
+    """The bulk job's progress (None without --spark); the job is stopped on the way out."""
+    if bulk is None:
+        yield None
+        return
+    async with Inspector.from_url(url, prefix=prefix) as inspector:
+        progress = BulkProgress(bulk, inspector)
+        try:
+            await progress.begin()
+            yield progress
+        finally:
+            await progress.finish()
+
+
+def _screen(table: RenderableType, progress: BulkProgress | None) -> RenderableType:
+    return table if progress is None else Group(table, "", progress.progress)
+
+
+def _over(now: float, deadline: float | None, progress: BulkProgress | None) -> bool:
+    """The duration passed (and the bulk, if any, is enqueued and drained)."""
+    return deadline is not None and now >= deadline and (progress is None or progress.settled())
+
+
+def _status_lines(
+    stats: dict[str, EndpointStats], elapsed_s: float, progress: BulkProgress | None
+) -> list[str]:
+    lines = [status_line(stats, elapsed_s)]
+    return lines if progress is None else [*lines, progress.status_line()]
+
+
 async def _drive(
-    config: DemoConfig, url: str, nodes: ReceiverNodes, console: Console
+    config: DemoConfig,
+    url: str,
+    nodes: ReceiverNodes,
+    console: Console,
+    bulk: SparkBulk | None = None,
 ) -> DemoResult:
     stats = {
         endpoint: EndpointStats(
@@ -80,11 +124,16 @@ async def _drive(
     }
     stop = asyncio.Event()
     settings = QueueSettings(pickup_timeout_s=DEFAULT_PICKUP_TIMEOUT_S)
-    async with AsyncQueue.from_url(url, prefix=config.prefix, settings=settings) as queue:
+    async with (
+        AsyncQueue.from_url(url, prefix=config.prefix, settings=settings) as queue,
+        _bulk_progress(bulk, url, config.prefix) as progress,
+    ):
         senders = Senders(queue, stats, config.concurrency, config.seed)
         started = time.monotonic()
         deadline = started + config.duration_s if config.duration_s > 0 else None
         until = f"{config.duration_s:g} s" if deadline is not None else "Ctrl-C"
+        if progress is not None and deadline is not None:
+            until += " and the bulk is drained"
         served_by = f"{len(config.nodes)} nodes" if config.start_nodes else "external workers"
         title = f"prq demo: {config.concurrency} senders, {served_by}, until {until}"
         with _stop_on_signals(asyncio.get_running_loop(), stop), contextlib.ExitStack() as screen:
@@ -97,16 +146,20 @@ async def _drive(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), DEFAULT_REFRESH_S)
                 now = time.monotonic()
-                if deadline is not None and now >= deadline:
+                if _over(now, deadline, progress):
                     stop.set()
                 if live is not None:
-                    live.update(render_table(stats, now - started, title), refresh=True)
+                    table = render_table(stats, now - started, title)
+                    live.update(_screen(table, progress), refresh=True)
                 elif now >= next_line:
-                    console.print(status_line(stats, now - started), highlight=False)
+                    for line in _status_lines(stats, now - started, progress):
+                        console.print(line, highlight=False)
                     next_line = now + DEFAULT_HEADLESS_LINE_S
             await senders.stop()
+            if progress is not None:
+                await progress.finish()
             elapsed = time.monotonic() - started
-            final = render_table(stats, elapsed, title)
+            final = _screen(render_table(stats, elapsed, title), progress)
             if live is not None:
                 live.update(final, refresh=True)
             else:
@@ -119,6 +172,8 @@ async def _drive(
         elapsed_s=elapsed,
         p50_ms=percentile(values, 0.50),
         p99_ms=percentile(values, 0.99),
+        spark_summary=progress.summary() if progress is not None else None,
+        spark_failed=progress is not None and progress.failed,
     )
 
 
@@ -143,6 +198,11 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> int:
         if not console.is_terminal:
             # A pipe or a log file has no width; rich would assume 80 columns and squeeze.
             console = Console(width=max(console.width, DEFAULT_HEADLESS_WIDTH))
+    if config.spark:
+        problem = spark_unavailable()
+        if problem is not None:
+            console.print(problem, style="red", markup=False, highlight=False, soft_wrap=True)
+            return 2
     with contextlib.ExitStack() as stack:
         url = config.url
         if url is None:
@@ -158,29 +218,54 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> int:
                 console.print(f"[red]cannot reach Redis at {url}: {problem}[/red]")
                 return 1
             console.print(f"using Redis at {url}")
-        nodes = ReceiverNodes(url, config.prefix, config.nodes if config.start_nodes else ())
+        specs = (*config.nodes, SPARK_NODE) if config.spark else config.nodes
+        nodes = ReceiverNodes(url, config.prefix, specs if config.start_nodes else ())
         stack.callback(nodes.stop)
         if config.start_nodes:
-            console.print(
-                "starting receiver nodes " + ", ".join(_describe(s) for s in config.nodes)
-            )
+            console.print("starting receiver nodes " + ", ".join(_describe(s) for s in specs))
         else:
-            endpoints = ", ".join(e for spec in config.nodes for e in spec.endpoints)
+            endpoints = ", ".join(e for spec in specs for e in spec.endpoints)
             console.print(f"no receiver nodes: calling {endpoints} for workers elsewhere")
+        bulk = _start_spark(config, url, console, stack) if config.spark else None
         try:
             nodes.start()
+            if bulk is not None:
+                _wait_for_spark(bulk)
         except RuntimeError as exc:
             console.print(f"[red]demo could not start: {exc}[/red]")
             return 1
         try:
-            result = asyncio.run(_drive(config, url, nodes, console))
+            result = asyncio.run(_drive(config, url, nodes, console, bulk))
         except PrqError as exc:
             console.print(f"[red]demo stopped: {type(exc).__name__}: {exc}[/red]")
             return 1
         nodes.stop()
         console.print(_summary(result, nodes), highlight=False, soft_wrap=True)
-        return 0 if result.calls > 0 else 1
+        if result.spark_summary is not None:
+            console.print(result.spark_summary, highlight=False, soft_wrap=True)
+        return 0 if result.calls > 0 and not result.spark_failed else 1
     return 1  # pragma: no cover  (ExitStack does not swallow exceptions)
+
+
+def _start_spark(
+    config: DemoConfig, url: str, console: Console, stack: contextlib.ExitStack
+) -> SparkBulk:
+    """Start the Spark session in its thread (it starts while the nodes do); stopped on exit."""
+    bulk = SparkBulk(url, config.prefix, config.spark_rows)
+    stack.callback(bulk.stop)
+    console.print(
+        f"starting a local Spark session (local[2]) to enqueue {config.spark_rows} rows "
+        f"to {SPARK_NODE.endpoints[0]} (request ids {bulk.namespace}:<row>)"
+    )
+    bulk.start()
+    return bulk
+
+
+def _wait_for_spark(bulk: SparkBulk) -> None:
+    """Bounded wait for the Spark session; RuntimeError when it does not start."""
+    problem = bulk.wait_ready()
+    if problem is not None:
+        raise RuntimeError(f"no Spark session: {problem}")
 
 
 def _unreachable(url: str) -> str | None:

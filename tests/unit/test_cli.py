@@ -104,6 +104,7 @@ PRECEDENCE = [
     ("api", [], "--port", "PRQ_API_PORT", "port", 8080, "8081", "8082"),
     ("api", [], "--host", "PRQ_API_HOST", "host", "127.0.0.1", "0.0.0.0", "::1"),
     ("demo", [], "--duration", "PRQ_DEMO_DURATION_S", "duration", 10.0, "3", "4"),
+    ("demo", [], "--spark-rows", "PRQ_DEMO_SPARK_ROWS", "spark_rows", 200_000, "30", "40"),
     ("bench", [], "--calls", "PRQ_BENCH_CALLS", "calls", 10_000, "50", "60"),
 ]  # fmt: skip
 

@@ -15,7 +15,7 @@ from prq.spark import SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks, row_chunks
 
 pa = pytest.importorskip("pyarrow")
-Row = pytest.importorskip("pyspark.sql").Row
+Row: Any = pytest.importorskip("pyspark.sql").Row
 
 LIMIT = 1_000_000
 
@@ -45,7 +45,7 @@ def decoded(chunks: list[Chunk]) -> dict[str, Any]:
 
 
 TIME = dt.datetime(2026, 11, 21, 12, 30, 5, 123000)
-COLUMNS = {
+COLUMNS: dict[str, list[Any]] = {
     "key": [1, 2, 3],
     "n": [5, None, -(2**62)],
     "x": [3.0, float("nan"), 0.1],
