@@ -9,9 +9,12 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.integration.test_cli import Prq, PrqRunner
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,3 +56,26 @@ def _start_session() -> SparkSession:
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
         .getOrCreate()
     )
+
+
+@pytest.fixture
+def receiver(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[tuple[Prq, Path]]:
+    """A `prq worker` process serving poll://spark-call; it records each run in a ledger
+    (tests/spark/ledger_handler.py)."""
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        worker = runner.start(
+            "worker",
+            "tests.spark.ledger_handler:record",
+            "-e",
+            "poll://spark-call",
+            "--concurrency",
+            "16",
+            PRQ_TEST_LEDGER=str(ledger),
+        )
+        worker.wait_for_line("prq worker: serving")
+        yield worker, ledger
+    finally:
+        runner.close()

@@ -7,10 +7,11 @@ stage's failed-task count proves the failure happened.
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
+from prq.admin import EndpointInfo, Inspector
 from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
 from prq.spark import (
@@ -29,7 +31,7 @@ from prq.spark import (
     enqueue_partitions,
     foreach_batch,
 )
-from tests.integration.test_cli import Prq, PrqRunner
+from tests.integration.test_cli import Prq
 from tests.redis_servers import wait_until
 
 if TYPE_CHECKING:
@@ -63,6 +65,11 @@ def failed_tasks(spark: SparkSession, group: str) -> int:
             if stage is not None:
                 failed += stage.numFailedTasks
     return failed
+
+
+async def admin_view(redis_url: str, key_prefix: str) -> dict[str, EndpointInfo]:
+    async with Inspector.from_url(redis_url, prefix=key_prefix) as inspector:
+        return {info.endpoint: info for info in await inspector.endpoints()}
 
 
 def totals(counts: list[tuple[int, int, int, int]]) -> tuple[int, int, int]:
@@ -104,6 +111,9 @@ def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
     assert len(set(pending)) == 200_000
     first = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:7"), "b") or b"{}")
     assert (first["method"], first["params"]) == ("square", {"doubled": 14})
+    # And operators see the job in the admin view (the registry lists the endpoint)
+    seen = asyncio.run(admin_view(redis_url, key_prefix))
+    assert (seen[endpoint].depth, seen[endpoint].enqueued_total) == (200_000, 200_000)
 
     # When the same rows are enqueued again by a second action (a whole-job rerun)
     again = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
@@ -136,6 +146,42 @@ def test_rows_with_keys_that_make_no_request_id_are_rejected(
     assert totals(counts) == (0, 20, 4)
 
 
+def test_enqueue_works_where_pandas_is_not_installed(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a driver where pandas cannot be found (classic mapInArrow insists on it)
+    import pyspark.sql.pandas.functions as pandas_functions
+
+    real_find_spec, real_udf = importlib.util.find_spec, pandas_functions.vectorized_udf  # type: ignore[attr-defined]
+    built: list[object] = []
+
+    def no_pandas(name: str, *args: Any) -> Any:
+        return None if name == "pandas" else real_find_spec(name, *args)
+
+    def counting_udf(*args: Any, **kwargs: Any) -> Any:
+        built.append(args)
+        return real_udf(*args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_pandas)
+    monkeypatch.setattr(pandas_functions, "vectorized_udf", counting_udf)
+    endpoint = "poll://spark-no-pandas"
+    df = spark.range(0, 1_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+
+    # When the rows are enqueued with exact counts
+    counts = [
+        tuple(r) for r in enqueue_dataframe(df, config(redis_url, key_prefix, endpoint)).collect()
+    ]
+
+    # Then the plan was built without pandas, and every row is queued
+    assert len(built) == 1
+    assert totals(counts) == (1_000, 0, 0)
+    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 1_000
+
+
 def test_enqueue_raises_when_redis_is_away(spark: SparkSession, key_prefix: str) -> None:
     # Given a config naming a Redis nobody listens on (and a short retry budget)
     from prq.embedded import free_port
@@ -150,28 +196,6 @@ def test_enqueue_raises_when_redis_is_away(spark: SparkSession, key_prefix: str)
 
 
 # -- call and collect -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def receiver(redis_url: str, key_prefix: str, tmp_path: Path) -> Iterator[tuple[Prq, Path]]:
-    """A `prq worker` process serving poll://spark-call; it records each run in a ledger."""
-    ledger = tmp_path / "ledger.txt"
-    ledger.touch()
-    runner = PrqRunner(redis_url, key_prefix)
-    try:
-        worker = runner.start(
-            "worker",
-            "tests.spark.ledger_handler:record",
-            "-e",
-            "poll://spark-call",
-            "--concurrency",
-            "16",
-            PRQ_TEST_LEDGER=str(ledger),
-        )
-        worker.wait_for_line("prq worker: serving")
-        yield worker, ledger
-    finally:
-        runner.close()
 
 
 def ledger_lines(ledger: Path) -> list[str]:
