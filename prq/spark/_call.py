@@ -28,6 +28,8 @@ _REASON_ERRORS = {
     "call_timeout": "CallTimeout",
     "data_loss": "DataLoss",
 }
+#: Requests whose outcomes one read asks for (see _Caller._read_outcomes).
+OUTCOME_WINDOW = 256
 _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
 _Answer = tuple[str, str | None, str | None, str | None]
 
@@ -94,6 +96,7 @@ class _Caller:
         self.backlog_ids: list[str] = []
         self.backlog_bodies: list[str] = []
         self.deadline = time.monotonic() + cfg.call_timeout_s
+        self.next_read = 0.0  # monotonic time of the next outcome read
 
     def run(self, chunks: Iterator[Chunk]) -> Iterator[list[_Answer]]:
         for chunk in chunks:
@@ -134,28 +137,41 @@ class _Caller:
         return answers
 
     def _collect(self) -> list[_Answer]:
-        """Wait (bounded) until some requests are final; return their answers."""
+        """Wait (bounded) until some requests are final; return their answers. Outcomes are
+        read at most once per poll interval, however quickly answers come."""
         answers: list[_Answer] = []
         while self.in_flight:
+            pause = self.next_read - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # the poll interval between outcome reads
+            self.next_read = time.monotonic() + self.cfg.poll_interval_s
             answers += self._read_outcomes()
             if answers:
                 break
             if self._timed_out():
                 return answers + self._give_up()
-            time.sleep(self.cfg.poll_interval_s)  # the poll interval between outcome reads
         if self._timed_out():
             answers += self._give_up()
         return answers
 
     def _read_outcomes(self) -> list[_Answer]:
+        """Outcomes of the oldest requests, OUTCOME_WINDOW at a time, while whole windows are
+        final: receivers take requests oldest first, so the younger ones are seldom done
+        when an older window is not, and reading them every poll would cost Redis a script
+        call per request in flight."""
         answers: list[_Answer] = []
         ids = list(self.in_flight)
-        for start in range(0, len(ids), self.cfg.batch_size):
-            part = ids[start : start + self.cfg.batch_size]
+        window = min(self.cfg.batch_size, OUTCOME_WINDOW)
+        for start in range(0, len(ids), window):
+            part = ids[start : start + window]
+            final = 0
             for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
                 if snapshot.state in _FINAL:
                     answers.append(_answer(rid, snapshot))
                     del self.in_flight[rid]
+                    final += 1
+            if final < len(part):
+                break
         return answers
 
     def _give_up(self) -> list[_Answer]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from prq.spark._config import ENQUEUE_STATS_SCHEMA, PartitionCounts, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks, row_chunks
-from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity
+from prq.spark._runtime import Enqueuer, FailureHook, Sent, map_in_arrow, task_identity
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -19,13 +20,24 @@ __all__ = ["arrow_enqueuer", "enqueue_dataframe", "enqueue_partitions", "foreach
 def _enqueue_chunks(
     enqueuer: Enqueuer, hook: FailureHook, counts: PartitionCounts, chunks: Iterator[Chunk]
 ) -> PartitionCounts:
-    for chunk in chunks:
-        hook.rows_handed(chunk.rows)
-        counts.rejected += len(chunk.invalid) + len(chunk.too_large)
-        sent = enqueuer.send(chunk.ids, chunk.bodies)
-        counts.accepted += sent.result.accepted
-        counts.duplicate += sent.duplicates
+    """Send every chunk, one round trip in flight while the next chunk is read and encoded."""
+    with ThreadPoolExecutor(1, thread_name_prefix="prq-spark-send") as sender:
+        in_flight: Future[Sent] | None = None
+        for chunk in chunks:
+            hook.rows_handed(chunk.rows)
+            counts.rejected += len(chunk.invalid) + len(chunk.too_large)
+            prepared = enqueuer.prepare(chunk.ids, chunk.bodies)
+            if in_flight is not None:
+                _add(counts, in_flight.result())
+            in_flight = sender.submit(enqueuer.transmit, prepared)
+        if in_flight is not None:
+            _add(counts, in_flight.result())
     return counts
+
+
+def _add(counts: PartitionCounts, sent: Sent) -> None:
+    counts.accepted += sent.result.accepted
+    counts.duplicate += sent.duplicates
 
 
 def _start(cfg: SparkQueueConfig) -> tuple[Enqueuer, FailureHook, PartitionCounts]:

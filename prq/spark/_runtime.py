@@ -80,6 +80,9 @@ class Sent:
         return len(self.repeated) + self.result.duplicates
 
 
+Prepared = tuple[Sent, list[tuple[str, str]]]
+
+
 class Enqueuer:
     """Sends a task's encoded requests; idempotent by id, with a per-task batch nonce.
 
@@ -102,6 +105,11 @@ class Enqueuer:
 
     def send(self, ids: Sequence[str], bodies: Sequence[str]) -> Sent:
         """Enqueue one chunk (one round trip, QueueFull retried with backoff, bounded)."""
+        return self.transmit(self.prepare(ids, bodies))
+
+    def prepare(self, ids: Sequence[str], bodies: Sequence[str]) -> Prepared:
+        """Set aside the ids this task sent before (in the calling thread: `seen` is not
+        shared with `transmit`)."""
         sent = Sent()
         seen = self.seen
         items: list[tuple[str, str]] = []
@@ -112,6 +120,11 @@ class Enqueuer:
                 seen.add(rid)
                 sent.ids.append(rid)
                 items.append((rid, body))
+        return sent, items
+
+    def transmit(self, prepared: Prepared) -> Sent:
+        """Send what `prepare` kept (may run in another thread, one transmit at a time)."""
+        sent, items = prepared
         if items:
             sent.result = self._send_with_backoff(items)
         return sent
