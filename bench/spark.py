@@ -153,12 +153,23 @@ def run(url: str, rows: int, call_rows: int) -> list[Result]:
         worker.terminate()
         worker.wait(30)
     monitor.close()
-    client = redis.Redis.from_url(url)
-    for key in client.scan_iter(f"{prefix}:*", count=10_000):
-        client.delete(key)
-    client.close()
+    _clean_up(url, prefix)
     spark.stop()
     return results
+
+
+def _clean_up(url: str, prefix: str) -> None:
+    """Remove the run's keys (a shared Redis; an embedded one is thrown away anyway)."""
+    client = redis.Redis.from_url(url)
+    batch: list[bytes] = []
+    for key in client.scan_iter(f"{prefix}:*", count=10_000):
+        batch.append(key)
+        if len(batch) == 10_000:
+            client.unlink(*batch)
+            batch.clear()
+    if batch:
+        client.unlink(*batch)
+    client.close()
 
 
 def table(results: list[Result]) -> str:
