@@ -40,7 +40,9 @@ from prq.scripts import (
     enqueue_many_call,
     parse_enqueue_many,
     parse_snapshot,
+    parse_withdraw,
     read_response_call,
+    withdraw_call,
 )
 from prq.sync_io import SyncRedisIO
 
@@ -249,8 +251,11 @@ class BulkClient:
 
     def outcomes(self, endpoint: str, request_ids: Sequence[str]) -> dict[str, RequestSnapshot]:
         """Where each request stands, with its stored response once it has one, in one round
-        trip. A request whose receiver stopped beating for the receiver timeout is declared
-        lost here (state "cancelled", reason "receiver_lost"), as a waiting caller would."""
+        trip (two when some must be withdrawn). A request whose receiver stopped beating for
+        the receiver timeout is declared lost here (state "cancelled", reason
+        "receiver_lost"), and one still queued past its pickup deadline is withdrawn (state
+        "withdrawn", reason "pickup_timeout"; its id may be enqueued again), as a waiting
+        caller would do."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
         timeout_ms = int(self.settings.receiver_timeout_s * 1000)
         calls = [
@@ -260,10 +265,28 @@ class BulkClient:
         if not calls:
             return {}
         replies = self._io.execute(calls)
-        return {
+        found = {
             request_id: parse_snapshot(reply)
             for request_id, reply in zip(request_ids, replies, strict=True)
         }
+        now_ms = int(time.time() * 1000)
+        overdue = [
+            request_id
+            for request_id, snapshot in found.items()
+            if snapshot.state == "queued"
+            and snapshot.pickup_deadline_ms is not None
+            and snapshot.pickup_deadline_ms < now_ms
+        ]
+        if overdue:
+            tombstone_ms = int(self.settings.cancel_marker_ttl_s * 1000)
+            channels, why = self.keys.node_channel_prefix, "pickup_timeout"
+            withdraws = [
+                withdraw_call(keys, rid, why, tombstone_ms, now_ms, channels, uuid.uuid4().hex)
+                for rid in overdue
+            ]
+            for request_id, reply in zip(overdue, self._io.execute(withdraws), strict=True):
+                found[request_id] = parse_withdraw(reply)[0]
+        return found
 
 
 def _chunks(items: Iterator[Request], size: int) -> Iterator[list[Request]]:

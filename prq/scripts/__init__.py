@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Final
 
@@ -111,6 +111,8 @@ class RequestSnapshot:
     state: str
     response: bytes
     reason: str
+    #: When a queued request stops being handed out (read_response only), ms since the epoch.
+    pickup_deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,8 +395,12 @@ def _snapshot(items: list[Reply]) -> RequestSnapshot:
 
 
 def parse_snapshot(reply: Reply) -> RequestSnapshot:
-    """Parse the {state, response, reason} reply of read_response."""
+    """Parse the {state, response, reason, pickup deadline} reply of read_response."""
     items = _array(reply, "request state")
-    if len(items) != 3:
+    if len(items) != 4:
         raise SerializationError(f"unexpected request state reply from Redis: {reply!r:.200}")
-    return _snapshot(items)
+    deadline = _text(items[3])
+    snapshot = _snapshot(items[:3])
+    if not deadline.isdigit():
+        return snapshot
+    return replace(snapshot, pickup_deadline_ms=int(deadline))

@@ -8,7 +8,8 @@ ARGV[1]  receiver timeout, ms: a taken request whose receiver has not beaten (no
 ARGV[2]  node channel prefix   prq:node:   (the lost receiver's node is told, in case it lives)
 ARGV[3]  request id
 
-Reply: {state, response, reason}; state "missing" when nothing is stored under the id.
+Reply: {state, response, reason, pickup deadline (ms, "" when none)}; state "missing" when
+nothing is stored under the id.
 
 Invariants:
 - liveness is judged by server time (TIME) against the receiver's last beat "hr" or, before its
@@ -16,9 +17,9 @@ Invariants:
 - declaring the receiver lost is one atomic step with the check, so a beat that lands first
   keeps the request alive, and a zombie receiver that wakes later finds it cancelled (fenced)
 ]]
-local st, rsp, why, hr, tk, rcv = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'hr',
-  'tk', 'rcv'))
-if not st then return {'missing', '', ''} end
+local st, rsp, why, hr, tk, rcv, pd = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why',
+  'hr', 'tk', 'rcv', 'pd'))
+if not st then return {'missing', '', '', ''} end
 local timeout = tonumber(ARGV[1])
 if st == 'taken' and timeout > 0 then
   local time = redis.call('TIME')
@@ -31,7 +32,7 @@ if st == 'taken' and timeout > 0 then
     if rcv then
       redis.call('PUBLISH', ARGV[2] .. rcv, 'c|' .. ARGV[3] .. '|receiver_lost')
     end
-    return {'cancelled', '', 'receiver_lost'}
+    return {'cancelled', '', 'receiver_lost', pd or ''}
   end
 end
-return {st, rsp or '', why or ''}
+return {st, rsp or '', why or '', pd or ''}

@@ -16,7 +16,7 @@ from prq.bulk import BulkClient
 from prq.keys import KeySchema
 from prq.scripts import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import async_wait_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +194,31 @@ async def test_requests_without_locators_are_found_by_id_through_the_registry(
     # And an id nobody holds is unknown, not an error
     assert (await node.status("noloc-none:1")).state == RequestState.UNKNOWN
     assert await node.cancel("noloc-none:1") is False
+
+
+def test_a_request_nobody_took_by_its_pickup_deadline_reads_as_a_pickup_timeout(
+    bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given detached requests with a short pickup deadline, and no receiver
+    endpoint = "poll://bulk-unserved"
+    requests = rows(endpoint, "unserved", 3)
+    assert bulk.enqueue_many(requests[:2], pickup_timeout_s=0.2).accepted == 2
+    assert bulk.enqueue_many(requests[2:], pickup_timeout_s=60).accepted == 1
+    ids = [r.id for r in requests]
+    pending = bulk.keys.endpoint(endpoint).pending
+
+    # When their outcomes are read after the deadline passed
+    def overdue_withdrawn() -> bool:
+        states = bulk.outcomes(endpoint, ids)
+        return all(states[i].state == "withdrawn" for i in ids[:2])
+
+    wait_until(overdue_withdrawn, 5.0, 0.05, "overdue requests withdrawn")
+
+    # Then they are withdrawn for the pickup timeout, gone from the queue, and may be sent again;
+    # the request whose deadline is ahead stays queued
+    outcomes = bulk.outcomes(endpoint, ids)
+    assert {outcomes[i].reason for i in ids[:2]} == {"pickup_timeout"}
+    assert outcomes[ids[2]].state == "queued"
+    assert redis_client.lrange(pending, 0, -1) == [ids[2].encode()]
+    again = bulk.enqueue_many(requests, pickup_timeout_s=60)
+    assert (again.accepted, again.duplicate_ids) == (2, [ids[2]])

@@ -64,8 +64,12 @@ def test_parse_apply_response() -> None:
 
 
 def test_parse_snapshot() -> None:
-    snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout"])
+    snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout", b""])
     assert (snapshot.state, snapshot.reason) == ("withdrawn", "pickup_timeout")
+    assert snapshot.pickup_deadline_ms is None
+    queued = parse_snapshot([b"queued", b"", b"", b"1700000000123"])
+    assert queued.pickup_deadline_ms == 1700000000123
+    assert parse_snapshot([b"queued", b"", b"", b"garbage"]).pickup_deadline_ms is None
     with pytest.raises(SerializationError):
         parse_snapshot([b"done"])
     with pytest.raises(SerializationError):
