@@ -114,8 +114,14 @@ class EmbeddedRedis:
         """Start the server and wait (bounded) until it answers PING."""
         if self.process is not None and self.process.poll() is None:
             return self
+        # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
+        # and the server must outlive the nodes that are still finishing their requests; the
+        # owner stops it (cleanup) once they are done.
         self.process = subprocess.Popen(
-            self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self._command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
