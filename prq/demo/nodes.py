@@ -146,6 +146,7 @@ def receiver_main(
     """Entry point of one receiver node process (spawned by the demo)."""
     # Ctrl-C reaches the whole process group; the main process decides when nodes stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     logging.basicConfig(
         level=log_level, format=f"node {spec.name} %(levelname)s %(name)s: %(message)s"
     )
@@ -196,8 +197,14 @@ class ReceiverNodes:
 
     def start(self, timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S) -> None:
         """Start every node and wait until each said it serves; RuntimeError if one did not."""
-        for node in self.nodes:
-            node.process.start()
+        # Spawned with SIGINT blocked: a Ctrl-C while a node still imports must not kill it
+        # half-started (a running node ignores SIGINT and unblocks it, see receiver_main).
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for node in self.nodes:
+                node.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         waiting = {node.spec.name for node in self.nodes}
         deadline = time.monotonic() + timeout_s
         while waiting:
