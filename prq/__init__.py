@@ -24,6 +24,7 @@ from prq.errors import (
     RequestError,
     SerializationError,
 )
+from prq.limits import EndpointLimits
 from prq.models import (
     DeliveryInfo,
     PendingRequest,
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigurationError",
     "DataLoss",
     "DeliveryInfo",
+    "EndpointLimits",
     "InvalidEndpoint",
     "PayloadTooLarge",
     "PendingRequest",

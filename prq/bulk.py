@@ -32,7 +32,7 @@ from typing import Self
 
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError
+from prq.errors import PrqError, QueueFull
 from prq.keys import KeySchema, encode_endpoint
 from prq.models import Request, check_body_size, validate_endpoint
 from prq.scripts import (
@@ -46,7 +46,7 @@ from prq.scripts import (
 )
 from prq.sync_io import SyncRedisIO
 
-__all__ = ["DEFAULT_BATCH_SIZE", "BulkClient", "BulkResult", "Rejected"]
+__all__ = ["DEFAULT_BATCH_SIZE", "BatchRefused", "BulkClient", "BulkResult", "Rejected"]
 
 #: Requests per round trip (the measured sweet spot: larger batches gain little).
 DEFAULT_BATCH_SIZE = 1000
@@ -83,6 +83,24 @@ class BulkResult:
         self.accepted += other.accepted
         self.duplicate_ids += other.duplicate_ids
         self.rejected += other.rejected
+
+
+class BatchRefused(QueueFull):
+    """Some new requests were not written: their endpoint was at its max_pending.
+
+    What the batch did write is in `partial` (accepted with this nonce, so sending the same
+    batch again with the same nonce counts them as accepted, not as duplicates). Retryable.
+    """
+
+    def __init__(self, partial: BulkResult, refused: dict[str, int]) -> None:
+        where = ", ".join(f"{count} for {endpoint}" for endpoint, count in refused.items())
+        super().__init__(
+            f"{sum(refused.values())} new requests refused ({where}): the endpoint holds "
+            f"max_pending queued requests; {partial.accepted} were accepted. Send the batch "
+            "again later with the same nonce"
+        )
+        self.partial = partial
+        self.refused = refused
 
 
 class BulkClient:
@@ -232,11 +250,16 @@ class BulkClient:
         ]  # listed where the admin view and lookups by id look (as nodes do, prq.presence)
         replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
         at = 0
-        for items in by_endpoint.values():
+        refused: dict[str, int] = {}
+        for endpoint, items in by_endpoint.items():
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids
+            if outcome.refused_ids:
+                refused[endpoint] = len(outcome.refused_ids)
             at += 1 + (len(items) if locators else 0)
+        if refused:
+            raise BatchRefused(result, refused)
         return result
 
     def _encode(self, request: Request) -> tuple[str, str | bytes]:

@@ -129,6 +129,7 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             _ms(settings.in_flight_ttl_s()),
             _ms(settings.receipt_ttl_s()),
             settings.pulse_inline_limit_bytes,
+            _ms(settings.receiver_timeout_s),
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )
@@ -224,7 +225,8 @@ def _await_outcome(
     on_counter: Callable[[int], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
-    outcome = parse_enqueue(_first((yield _enqueue_calls(ctx, request, body, pickup_timeout_s))))
+    replies = yield _enqueue_calls(ctx, request, body, pickup_timeout_s)
+    outcome = parse_enqueue(_first(replies), request.endpoint)
     clock.last_contact = ctx.monotonic()
     if outcome.counter is not None and on_counter is not None:
         on_counter(outcome.counter)
@@ -395,6 +397,7 @@ def take_flow(
                 _ms(settings.receipt_ttl_s()),
                 _ms(park_s) if park_s > 0 else 0,
                 _ms(settings.list_ttl_s),
+                _ms(settings.receiver_timeout_s),
             )
         )
         skipped, counter, items = parse_take(_first(replies))

@@ -10,6 +10,8 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
     prq:{<e>}:rcv            zset    receiver node -> last seen, ms         TTL 1 day, refreshed
+    prq:{<e>}:lim            hash    limits: mif (max in flight), mp (max   no TTL: configuration,
+                                     pending); absent field = no limit      deleted when cleared
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
     prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks, refreshed
@@ -82,6 +84,11 @@ class EndpointKeys:
     @property
     def sequence(self) -> str:
         return f"{self.tag}:seq"
+
+    @property
+    def limits(self) -> str:
+        """Hash of the endpoint's capacity limits: `mif` (max in flight), `mp` (max pending)."""
+        return f"{self.tag}:lim"
 
     @property
     def running(self) -> str:

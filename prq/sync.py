@@ -24,6 +24,7 @@ from prq.flows import (
     cancel_flow,
     status_flow,
 )
+from prq.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.models import (
     PendingRequest,
     Request,
@@ -264,6 +265,27 @@ class Queue(QueueBase):
                 self.ctx, request_id, self._sent_endpoint(request_id), on_cancelled=self._cancelled
             )
         )
+
+    def limits(self, endpoint: str) -> EndpointLimits:
+        """The endpoint's capacity limits (max_in_flight, max_pending), as every node sees them."""
+        self._ready()
+        return self._run(limits_flow(self.ctx, endpoint))
+
+    def set_limits(
+        self,
+        endpoint: str,
+        *,
+        max_in_flight: int | None = None,
+        max_pending: int | None = None,
+    ) -> EndpointLimits:
+        """Replace the endpoint's capacity limits (None: no limit); see prq.limits."""
+        wanted = EndpointLimits(
+            endpoint=validate_endpoint(endpoint),
+            max_in_flight=max_in_flight,
+            max_pending=max_pending,
+        )
+        self._ready()
+        return self._run(set_limits_flow(self.ctx, wanted))
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""

@@ -100,6 +100,12 @@ class SyncQueueAdapter:
     async def status(self, request_id: str) -> Any:
         return await self._run(self.raw.status, request_id)
 
+    async def limits(self, endpoint: str) -> Any:
+        return await self._run(self.raw.limits, endpoint)
+
+    async def set_limits(self, endpoint: str, **kwargs: Any) -> Any:
+        return await self._run(self.raw.set_limits, endpoint, **kwargs)
+
 
 AnyQueue: TypeAlias = AsyncQueue | SyncQueueAdapter
 

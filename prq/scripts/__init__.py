@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Final
 
 from prq._types import Call, Reply
-from prq.errors import SerializationError
+from prq.errors import QueueFull, SerializationError
 from prq.keys import EndpointKeys
 
 __all__ = [
@@ -136,20 +136,28 @@ def enqueue_call(
     in_flight_ttl_ms: int,
     receipt_ttl_ms: int,
     pulse_inline_limit_bytes: int,
+    receiver_timeout_ms: int,
 ) -> Call:
     return ENQUEUE.call(
         (keys.request(request_id), keys.pending, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix, keys.running),
+         keys.take_receipt_prefix, keys.running, keys.limits),
         (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
-         pulse_inline_limit_bytes),
+         pulse_inline_limit_bytes, receiver_timeout_ms),
     )  # fmt: skip
 
 
-def parse_enqueue(reply: Reply) -> EnqueueOutcome:
+def parse_enqueue(reply: Reply, endpoint: str = "") -> EnqueueOutcome:
+    """Raises QueueFull when the endpoint is at its max_pending."""
     items = _array(reply, "enqueue")
     if len(items) == 2 and _text(items[0]) in ("new", "handed") and isinstance(items[1], int):
         return EnqueueOutcome(counter=items[1], known=None)
+    if len(items) == 3 and _text(items[0]) == "full":
+        raise QueueFull(
+            f"endpoint {endpoint or '?'} holds {_text(items[1])} queued requests, its "
+            f"max_pending is {_text(items[2])}: nothing was enqueued; try again later (or "
+            "raise the limit)"
+        )
     if items and _text(items[0]) == "known" and len(items) == 4:
         return EnqueueOutcome(counter=None, known=_snapshot(items[1:]))
     raise SerializationError(f"unexpected enqueue reply from Redis: {reply!r:.200}")
@@ -163,6 +171,8 @@ class BatchOutcome:
     accepted: int
     duplicate_ids: list[str]
     counter: int
+    #: New ids not written because the endpoint was at its max_pending (send them later).
+    refused_ids: list[str] = field(default_factory=list)
 
 
 def enqueue_many_call(
@@ -179,21 +189,26 @@ def enqueue_many_call(
     ]  # fmt: skip
     for request_id, body in items:
         args += [request_id, body]
-    return ENQUEUE_MANY.call((keys.pending, keys.sequence, keys.request_prefix), tuple(args))
+    return ENQUEUE_MANY.call(
+        (keys.pending, keys.sequence, keys.request_prefix, keys.limits), tuple(args)
+    )
 
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
     items = _array(reply, "enqueue_many")
+    head = items[:4]
     if (
-        len(items) < 3
-        or not all(isinstance(v, int) for v in items[:3])
-        or len(items) != 3 + items[1]  # type: ignore[operator]
-        or items[0] + items[1] != expected  # type: ignore[operator]
+        len(head) < 4
+        or not all(isinstance(v, int) for v in head)
+        or len(items) != 4 + head[1] + head[3]  # type: ignore[operator]
+        or head[0] + head[1] + head[3] != expected  # type: ignore[operator]
     ):
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
-    accepted, _, counter = items[:3]
+    accepted, duplicates, counter, _ = head
     assert isinstance(accepted, int) and isinstance(counter, int)
-    return BatchOutcome(accepted, [_text(v) for v in items[3:]], counter)
+    assert isinstance(duplicates, int)
+    ids = [_text(v) for v in items[4:]]
+    return BatchOutcome(accepted, ids[:duplicates], counter, ids[duplicates:])
 
 
 # -- take ---------------------------------------------------------------------------------------
@@ -222,12 +237,13 @@ def take_call(
     receipt_ttl_ms: int,
     park_ms: int,
     park_ttl_ms: int,
+    receiver_timeout_ms: int,
 ) -> Call:
     return TAKE.call(
         (keys.pending, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks, keys.sequence, keys.running),
+         keys.parks, keys.sequence, keys.running, keys.limits),
         (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
-         park_ms, park_ttl_ms),
+         park_ms, park_ttl_ms, receiver_timeout_ms),
     )  # fmt: skip
 
 
@@ -273,7 +289,7 @@ def apply_response_call(
     pulse_inline_limit_bytes: int,
 ) -> Call:
     return APPLY_RESPONSE.call(
-        (keys.request(request_id), keys.running),
+        (keys.request(request_id), keys.running, keys.limits, keys.pending),
         (
             request_id,
             owner_token,
@@ -282,6 +298,7 @@ def apply_response_call(
             now_ms,
             node_channel_prefix,
             pulse_inline_limit_bytes,
+            keys.pulse_channel,
         ),
     )
 

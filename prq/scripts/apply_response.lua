@@ -2,6 +2,8 @@
 
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
+KEYS[3]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
+KEYS[4]  pending list          prq:{e}:q
 ARGV[1]  request id
 ARGV[2]  owner token of the receiver that answers
 ARGV[3]  response (JSON)
@@ -9,6 +11,7 @@ ARGV[4]  response TTL, ms
 ARGV[5]  now_ms
 ARGV[6]  node channel prefix   prq:node:   (the sender's and watchers' node ids are appended)
 ARGV[7]  largest response carried inside the pulse, bytes (larger ones are read by the sender)
+ARGV[8]  the endpoint's pulse channel
 
 Reply (a status):
   "ok"         stored and pulsed
@@ -35,6 +38,9 @@ redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 redis.call('HDEL', KEYS[1], 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('HEXISTS', KEYS[3], 'mif') == 1 and redis.call('LLEN', KEYS[4]) > 0 then
+  redis.call('PUBLISH', ARGV[8], '')  -- a slot freed: receivers that found none may take again
+end
 
 local msg = 'r|' .. ARGV[1] .. '|'
 if string.len(ARGV[3]) <= tonumber(ARGV[7]) then

@@ -7,6 +7,7 @@ KEYS[4]  parked tokens         prq:{e}:parked
 KEYS[5]  park details          prq:{e}:parks    (token -> "<node>|<until, server ms>")
 KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same hash tag)
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
+KEYS[8]  limits                prq:{e}:lim      (hash: mif, mp; absent = no limit)
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
@@ -19,6 +20,7 @@ ARGV[9]  node channel prefix   prq:node:   (a parked receiver's node id is appen
 ARGV[10] TTL of a taken request, ms
 ARGV[11] TTL of a take receipt, ms
 ARGV[12] largest body carried inside a hand-off pulse, bytes
+ARGV[13] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot
 
 Reply:
   {"new", counter}                      queued (and the endpoint pulsed); counter = the
@@ -27,6 +29,8 @@ Reply:
                                         in its receipt, and the request sent in a pulse to it
   {"known", state, response, reason}    the id is known (not withdrawn); nothing was enqueued, the
                                         sender was only added as a watcher of the outcome
+  {"full", depth, max_pending}          the endpoint already holds max_pending queued requests;
+                                        nothing was written
 
 Invariants:
 - a known id (queued, taken, answered or cancelled, until its hash expires) is never enqueued
@@ -37,6 +41,8 @@ Invariants:
 - the hash is written together with its TTL; the list, counter and park TTLs are refreshed
 - the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
 - a handed-off request is listed in the in-flight set (take.lua does the same for what it takes)
+- capacity: no new request while the list holds max_pending ids; no hand-off while max_in_flight
+  requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 ]]
 local state = redis.call('HGET', KEYS[1], 'st')
 if state == 'withdrawn' then
@@ -55,11 +61,25 @@ if state then
   return {'known', state, rsp or '', why or ''}
 end
 
+local max_pending, max_in_flight = unpack(redis.call('HMGET', KEYS[8], 'mp', 'mif'))
+max_pending, max_in_flight = tonumber(max_pending), tonumber(max_in_flight)
+if max_pending then
+  local depth = redis.call('LLEN', KEYS[2])
+  if depth >= max_pending then return {'full', depth, max_pending} end
+end
+
 local counter = redis.call('INCR', KEYS[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 
 local now_server = nil
-for _ = 1, 100 do
+local tries = 100
+if max_in_flight then
+  local time = redis.call('TIME')
+  now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[13]), '+inf')
+  if live >= max_in_flight then tries = 0 end
+end
+for _ = 1, tries do
   local token = redis.call('LPOP', KEYS[4])
   if not token then break end
   local park = redis.call('HGET', KEYS[5], token)

@@ -7,6 +7,7 @@ judged (beat.lua judges a sender only when the request names one).
 KEYS[1]  pending list          prq:{e}:q
 KEYS[2]  enqueue counter       prq:{e}:seq
 KEYS[3]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
+KEYS[4]  limits                prq:{e}:lim  (hash: mp = max pending; absent = no limit)
 ARGV[1]  batch nonce (the same when the call is retried)
 ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
 ARGV[3]  pickup deadline, ms since the epoch
@@ -15,24 +16,29 @@ ARGV[5]  list and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
 ARGV[7..] id1, body1, id2, body2, ...
 
-Reply: {accepted, duplicates, counter, dup_id1, dup_id2, ...}
+Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
                same batch whose reply was lost: counted again, so a retried call reports what
                the batch did, not what the retry did)
   duplicates = ids already known from elsewhere (queued, running, answered or cancelled by
                another batch or caller): nothing was enqueued for them; their ids follow
   counter    = the endpoint's enqueue counter after the batch
+  refused    = new ids not written because the list already held max_pending ids (capacity);
+               their ids follow the duplicates' (send them again later)
 
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
 - each hash is written with its TTL; the ids go to the list in batch order, in one RPUSH
 - one pulse for the batch, only when something was queued
+- capacity: new requests are written only while the list holds fewer than max_pending ids
 ]]
 local prefix, nonce, now, deadline, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fresh = {}
 local accepted, duplicates = 0, 0
-local dups = {}
+local dups, refused = {}, {}
+local room = tonumber(redis.call('HGET', KEYS[4], 'mp'))
+if room then room = room - redis.call('LLEN', KEYS[1]) end
 for i = 7, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
@@ -44,7 +50,10 @@ for i = 7, #ARGV, 2 do
       st = nil
     end
   end
-  if not st then
+  if not st and room and room <= 0 then
+    refused[#refused + 1] = id
+  elseif not st then
+    if room then room = room - 1 end
     redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
       'att', '0', 'bn', nonce)
     redis.call('PEXPIRE', key, ttl)
@@ -68,6 +77,7 @@ if #fresh > 0 then
 else
   counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-local out = {accepted, duplicates, counter}
+local out = {accepted, duplicates, counter, #refused}
 for _, id in ipairs(dups) do out[#out + 1] = id end
+for _, id in ipairs(refused) do out[#out + 1] = id end
 return out

@@ -7,6 +7,7 @@ KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
 KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, server ms>")
 KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
+KEYS[8]  limits                prq:{e}:lim      (hash: mif = max in flight; absent = no limit)
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
@@ -16,6 +17,7 @@ ARGV[6]  TTL of a taken request, ms
 ARGV[7]  TTL of the receipt, ms
 ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
 ARGV[9]  TTL of the park keys and the in-flight set, ms
+ARGV[10] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot
 
 Reply: {skipped, counter, id1, body1, attempt1, created1, id2, body2, attempt2, created2, ...}
   created = when the sender enqueued the request (its clock, ms since the epoch)
@@ -35,6 +37,10 @@ Invariants:
   all nodes share, so a receiver that died parked is handed nothing after its park ends
 - what is handed out joins the in-flight set; answering, cancelling or declaring a side lost
   removes it (apply_response, cancel, beat, read_response), a beat refreshes its score
+- capacity: at most max_in_flight requests are in flight across all receivers, counting the
+  entries refreshed within the receiver timeout (a dead receiver's slot frees by itself); a take
+  with no free slot gets nothing and does not park (apply_response pulses the endpoint when it
+  frees a slot of a limited endpoint with work waiting)
 ]]
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
@@ -61,6 +67,15 @@ local time = redis.call('TIME')
 local now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
+local capped = false
+local max_in_flight = tonumber(redis.call('HGET', KEYS[8], 'mif'))
+if max_in_flight then
+  local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[10]), '+inf')
+  if live + want > max_in_flight then
+    want = max_in_flight - live
+    capped = true
+  end
+end
 local got, skipped = 0, 0
 while got < want and budget > 0 do
   local id = redis.call('LPOP', KEYS[1])
@@ -91,7 +106,7 @@ if got > 0 then
   -- entries not touched for an in-flight TTL belong to requests whose hash has expired
   redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now_server - tonumber(ARGV[6]))
   redis.call('PEXPIRE', KEYS[7], ARGV[9])
-elseif tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
+elseif not capped and tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
   local until_ms = now_server + tonumber(ARGV[8])
   redis.call('RPUSH', KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. '|' .. until_ms)

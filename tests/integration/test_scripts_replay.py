@@ -56,12 +56,23 @@ def enqueue(keys: KeySchema, request: Request, now_ms: int) -> Call:
     return enqueue_call(
         keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
         now_ms, now_ms + TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 16384,
+        TTL_MS,
     )  # fmt: skip
 
 
 def take(keys: KeySchema, token: str, now_ms: int) -> Call:
     return take_call(
-        keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 10, 100, TTL_MS, TTL_MS, 0, TTL_MS
+        keys.endpoint(ENDPOINT),
+        token,
+        "receiver-node",
+        now_ms,
+        10,
+        100,
+        TTL_MS,
+        TTL_MS,
+        0,
+        TTL_MS,
+        TTL_MS,
     )
 
 
@@ -91,7 +102,17 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
         send(client, enqueue(keys, request, now_ms))
     token = uuid.uuid4().hex
     call = take_call(
-        keys.endpoint(ENDPOINT), token, "receiver-node", now_ms, 1, 100, TTL_MS, TTL_MS, 0, TTL_MS
+        keys.endpoint(ENDPOINT),
+        token,
+        "receiver-node",
+        now_ms,
+        1,
+        100,
+        TTL_MS,
+        TTL_MS,
+        0,
+        TTL_MS,
+        TTL_MS,
     )
     _, _, first = parse_take(send(client, call))
     # When the take is replayed

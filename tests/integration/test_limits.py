@@ -1,0 +1,188 @@
+"""Per-endpoint capacity limits (prq.limits): max_pending refuses enqueues, max_in_flight caps
+what all receivers hold at once, and a dead receiver's slot frees by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pydantic
+import pytest
+import redis
+
+from prq import (
+    CancelledBeforePickup,
+    EndpointLimits,
+    InvalidEndpoint,
+    QueueFull,
+    Request,
+    RequestState,
+)
+from prq.bulk import BatchRefused, BulkClient
+from tests.queue_facades import QueueFactory, wait_for_state
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+
+async def test_limits_are_shared_replaced_and_validated(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given two nodes
+    one, other = make_queue(), make_queue()
+    endpoint = "poll://limited"
+    assert await one.limits(endpoint) == EndpointLimits(endpoint=endpoint)
+
+    # When one sets limits, Then the other reads the same
+    await one.set_limits(endpoint, max_in_flight=3, max_pending=100)
+    assert await other.limits(endpoint) == EndpointLimits(
+        endpoint=endpoint, max_in_flight=3, max_pending=100
+    )
+    # And setting replaces both: an omitted limit is removed
+    await other.set_limits(endpoint, max_pending=7)
+    assert await one.limits(endpoint) == EndpointLimits(endpoint=endpoint, max_pending=7)
+    # And clearing both leaves no key behind
+    await one.set_limits(endpoint)
+    assert not redis_client.exists(one.keys.endpoint(endpoint).limits)
+    # And nonsense is refused before anything is written
+    for bad in ({"max_pending": 0}, {"max_in_flight": -1}, {"max_pending": "many"}):
+        with pytest.raises(pydantic.ValidationError):
+            await one.set_limits(endpoint, **bad)
+    with pytest.raises(InvalidEndpoint):
+        await one.set_limits("poll://bad\nname", max_pending=1)
+    # And a malformed stored limit is reported, not guessed
+    redis_client.hset(one.keys.endpoint(endpoint).limits, "mp", "lots")
+    with pytest.raises(Exception, match="not a positive integer"):
+        await one.limits(endpoint)
+
+
+async def test_an_enqueue_beyond_max_pending_raises_queue_full_and_writes_nothing(
+    make_queue: QueueFactory,
+) -> None:
+    # Given an endpoint limited to 2 queued requests, and no receiver
+    sender = make_queue(pickup_timeout_s=30)
+    endpoint = "poll://limited-pending"
+    await sender.set_limits(endpoint, max_pending=2)
+    waiting = [Request(endpoint=endpoint, method="m") for _ in range(2)]
+    calls = [asyncio.ensure_future(sender.queue_and_wait(r)) for r in waiting]
+    for request in waiting:
+        await wait_for_state(sender, request.id, RequestState.QUEUED)
+
+    # When a third request is enqueued
+    third = Request(endpoint=endpoint, method="m")
+    with pytest.raises(QueueFull) as refused:
+        await sender.queue_and_wait(third)
+
+    # Then it is refused at once, retryable, and nothing of it was written
+    assert refused.value.retryable is True
+    assert "max_pending is 2" in str(refused.value)
+    assert (await sender.status(third.id)).state == RequestState.UNKNOWN
+    # And once a queued request leaves, there is room again
+    assert await sender.cancel(waiting[0].id) is True
+    with pytest.raises(CancelledBeforePickup):
+        await calls[0]
+    fourth = asyncio.ensure_future(sender.queue_and_wait(third))
+    await wait_for_state(sender, third.id, RequestState.QUEUED)
+    for request in (waiting[1], third):
+        assert await sender.cancel(request.id) is True
+    for call in (calls[1], fourth):
+        with pytest.raises(CancelledBeforePickup):
+            await call
+
+
+async def test_max_in_flight_caps_what_all_receivers_hold_at_once(
+    make_queue: QueueFactory,
+) -> None:
+    # Given an endpoint limited to 3 requests in flight, and two receivers with 4 slots each
+    endpoint = "poll://limited-flight"
+    sender = make_queue()
+    await sender.set_limits(endpoint, max_in_flight=3)
+    lock = threading.Lock()
+    running = {"now": 0, "most": 0}
+
+    def work(request: Request) -> Any:
+        with lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        time.sleep(0.05)  # the work itself; the limit is what this test watches
+        with lock:
+            running["now"] -= 1
+        return request.params
+
+    for _ in range(2):
+        make_queue.serve(make_queue(), endpoint, work, concurrency=4)
+
+    # When 30 calls are made at once
+    results = await asyncio.gather(
+        *(sender.call(endpoint, "echo", i, timeout_s=30) for i in range(30))
+    )
+
+    # Then every call is answered, and never more than 3 ran at the same time, across both
+    assert sorted(results) == list(range(30))
+    assert running["most"] == 3
+
+
+async def test_a_dead_receivers_slot_frees_after_the_receiver_timeout(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given an endpoint limited to 1 request in flight, and a receiver that takes one and dies
+    timings: dict[str, Any] = {"receiver_timeout_s": 1.0, "heartbeat_interval_s": 0.2,
+               "heartbeat_initial_delay_s": 0.1}  # fmt: skip
+    endpoint = "poll://limited-dead"
+    sender, doomed, survivor = make_queue(**timings), make_queue(**timings), make_queue(**timings)
+    await sender.set_limits(endpoint, max_in_flight=1)
+    first, second = (Request(endpoint=endpoint, method="m") for _ in range(2))
+    pending = [asyncio.ensure_future(sender.queue_and_wait(r, timeout_s=30)) for r in (first,)]
+    held = await doomed.dequeue(endpoint, timeout_s=5)
+    assert held is not None and held.id == first.id
+    pending.append(asyncio.ensure_future(sender.queue_and_wait(second, timeout_s=30)))
+    await wait_for_state(sender, second.id, RequestState.QUEUED)
+    await doomed.aclose()  # it dies holding the request (no more heartbeats)
+
+    # Then while its entry is fresh the slot stays taken: the survivor gets nothing
+    assert await survivor.dequeue(endpoint, timeout_s=0.2) is None
+
+    # And after the receiver timeout the slot is free again, and the survivor takes the second
+    got: list[Any] = []
+
+    async def took_second() -> bool:
+        taken = await survivor.dequeue(endpoint, timeout_s=0.2)
+        if taken is not None:
+            got.append(taken)
+        return bool(got)
+
+    await async_wait_until(took_second, 10.0, 0.05, "the freed slot is used")
+    assert got[0].id == second.id
+    for call in pending:
+        call.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def test_a_bulk_batch_writes_what_fits_under_max_pending(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given an endpoint that may hold 5 queued requests
+    endpoint = "poll://limited-bulk"
+    with BulkClient.from_url(redis_url, prefix=key_prefix) as bulk:
+        redis_client.hset(bulk.keys.endpoint(endpoint).limits, "mp", 5)
+        run = uuid.uuid4().hex[:6]
+        batch = [Request(endpoint=endpoint, method="m", id=f"{run}:{i}") for i in range(8)]
+
+        # When 8 are sent in one batch
+        with pytest.raises(BatchRefused) as refused:
+            bulk.enqueue_many(batch, nonce="batch-1")
+
+        # Then 5 were written, 3 refused (retryable), and the error says so
+        assert refused.value.partial.accepted == 5
+        assert refused.value.refused == {endpoint: 3}
+        assert refused.value.retryable is True
+        pending = bulk.keys.endpoint(endpoint).pending
+        assert redis_client.llen(pending) == 5
+        # And sent again with the same nonce once there is room, the batch counts all 8 as its own
+        redis_client.hdel(bulk.keys.endpoint(endpoint).limits, "mp")
+        again = bulk.enqueue_many(batch, nonce="batch-1")
+        assert (again.accepted, again.duplicates) == (8, 0)
+        assert redis_client.llen(pending) == 8
