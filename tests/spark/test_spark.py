@@ -419,3 +419,27 @@ def test_a_full_redis_is_waited_out_not_dropped(
         output = future.result(timeout=30)
     assert output[0].to_pylist()[0]["accepted"] == 2_000
     assert own_redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 2_000
+
+
+def test_an_endpoint_at_max_pending_is_waited_out_with_exact_counts(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    pytest.importorskip("pyarrow")
+    # Given an endpoint that may hold 700 queued requests
+    endpoint = "poll://spark-limited"
+    cfg = config(redis_url, key_prefix, endpoint)
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    redis_client.hset(keys.limits, "mp", 700)
+    enqueue = arrow_enqueuer(cfg)
+    with ThreadPoolExecutor(1) as pool:
+        # When a task enqueues 2,000 rows (batches of 1,000: the first one only partly fits)
+        future = pool.submit(lambda: list(enqueue(iter(arrow_batches(2_000, 500)))))
+        wait_until(lambda: redis_client.llen(keys.pending) == 700, 15, 0.02, "the limit reached")
+        assert not future.done()
+        # Then it backs off until there is room, and its counts are exact (a partly written
+        # batch sent again counts its own requests once)
+        redis_client.hdel(keys.limits, "mp")
+        output = future.result(timeout=30)
+    assert output[0].to_pylist()[0] == {"partition": 0, "accepted": 2_000, "duplicate": 0,
+                                        "rejected": 0}  # fmt: skip
+    assert redis_client.llen(keys.pending) == 2_000
