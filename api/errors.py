@@ -1,6 +1,8 @@
 """Every error the admin service answers has one JSON shape: `{"error": {"type", "message"}}`.
 
-- HTTP errors (401, 403, 404, 405, 413, ...) keep their status and headers.
+- HTTP errors (401, 403, 404, 405, 413, ...) keep their status and headers; a 405's `Allow`
+  lists the methods of every route on the path (Starlette names only the first route's).
+- A request body that cannot be read as text (e.g. not UTF-8) → 400 `bad_request`.
 - Request validation → 422 `validation_error`, naming the parameter, never echoing its value.
 - prq errors: `InvalidEndpoint` and pydantic validation → 422; `PayloadTooLarge` → 413;
   `QueueUnavailable` / `QueueShutdown` / a Redis wait past its bound → 503; anything else → 500
@@ -10,10 +12,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
+import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,6 +50,7 @@ _HTTP_TYPES: Mapping[int, str] = {
 
 #: What each declared error status means, for the OpenAPI document.
 _DESCRIPTIONS: Mapping[int, str] = {
+    400: "The request body is not JSON text (e.g. not UTF-8)",
     401: "No valid bearer token",
     403: "The token is read-only and the route changes something",
     404: "Nothing is known under this id",
@@ -97,10 +101,34 @@ def _http_message(exc: StarletteHTTPException) -> str:
     return HTTPStatus(exc.status_code).phrase
 
 
+def _routes(app: FastAPI) -> Iterable[object]:
+    """Every route of `app`, those of included routers too (recent FastAPI keeps an included
+    router as one entry of `app.routes`; `iter_route_contexts` opens it)."""
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    return contexts(app.router.routes) if contexts is not None else app.router.routes
+
+
+def _allowed_methods(request: Request) -> set[str]:
+    """The methods of every route whose path matches the request's."""
+    path = request.scope.get("path", request.url.path)
+    allowed: set[str] = set()
+    for route in _routes(request.app):
+        regex = getattr(route, "path_regex", None)
+        methods = getattr(route, "methods", None)
+        if regex is not None and methods and regex.match(path):
+            allowed |= set(methods)
+    return allowed
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     error_type = _HTTP_TYPES.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, error_type, _http_message(exc), exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+    return error_response(exc.status_code, error_type, _http_message(exc), headers)
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

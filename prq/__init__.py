@@ -6,6 +6,7 @@ integrations live outside this namespace: `prq.embedded`, `prq.spark`.
 """
 
 from prq.config import QueueSettings, RedisSettings
+from prq.dead import DeadLetter
 from prq.errors import (
     CallTimeout,
     CancelledAfterPickup,
@@ -48,6 +49,7 @@ __all__ = [
     "CancelledBeforePickup",
     "ConfigurationError",
     "DataLoss",
+    "DeadLetter",
     "DeliveryInfo",
     "EndpointLimits",
     "InvalidEndpoint",

@@ -11,7 +11,9 @@ read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
   request's in-flight TTL;
 - oldest age: the creation time of the first live request among the first few of the list;
 - receivers: nodes that reported taking from the endpoint within a few report intervals (nodes
-  report every 5 s, see prq.presence).
+  report every 5 s, see prq.presence);
+- limits: the endpoint's capacity limits hash (prq.limits), read in the same round trip; a
+  stored value that is not a positive integer shows as None (no limit) and logs a warning.
 
 Each figure is read in a few pipelined round trips however many endpoints there are, so the
 admin service can collect them on every scrape. Changes (cancel) go through the queue API.
@@ -20,6 +22,7 @@ admin service can collect them on every scrape. Changes (cancel) go through the 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
@@ -31,6 +34,7 @@ from prq.config import QueueSettings, RedisSettings
 from prq.errors import QueueUnavailable, SerializationError
 from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
@@ -44,10 +48,14 @@ __all__ = [
     "redis_warnings",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: How many of a list's first ids are looked at to find the oldest live request.
 OLDEST_PROBE = 10
 #: Most queued requests one page may list.
 MAX_PAGE = 500
+#: Replies per endpoint in `_describe`'s first pipeline.
+_PER_ENDPOINT = 6
 
 
 class EndpointInfo(BaseModel):
@@ -66,6 +74,10 @@ class EndpointInfo(BaseModel):
     enqueued_total: int
     #: When a node last reported using the endpoint, ms since the epoch (0: never).
     last_seen_ms: int
+    #: Most requests picked up and unanswered at once across all receivers (None: no limit).
+    max_in_flight: int | None = None
+    #: Most requests queued at once; enqueues beyond it raise QueueFull (None: no limit).
+    max_pending: int | None = None
 
 
 class QueuedItem(BaseModel):
@@ -222,8 +234,9 @@ class Inspector:
                 pipe.zcount(keys.running, in_flight_from, "+inf")
                 pipe.zcount(keys.receivers, live_from, "+inf")
                 pipe.get(keys.sequence)
+                pipe.hmget(keys.limits, ["mif", "mp"])
             replies = await pipe.execute()
-            heads = [list(replies[i * 5 + 1]) for i in range(len(endpoints))]
+            heads = [list(replies[i * _PER_ENDPOINT + 1]) for i in range(len(endpoints))]
             pipe = self.client.pipeline(transaction=False)
             for endpoint, head in zip(endpoints, heads, strict=True):
                 keys = self.keys.endpoint(endpoint)
@@ -232,7 +245,9 @@ class Inspector:
             states = iter(await pipe.execute() if any(heads) else [])
         infos = []
         for i, endpoint in enumerate(endpoints):
-            depth, _, in_flight, receivers, counter = replies[i * 5 : i * 5 + 5]
+            first = i * _PER_ENDPOINT
+            depth, _, in_flight, receivers, counter, limits = replies[first : first + _PER_ENDPOINT]
+            max_in_flight, max_pending = limits
             oldest: int | None = None
             for _ in heads[i]:
                 st, created = next(states)
@@ -247,9 +262,25 @@ class Inspector:
                     receivers=int(receivers),
                     enqueued_total=int(counter or 0),
                     last_seen_ms=0,
+                    max_in_flight=_stored_limit(endpoint, "max_in_flight", max_in_flight),
+                    max_pending=_stored_limit(endpoint, "max_pending", max_pending),
                 )
             )
         return infos
+
+    async def limits(self, endpoint: str) -> EndpointLimits:
+        """The endpoint's capacity limits (raises InvalidEndpoint for a bad name); a malformed
+        stored value shows as None, with a warning, as in `endpoints()`."""
+        endpoint = validate_endpoint(endpoint)
+        with _reading():
+            max_in_flight, max_pending = await self.client.hmget(
+                self.keys.endpoint(endpoint).limits, ["mif", "mp"]
+            )
+        return EndpointLimits(
+            endpoint=endpoint,
+            max_in_flight=_stored_limit(endpoint, "max_in_flight", max_in_flight),
+            max_pending=_stored_limit(endpoint, "max_pending", max_pending),
+        )
 
     async def queued(self, endpoint: str, offset: int = 0, limit: int = 50) -> QueuedPage:
         """A page of the endpoint's queued requests, oldest first (ids that are no longer
@@ -329,6 +360,24 @@ def _queued_item(
         priority=request.priority, producer=request.producer, created_ms=created_ms,
         age_s=age_s, body_bytes=len(body), error=error,
     )  # fmt: skip
+
+
+def _stored_limit(endpoint: str, field: str, value: Any) -> int | None:
+    """A limit as the limits hash stores it: None when unset, and None (with a warning) when
+    it is not an integer within 1..MAX_LIMIT: prq never writes such a value, and the scripts
+    apply no limit for it either (their `limit` guard), but an operator should look at it."""
+    if value is None:
+        return None
+    text = _text(value)
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_LIMIT:
+        return int(text)
+    logger.warning(
+        "malformed stored limit endpoint=%r field=%s value=%r (shown as no limit)",
+        endpoint,
+        field,
+        text[:50],
+    )
+    return None
 
 
 def _pairs(reply: Any) -> list[tuple[Any, Any]]:

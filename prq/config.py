@@ -47,6 +47,10 @@ DEFAULT_INLINE_LIMIT_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Responses up to this size travel inside the response pulse, saving a read.
 DEFAULT_PULSE_INLINE_LIMIT_BYTES = 16 * 1024
+#: How long a dead letter is kept (and its list, refreshed on every dead letter).
+DEFAULT_DEAD_LETTER_TTL_S = 7 * 86400.0
+#: Most dead letters kept per endpoint; the oldest go first.
+DEFAULT_DEAD_LETTER_MAX = 10_000
 #: Per-attempt socket timeout; bounds how long one hung Redis call can block.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 #: Connect timeout for a new Redis connection.
@@ -98,6 +102,8 @@ class QueueSettings(BaseSettings):
     inline_limit_bytes: int = Field(DEFAULT_INLINE_LIMIT_BYTES, gt=0)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
     pulse_inline_limit_bytes: int = Field(DEFAULT_PULSE_INLINE_LIMIT_BYTES, ge=0)
+    dead_letter_ttl_s: float = Field(DEFAULT_DEAD_LETTER_TTL_S, gt=0)
+    dead_letter_max: int = Field(DEFAULT_DEAD_LETTER_MAX, ge=1)
 
     @model_validator(mode="after")
     def _check_limits(self) -> QueueSettings:

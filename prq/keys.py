@@ -10,6 +10,9 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
     prq:{<e>}:rcv            zset    receiver node -> last seen, ms         TTL 1 day, refreshed
+    prq:{<e>}:dead           zset    dead-lettered ids -> when, ms          TTL 7 days, refreshed
+    prq:{<e>}:deadm          hash    id -> dead letter's reason etc (JSON)  TTL 7 days, refreshed
+    prq:{<e>}:deadb          hash    id -> the dead request's stored bytes  TTL 7 days, refreshed
     prq:{<e>}:lim            hash    limits: mif (max in flight), mp (max   no TTL: configuration,
                                      pending); absent field = no limit      deleted when cleared
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
@@ -84,6 +87,12 @@ class EndpointKeys:
     @property
     def sequence(self) -> str:
         return f"{self.tag}:seq"
+
+    @property
+    def dead(self) -> tuple[str, str, str]:
+        """Dead letters: the zset of ids by time, the hash of their details, the hash of their
+        stored bytes."""
+        return f"{self.tag}:dead", f"{self.tag}:deadm", f"{self.tag}:deadb"
 
     @property
     def limits(self) -> str:

@@ -23,9 +23,11 @@ from prq.errors import SerializationError
 from prq.flows import Context
 from prq.models import validate_endpoint
 
-__all__ = ["EndpointLimits", "limits_flow", "set_limits_flow"]
+__all__ = ["MAX_LIMIT", "EndpointLimits", "limits_flow", "set_limits_flow"]
 
-_Limit = Annotated[int, Field(ge=1, le=2**53)]
+#: Largest limit accepted (a JSON number stays exact up to here).
+MAX_LIMIT = 2**53
+_Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
 
 
 class EndpointLimits(BaseModel):
@@ -42,7 +44,7 @@ def _limit(value: Reply, field: str) -> int | None:
     if value is None:
         return None
     text = value.decode() if isinstance(value, bytes) else str(value)
-    if not text.isdigit() or int(text) < 1:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
         raise SerializationError(f"stored limit {field}={text!r:.50} is not a positive integer")
     return int(text)
 

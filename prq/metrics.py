@@ -29,6 +29,8 @@ Series:
     prq_endpoint_oldest_age_seconds{endpoint}  age of the oldest queued request (at scrape)
     prq_endpoint_receivers{endpoint}        live receiver nodes (from Redis, at scrape)
     prq_endpoint_enqueued_total{endpoint}   the endpoint's enqueue counter in Redis, all nodes
+    prq_endpoint_max_in_flight{endpoint}    its max_in_flight limit (only when one is set)
+    prq_endpoint_max_pending{endpoint}      its max_pending limit (only when one is set)
 """
 
 from __future__ import annotations
@@ -155,6 +157,16 @@ class EndpointCollector(Collector):
             "when Redis loses its data).",
             labels=["endpoint"],
         )
+        max_in_flight = GaugeMetricFamily(
+            "prq_endpoint_max_in_flight",
+            "The endpoint's max_in_flight limit (read from Redis; no series when unlimited).",
+            labels=["endpoint"],
+        )
+        max_pending = GaugeMetricFamily(
+            "prq_endpoint_max_pending",
+            "The endpoint's max_pending limit (read from Redis; no series when unlimited).",
+            labels=["endpoint"],
+        )
         for info in infos:
             labels = [info.endpoint]
             depth.add_metric(labels, info.depth)
@@ -162,7 +174,11 @@ class EndpointCollector(Collector):
             oldest.add_metric(labels, info.oldest_age_s or 0.0)
             receivers.add_metric(labels, info.receivers)
             enqueued.add_metric(labels, info.enqueued_total)
-        return [depth, in_flight, oldest, receivers, enqueued]
+            if info.max_in_flight is not None:
+                max_in_flight.add_metric(labels, info.max_in_flight)
+            if info.max_pending is not None:
+                max_pending.add_metric(labels, info.max_pending)
+        return [depth, in_flight, oldest, receivers, enqueued, max_in_flight, max_pending]
 
 
 ENDPOINTS = EndpointCollector()

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Call, Flow, Reply
+from prq._types import Call, Exec, Flow, Reply
 from prq.config import QueueSettings, RedisSettings
+from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
 from prq.errors import (
     ConfigurationError,
@@ -289,6 +290,13 @@ class QueueBase:
             else:
                 good, bad, refused = self._adopt(endpoint, result.token, result.items)
                 for item, exc in bad:
+                    # kept first, so whoever sees the error answer finds the dead letter
+                    yield Exec((
+                        dead_letter_call(
+                            self.ctx, endpoint, item.request_id, item.body,
+                            f"undecodable: {exc}", item.attempt,
+                        ),
+                    ))  # fmt: skip
                     yield from respond_flow(
                         self.ctx, endpoint, item.request_id, result.token,
                         self._bad_item_response(item, exc),

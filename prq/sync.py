@@ -18,6 +18,13 @@ from pydantic import JsonValue
 from prq import metrics
 from prq._types import Exec, Flow, Handler
 from prq.config import QueueSettings, RedisSettings
+from prq.dead import (
+    DeadLetter,
+    ReplayOutcome,
+    dead_letters_flow,
+    purge_dead_letters_flow,
+    replay_dead_letter_flow,
+)
 from prq.errors import DataLoss, PrqError
 from prq.flows import (
     call_flow,
@@ -265,6 +272,22 @@ class Queue(QueueBase):
                 self.ctx, request_id, self._sent_endpoint(request_id), on_cancelled=self._cancelled
             )
         )
+
+    def dead_letters(self, endpoint: str, *, offset: int = 0, limit: int = 100) -> list[DeadLetter]:
+        """The endpoint's dead letters, newest first (see prq.dead)."""
+        self._ready()
+        return self._run(dead_letters_flow(self.ctx, endpoint, offset=offset, limit=limit))
+
+    def replay_dead_letter(self, endpoint: str, request_id: str) -> ReplayOutcome:
+        """Queue a dead letter again under its id, once: "replayed", "live" (the id is queued or
+        in flight already) or "missing" (no such dead letter, e.g. replayed before)."""
+        self._ready()
+        return self._run(replay_dead_letter_flow(self.ctx, endpoint, request_id))
+
+    def purge_dead_letters(self, endpoint: str, request_ids: list[str] | None = None) -> int:
+        """Drop the named dead letters (None: all of the endpoint's); how many were dropped."""
+        self._ready()
+        return self._run(purge_dead_letters_flow(self.ctx, endpoint, request_ids))
 
     def limits(self, endpoint: str) -> EndpointLimits:
         """The endpoint's capacity limits (max_in_flight, max_pending), as every node sees them."""

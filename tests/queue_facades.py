@@ -100,6 +100,15 @@ class SyncQueueAdapter:
     async def status(self, request_id: str) -> Any:
         return await self._run(self.raw.status, request_id)
 
+    async def dead_letters(self, endpoint: str, **kwargs: Any) -> Any:
+        return await self._run(self.raw.dead_letters, endpoint, **kwargs)
+
+    async def replay_dead_letter(self, endpoint: str, request_id: str) -> Any:
+        return await self._run(self.raw.replay_dead_letter, endpoint, request_id)
+
+    async def purge_dead_letters(self, endpoint: str, request_ids: Any = None) -> Any:
+        return await self._run(self.raw.purge_dead_letters, endpoint, request_ids)
+
     async def limits(self, endpoint: str) -> Any:
         return await self._run(self.raw.limits, endpoint)
 

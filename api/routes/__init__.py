@@ -3,11 +3,12 @@
 - `health`: `/health` (no auth) and `/api/whoami`.
 - `endpoints`: what Redis holds per endpoint: `/api/endpoints`, `/api/endpoint`, `/api/queued`,
   `/api/throughput`.
+- `limits`: an endpoint's capacity limits: `GET` / `PUT /api/endpoint/limits?endpoint=`.
 - `requests`: one request by id: `/api/requests/{request_id}` and its `cancel`.
 - `metrics`: Prometheus `/metrics`.
 - `dashboard`: the HTML dashboard shell and its packaged assets (not in the OpenAPI document).
 
 Endpoint names travel in the `endpoint` query parameter, never in the path: they contain `/`.
-Dead letters and limits (a later issue) slot in as `dead_letters` (`/api/dead-letters?endpoint=`)
-and `limits` (`/api/limits?endpoint=`), each a router of its own included by `api.app`.
+Dead letters (a later issue) slot in as `dead_letters` (`/api/dead-letters?endpoint=`), a router
+of its own included by `api.app`.
 """

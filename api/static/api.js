@@ -69,10 +69,13 @@ async function errorFrom(response) {
 /**
  * Send one request and return its JSON body.
  * `auth` false sends no token (health). `okStatuses` lists non-2xx statuses whose JSON body is
- * still an answer (health answers 503 with a body when Redis is down).
+ * still an answer (health answers 503 with a body when Redis is down). `body` is sent as JSON.
  */
-export async function request(path, { method = "GET", auth = true, okStatuses = [] } = {}) {
+export async function request(
+  path, { method = "GET", auth = true, okStatuses = [], body = undefined } = {},
+) {
   const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   if (auth) {
     const token = loadToken();
     if (!token) throw new ApiError(401, "unauthorized", "not signed in");
@@ -83,6 +86,7 @@ export async function request(path, { method = "GET", auth = true, okStatuses = 
     response = await fetch(path, {
       method,
       headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
       cache: "no-store",
       credentials: "omit",
       signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
@@ -104,4 +108,7 @@ export const api = {
   throughput: () => request("/api/throughput"),
   queued: (endpoint, limit = 50) => request(`/api/queued?endpoint=${q(endpoint)}&limit=${limit}`),
   cancel: (id) => request(`/api/requests/${q(id)}/cancel`, { method: "POST" }),
+  limits: (endpoint) => request(`/api/endpoint/limits?endpoint=${q(endpoint)}`),
+  setLimits: (endpoint, limits) =>
+    request(`/api/endpoint/limits?endpoint=${q(endpoint)}`, { method: "PUT", body: limits }),
 };

@@ -1,5 +1,6 @@
 // The prq dashboard: health banner, endpoints table, throughput chart, one endpoint's queued
-// requests (with Cancel for admins). Everything refreshes every REFRESH_MS.
+// requests (with Cancel for admins) and its capacity limits (with a form to set them, for
+// admins). Everything refreshes every REFRESH_MS.
 //
 // States: signed out (the form shows) → signed in (role known from /api/whoami; data refreshes).
 // A 401 on any call signs out. Other errors show in the status line and the next refresh retries.
@@ -22,7 +23,10 @@ const state = {
   selected: null, // endpoint whose queued requests show
   timer: null,
   /** Latest call number per resource: an older answer arriving late is dropped. */
-  seq: { endpoints: 0, throughput: 0, queued: 0 },
+  seq: { endpoints: 0, throughput: 0, queued: 0, limits: 0 },
+  /** Whether the limits form holds the selected endpoint's limits yet (filled once per
+   * selection and after a save, never over what the admin is typing). */
+  limitsFilled: false,
   /** Where the status line's message came from: "refresh" messages clear on the next success. */
   statusSource: null,
 };
@@ -228,11 +232,96 @@ async function refreshQueued() {
   if (seq === state.seq.queued && endpoint === state.selected) renderQueued(page);
 }
 
+// -- limits ----------------------------------------------------------------------------------
+
+/** A limit as shown: a count, or "none" when unset. */
+function formatLimit(value) {
+  return typeof value === "number" ? formatCount(value) : "none";
+}
+
+function renderLimits(limits) {
+  setText($("queued").querySelector("[data-testid=limit-max-in-flight]"),
+    formatLimit(limits.max_in_flight));
+  setText($("queued").querySelector("[data-testid=limit-max-pending]"),
+    formatLimit(limits.max_pending));
+  if (!state.limitsFilled) {
+    state.limitsFilled = true;
+    $("limit-mif-input").value = typeof limits.max_in_flight === "number"
+      ? String(limits.max_in_flight) : "";
+    $("limit-mp-input").value = typeof limits.max_pending === "number"
+      ? String(limits.max_pending) : "";
+  }
+}
+
+function resetLimits() {
+  state.limitsFilled = false;
+  for (const name of ["limit-max-in-flight", "limit-max-pending"]) {
+    $("queued").querySelector(`[data-testid=${name}]`).textContent = "…";
+  }
+  $("limit-mif-input").value = "";
+  $("limit-mp-input").value = "";
+  $("limits-form").hidden = state.role !== "admin";
+}
+
+async function refreshLimits() {
+  if (state.selected === null) return;
+  const seq = ++state.seq.limits;
+  const endpoint = state.selected;
+  const limits = await api.limits(endpoint);
+  if (seq === state.seq.limits && endpoint === state.selected) renderLimits(limits);
+}
+
+/** An input's limit: null when empty, a whole number of 1 or more, else undefined (invalid). */
+function limitOf(input) {
+  const text = input.value.trim();
+  if (text === "") return null;
+  if (!/^[0-9]+$/.test(text)) return undefined;
+  const value = Number(text);
+  return Number.isSafeInteger(value) && value >= 1 ? value : undefined;
+}
+
+async function saveLimits(event) {
+  event.preventDefault();
+  const endpoint = state.selected;
+  if (endpoint === null || state.role !== "admin") return;
+  const wanted = {
+    max_in_flight: limitOf($("limit-mif-input")),
+    max_pending: limitOf($("limit-mp-input")),
+  };
+  if (wanted.max_in_flight === undefined || wanted.max_pending === undefined) {
+    setStatus("Limits must be whole numbers of 1 or more (empty: no limit).", "error");
+    return;
+  }
+  const button = $("limits-form").querySelector("button[type=submit]");
+  button.disabled = true;
+  let saved;
+  try {
+    saved = await api.setLimits(endpoint, wanted);
+  } catch (error) {
+    report(error, `set the limits of ${endpoint}`);
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  setStatus(`Limits of ${endpoint} set: max in flight ${formatLimit(saved.max_in_flight)}, ` +
+    `max pending ${formatLimit(saved.max_pending)}.`, "ok");
+  if (endpoint === state.selected) {
+    state.seq.limits += 1; // an older read still on its way must not overwrite this
+    state.limitsFilled = false;
+    renderLimits(saved);
+  }
+  await refreshData();
+}
+
+// -- selection -------------------------------------------------------------------------------
+
 function select(endpoint) {
   if (state.selected !== endpoint) {
     state.selected = endpoint;
     state.seq.queued += 1; // drop an answer still on its way for the previous endpoint
+    state.seq.limits += 1;
     resetQueued();
+    resetLimits();
   }
   $("queued").hidden = false;
   $("queued").querySelector("[data-testid=queued-endpoint]").textContent = endpoint;
@@ -241,13 +330,16 @@ function select(endpoint) {
     row.querySelector("button").toggleAttribute("aria-current", name === endpoint);
   }
   refreshQueued().catch((error) => report(error, "load the queued requests"));
+  refreshLimits().catch((error) => report(error, "load the limits"));
 }
 
 function unselect() {
   state.selected = null;
   state.seq.queued += 1;
+  state.seq.limits += 1;
   $("queued").hidden = true;
   resetQueued();
+  resetLimits();
   for (const row of endpointRows.values()) {
     row.classList.remove("selected");
     row.querySelector("button").removeAttribute("aria-current");
@@ -272,7 +364,7 @@ async function cancel(id, button) {
 
 async function refreshData() {
   const results = await Promise.allSettled([
-    refreshEndpoints(), refreshThroughput(), refreshQueued(),
+    refreshEndpoints(), refreshThroughput(), refreshQueued(), refreshLimits(),
   ]);
   const failed = results.find((r) => r.status === "rejected");
   if (failed) {
@@ -311,6 +403,7 @@ async function learnRole() {
   $("session").querySelector("[data-testid=role]").textContent =
     state.role === "admin" ? "admin" : "read-only";
   resetQueued();
+  resetLimits();
   await refreshData();
 }
 
@@ -342,6 +435,9 @@ function start() {
   $("signin-form").addEventListener("submit", onSignIn);
   $("sign-out").addEventListener("click", () => signOut("Signed out.", "info"));
   $("queued-close").addEventListener("click", unselect);
+  $("limits-form").addEventListener("submit", saveLimits);
+  // Once the admin types, the refresh no longer fills the form (it would overwrite the typing).
+  $("limits-form").addEventListener("input", () => { state.limitsFilled = true; });
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) tick();
   });

@@ -20,6 +20,9 @@ from prq.keys import EndpointKeys
 
 __all__ = [
     "ALL_SCRIPTS",
+    "DEAD_LETTER",
+    "PURGE_DEAD",
+    "REPLAY_DEAD",
     "BatchOutcome",
     "EnqueueOutcome",
     "RequestSnapshot",
@@ -74,9 +77,12 @@ CANCEL: Final = Script.load("cancel")
 CANARY: Final = Script.load("canary")
 PRESENCE: Final = Script.load("presence")
 ENQUEUE_MANY: Final = Script.load("enqueue_many")
+DEAD_LETTER: Final = Script.load("dead_letter")
+REPLAY_DEAD: Final = Script.load("replay_dead")
+PURGE_DEAD: Final = Script.load("purge_dead")
 ALL_SCRIPTS: Final = (
     ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
-    ENQUEUE_MANY,
+    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD,
 )  # fmt: skip
 
 

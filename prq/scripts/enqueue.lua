@@ -44,6 +44,12 @@ Invariants:
 - capacity: no new request while the list holds max_pending ids; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 ]]
+-- a limit is a positive integer; anything else written into the hash is no limit
+local function limit(value)
+  local n = tonumber(value)
+  if n and n >= 1 and n == math.floor(n) then return n end
+  return nil
+end
 local state = redis.call('HGET', KEYS[1], 'st')
 if state == 'withdrawn' then
   -- it never ran and never will: a retry with the same id is a fresh request
@@ -62,7 +68,7 @@ if state then
 end
 
 local max_pending, max_in_flight = unpack(redis.call('HMGET', KEYS[8], 'mp', 'mif'))
-max_pending, max_in_flight = tonumber(max_pending), tonumber(max_in_flight)
+max_pending, max_in_flight = limit(max_pending), limit(max_in_flight)
 if max_pending then
   local depth = redis.call('LLEN', KEYS[2])
   if depth >= max_pending then return {'full', depth, max_pending} end

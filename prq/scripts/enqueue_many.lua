@@ -33,11 +33,17 @@ Invariants:
 - one pulse for the batch, only when something was queued
 - capacity: new requests are written only while the list holds fewer than max_pending ids
 ]]
+-- a limit is a positive integer; anything else written into the hash is no limit
+local function limit(value)
+  local n = tonumber(value)
+  if n and n >= 1 and n == math.floor(n) then return n end
+  return nil
+end
 local prefix, nonce, now, deadline, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fresh = {}
 local accepted, duplicates = 0, 0
 local dups, refused = {}, {}
-local room = tonumber(redis.call('HGET', KEYS[4], 'mp'))
+local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - redis.call('LLEN', KEYS[1]) end
 for i = 7, #ARGV, 2 do
   local id = ARGV[i]

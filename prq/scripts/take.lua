@@ -42,6 +42,12 @@ Invariants:
   with no free slot gets nothing and does not park (apply_response pulses the endpoint when it
   frees a slot of a limited endpoint with work waiting)
 ]]
+-- a limit is a positive integer; anything else written into the hash is no limit
+local function limit(value)
+  local n = tonumber(value)
+  if n and n >= 1 and n == math.floor(n) then return n end
+  return nil
+end
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
@@ -68,7 +74,7 @@ local now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 100
 local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 local capped = false
-local max_in_flight = tonumber(redis.call('HGET', KEYS[8], 'mif'))
+local max_in_flight = limit(redis.call('HGET', KEYS[8], 'mif'))
 if max_in_flight then
   local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[10]), '+inf')
   if live + want > max_in_flight then

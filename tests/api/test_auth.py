@@ -27,6 +27,10 @@ UNGUARDED_PATHS = {"/health", "/dashboard"}
 UNGUARDED_MOUNTS = {"/dashboard/static"}
 #: A value for every path parameter and required query parameter of a guarded route, by name.
 SAMPLE_PARAMETERS = {"request_id": "0f8fad5bd9cb469fa16570867728950e", "endpoint": "poll://a"}
+#: A valid JSON body for every guarded route that takes one, by (method, path without query).
+SAMPLE_BODIES: dict[tuple[str, str], Any] = {
+    ("PUT", "/api/endpoint/limits"): {"max_in_flight": None, "max_pending": None},
+}
 #: Routes the list derived from the app must include (a check on the derivation itself).
 KNOWN_GUARDED = [
     ("GET", "/api/whoami"),
@@ -34,6 +38,8 @@ KNOWN_GUARDED = [
     ("GET", "/api/endpoint?endpoint=poll://a"),
     ("GET", "/api/queued?endpoint=poll://a"),
     ("GET", "/api/throughput"),
+    ("GET", "/api/endpoint/limits?endpoint=poll://a"),
+    ("PUT", "/api/endpoint/limits?endpoint=poll://a"),
     ("GET", "/api/requests/0f8fad5bd9cb469fa16570867728950e"),
     ("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel"),
     ("GET", "/metrics"),
@@ -68,6 +74,8 @@ def guarded_routes(app: FastAPI) -> list[tuple[str, str]]:
                 for p in operation.get("parameters", [])
                 if p["in"] == "query" and p.get("required")
             ]
+            if "requestBody" in operation:
+                assert (method, url) in SAMPLE_BODIES, f"{method} {url}: add it to SAMPLE_BODIES"
             guarded.append((method, url + ("?" + "&".join(query) if query else "")))
     return guarded
 
@@ -93,7 +101,18 @@ def test_the_guarded_routes_come_from_the_app(guarded: list[tuple[str, str]]) ->
     assert set(KNOWN_GUARDED) <= set(guarded), sorted(set(KNOWN_GUARDED) - set(guarded))
     # ...and neither health nor the dashboard is among them
     assert not [url for _, url in guarded if url.split("?")[0] in UNGUARDED_PATHS]
-    assert mutating(guarded) == [("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel")]
+    assert sorted(mutating(guarded)) == [
+        ("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel"),
+        ("PUT", "/api/endpoint/limits?endpoint=poll://a"),
+    ]
+
+
+async def send(
+    http: httpx.AsyncClient, method: str, url: str, headers: dict[str, str]
+) -> httpx.Response:
+    """Call a guarded route, with its sample body if it takes one."""
+    body = SAMPLE_BODIES.get((method, url.split("?")[0]))
+    return await http.request(method, url, headers=headers, json=body)
 
 
 def assert_unauthorized(response: httpx.Response) -> None:
@@ -129,7 +148,7 @@ async def test_every_guarded_route_needs_a_valid_token(
         )
     # When it is sent to any guarded route / Then it is refused with 401 and a Bearer challenge
     for method, url in guarded:
-        assert_unauthorized(await http.request(method, url, headers=headers))
+        assert_unauthorized(await send(http, method, url, headers))
 
 
 async def test_both_roles_pass_the_token_check_on_reads(
@@ -138,7 +157,7 @@ async def test_both_roles_pass_the_token_check_on_reads(
     for (method, url), header in itertools.product(
         guarded, (tokens.admin_header, tokens.read_header)
     ):
-        response = await http.request(method, url, headers=header)
+        response = await send(http, method, url, header)
         expected_forbidden = (method, url) in mutating(guarded) and header == tokens.read_header
         if expected_forbidden:
             assert response.status_code == 403, response.text
@@ -179,7 +198,7 @@ async def test_tokens_never_show_in_responses_or_logs(
     # When every route is called with the admin token, the read token and a wrong one
     for method, url in [*guarded, ("GET", "/health")]:
         for token in (tokens.admin, tokens.read, wrong):
-            response = await http.request(method, url, headers={"Authorization": f"Bearer {token}"})
+            response = await send(http, method, url, {"Authorization": f"Bearer {token}"})
             bodies.append(response.text)
             bodies.append(str(response.headers))
 

@@ -38,6 +38,8 @@ PRQ_FAMILIES = {
     "prq_endpoint_oldest_age_seconds",
     "prq_endpoint_receivers",
     "prq_endpoint_enqueued",
+    "prq_endpoint_max_in_flight",
+    "prq_endpoint_max_pending",
 }
 
 

@@ -23,6 +23,8 @@ OPERATIONS: dict[tuple[str, str], set[str]] = {
     ("get", "/api/endpoint"): {"401", "422", "503"},
     ("get", "/api/queued"): {"401", "422", "503"},
     ("get", "/api/throughput"): {"401"},
+    ("get", "/api/endpoint/limits"): {"401", "422", "503"},
+    ("put", "/api/endpoint/limits"): {"400", "401", "403", "413", "422", "503"},
     ("get", "/api/requests/{request_id}"): {"401", "404", "422", "503"},
     ("post", "/api/requests/{request_id}/cancel"): {"401", "403", "404", "413", "422", "503"},
     ("get", "/metrics"): {"401", "503"},

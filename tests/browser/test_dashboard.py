@@ -2,7 +2,8 @@
 
 Requests wait in queues nobody serves; the page must show them, escape what the endpoint name
 holds, cancel one for an admin (its caller gets CancelledBeforePickup), and offer no Cancel to a
-read-only token. A screenshot lands in test-output/dashboard.png for people to look at.
+read-only token. An endpoint's limits panel shows its capacity limits, with a form to set them
+for an admin only. A screenshot lands in test-output/dashboard.png for people to look at.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from playwright.sync_api import Locator, Page, expect
 
 from prq import CancelledBeforePickup, RequestState
+from prq.keys import KeySchema
 from tests.browser.support import AdminService, Callers
 
 pytestmark = pytest.mark.integration
@@ -167,3 +170,90 @@ def test_sign_in_form_rejects_a_bad_token_and_keeps_a_good_one(
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_test_id("signin")).to_be_visible(timeout=EXPECT_MS)
     assert page.evaluate(f"sessionStorage.getItem('{TOKEN_KEY}')") is None
+
+
+def stored_limits(redis_url: str, service: AdminService, endpoint: str) -> dict[str, str]:
+    """The endpoint's limits hash as Redis holds it, decoded."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    try:
+        raw: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
+            KeySchema(service.prefix).endpoint(endpoint).limits
+        )
+    finally:
+        client.close()
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def test_admin_sets_the_limits_of_an_endpoint(
+    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+) -> None:
+    # Given a waiting request on an endpoint without limits
+    endpoint = "poll://dash/limited"
+    callers.call(endpoint, "work", producer="batch")
+
+    # When an admin opens the endpoint
+    open_dashboard(page, admin_service, admin_service.admin_token)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then its limits panel says there are none, and offers the form
+    limits = page.get_by_test_id("limits")
+    expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("none", timeout=EXPECT_MS)
+    expect(limits.get_by_test_id("limit-max-pending")).to_have_text("none")
+    expect(page.get_by_test_id("limits-form")).to_be_visible()
+
+    # When a limit that is no whole number of 1 or more is entered, Then it is not sent
+    page.get_by_test_id("limit-max-in-flight-input").fill("0")
+    page.get_by_role("button", name="Set limits").click()
+    expect(page.get_by_test_id("status")).to_contain_text("whole numbers", timeout=EXPECT_MS)
+    assert stored_limits(redis_url, admin_service, endpoint) == {}
+
+    # When the admin sets max in flight to 3 and leaves max pending empty
+    page.get_by_label("Max in flight").fill("3")
+    page.get_by_label("Max pending").fill("")
+    page.get_by_role("button", name="Set limits").click()
+
+    # Then the page says so and the panel shows the new limits
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Limits of {endpoint} set: max in flight 3, max pending none.", timeout=EXPECT_MS
+    )
+    expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("3", timeout=EXPECT_MS)
+    expect(limits.get_by_test_id("limit-max-pending")).to_have_text("none")
+    # ... and Redis holds it, for every node to apply
+    assert stored_limits(redis_url, admin_service, endpoint) == {"mif": "3"}
+
+    # When the page is reloaded and the endpoint opened again
+    page.reload()
+    expect(page.get_by_test_id("role")).to_have_text("admin", timeout=EXPECT_MS)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then the panel shows 3 still, and the form holds the current limits
+    expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("3", timeout=EXPECT_MS)
+    expect(page.get_by_test_id("limit-max-in-flight-input")).to_have_value("3")
+    expect(page.get_by_test_id("limit-max-pending-input")).to_have_value("")
+
+
+def test_read_only_token_sees_the_limits_without_the_form(
+    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+) -> None:
+    # Given an endpoint whose max pending an admin set through the API
+    endpoint = "poll://dash/limited-read"
+    callers.call(endpoint, "work", producer="batch")
+    headers = {"Authorization": f"Bearer {admin_service.admin_token}"}
+    with httpx.Client(base_url=admin_service.url, headers=headers, timeout=10) as client:
+        answer = client.put(
+            "/api/endpoint/limits", params={"endpoint": endpoint}, json={"max_pending": 5}
+        )
+    assert answer.status_code == 200, answer.text
+
+    # When a read-only user opens the endpoint
+    open_dashboard(page, admin_service, admin_service.read_token)
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then the limits show, with no form to change them
+    limits = page.get_by_test_id("limits")
+    expect(limits.get_by_test_id("limit-max-pending")).to_have_text("5", timeout=EXPECT_MS)
+    expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("none")
+    expect(page.get_by_test_id("limits-form")).to_be_hidden()
+    expect(page.get_by_role("button", name="Set limits")).to_have_count(0)
+    assert stored_limits(redis_url, admin_service, endpoint) == {"mp": "5"}

@@ -28,7 +28,7 @@ from prq import (
 )
 from prq.admin import EndpointInfo, Inspector
 from prq.embedded import EmbeddedRedis
-from prq.keys import encode_endpoint
+from prq.keys import KeySchema, encode_endpoint
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.redis_servers import async_wait_until
 
@@ -326,3 +326,72 @@ async def test_a_running_node_warns_when_redis_starts_persisting(
         )
     warned = [r for r in caplog.records if "defeats prq's guarantees" in r.getMessage()]
     assert len(warned) == 1 and "aof" in warned[0].getMessage()
+
+
+async def test_limits_show_in_the_same_round_trips_and_malformed_ones_as_none(
+    make_queue: QueueFactory,
+    inspector: Inspector,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given three reported endpoints: one with both limits, one with max_pending only, and
+    # one whose limits hash someone else wrote with a value that is no positive integer
+    node = make_queue(data_loss_check_interval_s=CHECK_S)
+    both, pending_only, garbled = (f"poll://inspect-limits-{i}" for i in range(3))
+    for endpoint in (both, pending_only, garbled):
+        with pytest.raises(PickupTimeout):
+            await node.queue_and_wait(Request(endpoint=endpoint, method="m"), pickup_timeout_s=0.05)
+    await node.set_limits(both, max_in_flight=2, max_pending=40)
+    await node.set_limits(pending_only, max_pending=7)
+    limits_key = KeySchema(key_prefix).endpoint(garbled).limits
+    redis_client.hset(limits_key, mapping={"mif": "lots", "mp": "0"})
+
+    async def all_listed() -> dict[str, EndpointInfo] | None:
+        found = {i.endpoint: i for i in await inspector.endpoints()}
+        return found if {both, pending_only, garbled} <= set(found) else None
+
+    listed = await async_wait_until(all_listed, 10.0, 0.05, "the three endpoints listed")
+
+    # When the endpoints are listed, counting the round trips to Redis
+    round_trips = 0
+    original = inspector.client.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        async def counted(*a: Any, **k: Any) -> Any:
+            nonlocal round_trips
+            round_trips += 1
+            return await execute(*a, **k)
+
+        pipe.execute = counted  # type: ignore[method-assign]
+        return pipe
+
+    inspector.client.pipeline = counting_pipeline  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="prq.admin")
+    try:
+        listed = {i.endpoint: i for i in await inspector.endpoints()}
+    finally:
+        del inspector.client.pipeline
+
+    # Then each shows its limits (None: no limit), read in the pipelines already made: the
+    # registry, the figures, and nothing more (no request is queued, so no head is read)
+    assert round_trips == 2
+    assert (listed[both].max_in_flight, listed[both].max_pending) == (2, 40)
+    assert (listed[pending_only].max_in_flight, listed[pending_only].max_pending) == (None, 7)
+    # ... and the garbled values show as None, with a warning naming the endpoint and field
+    assert (listed[garbled].max_in_flight, listed[garbled].max_pending) == (None, None)
+    warned = [r.getMessage() for r in caplog.records if "malformed stored limit" in r.msg]
+    assert any(garbled in w and "max_in_flight" in w for w in warned)
+    assert any(garbled in w and "max_pending" in w for w in warned)
+    # And the one-endpoint view and the limits read agree
+    one = await inspector.endpoint(both)
+    assert (one.max_in_flight, one.max_pending) == (2, 40)
+    assert (await inspector.limits(pending_only)).max_pending == 7
+    assert (await inspector.limits(garbled)).model_dump() == {
+        "endpoint": garbled, "max_in_flight": None, "max_pending": None,
+    }  # fmt: skip
+    with pytest.raises(InvalidEndpoint):
+        await inspector.limits("poll://bad\nname")

@@ -186,3 +186,17 @@ def test_a_bulk_batch_writes_what_fits_under_max_pending(
         again = bulk.enqueue_many(batch, nonce="batch-1")
         assert (again.accepted, again.duplicates) == (8, 0)
         assert redis_client.llen(pending) == 8
+
+
+async def test_a_malformed_stored_limit_is_no_limit(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given limits written straight into Redis as nonsense (not by set_limits)
+    endpoint = "poll://limited-garbage"
+    node = make_queue()
+    redis_client.hset(node.keys.endpoint(endpoint).limits, mapping={"mif": "0", "mp": "-3"})
+    make_queue.serve(make_queue(), endpoint, lambda request: request.params, concurrency=2)
+
+    # Then they hold nothing back: calls are enqueued and answered as without limits
+    results = await asyncio.gather(*(node.call(endpoint, "m", i, timeout_s=30) for i in range(5)))
+    assert sorted(results) == list(range(5))

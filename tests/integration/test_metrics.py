@@ -157,7 +157,8 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
             "prq_dead_lettered", "prq_heartbeats_missed", "prq_data_loss_events",
             "prq_redis_retries", "prq_pickup_wait_seconds", "prq_round_trip_seconds",
             "prq_endpoint_depth", "prq_endpoint_in_flight", "prq_endpoint_oldest_age_seconds",
-            "prq_endpoint_receivers", "prq_endpoint_enqueued",
+            "prq_endpoint_receivers", "prq_endpoint_enqueued", "prq_endpoint_max_in_flight",
+            "prq_endpoint_max_pending",
         }  # fmt: skip
         assert expected <= families
 
@@ -169,3 +170,39 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
         redis_client.delete(f"{key_prefix}:endpoints")
         await refresh_endpoint_gauges(view)
         assert REGISTRY.get_sample_value("prq_endpoint_depth", {"endpoint": endpoint}) is None
+
+
+async def test_limit_gauges_show_only_the_limits_that_are_set(
+    make_queue: QueueFactory, redis_url: str, key_prefix: str
+) -> None:
+    # Given two reported endpoints, one limited in flight only, one without limits
+    limited, unlimited = fresh_endpoint("limited"), fresh_endpoint("unlimited")
+    node = make_queue(data_loss_check_interval_s=0.2)
+    for endpoint in (limited, unlimited):
+        with pytest.raises(PickupTimeout):
+            await node.queue_and_wait(Request(endpoint=endpoint, method="m"), pickup_timeout_s=0.05)
+    await node.set_limits(limited, max_in_flight=6)
+    settings = QueueSettings(**{**FAST_SETTINGS, "data_loss_check_interval_s": 0.2})
+    async with Inspector.from_url(redis_url, prefix=key_prefix, settings=settings) as view:
+
+        def sample(name: str, endpoint: str) -> float | None:
+            return REGISTRY.get_sample_value(name, {"endpoint": endpoint})
+
+        # When the gauges are refreshed (until the node has reported both endpoints)
+        async def both_scraped() -> bool:
+            await refresh_endpoint_gauges(view)
+            return all(sample("prq_endpoint_depth", e) is not None for e in (limited, unlimited))
+
+        await async_wait_until(both_scraped, 10, 0.05, "both endpoints scraped")
+
+        # Then the limit that is set has its gauge, and the limits that are not have none
+        assert sample("prq_endpoint_max_in_flight", limited) == 6
+        assert sample("prq_endpoint_max_pending", limited) is None
+        assert sample("prq_endpoint_max_in_flight", unlimited) is None
+        assert sample("prq_endpoint_max_pending", unlimited) is None
+
+        # When the limits are replaced, Then the next refresh follows
+        await node.set_limits(limited, max_pending=12)
+        await refresh_endpoint_gauges(view)
+        assert sample("prq_endpoint_max_in_flight", limited) is None
+        assert sample("prq_endpoint_max_pending", limited) == 12

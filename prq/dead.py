@@ -1,0 +1,175 @@
+"""Dead letters: requests that must not run, kept per endpoint with a reason for an operator.
+
+A request is dead-lettered when its stored bytes cannot be decoded into a `Request` for its
+endpoint (truncated or foreign bytes written into Redis, another id or endpoint inside), and,
+with `at_least_once` delivery, when it exhausts its attempts. Its caller is answered with the
+error as well; the dead letter keeps the stored bytes, the reason, the attempt count and the
+time, so the request can be looked at, replayed (queued again under the same id, once) or
+purged. Dead letters expire after `dead_letter_ttl_s`, and an endpoint keeps at most
+`dead_letter_max` of them (oldest dropped first); see dead_letter.lua.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from prq._types import Call, Exec, Flow, Reply
+from prq.errors import SerializationError
+from prq.flows import Context
+from prq.models import validate_endpoint
+from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
+
+__all__ = [
+    "DeadLetter",
+    "ReplayOutcome",
+    "dead_letter_call",
+    "dead_letters_flow",
+    "purge_dead_letters_flow",
+    "replay_dead_letter_flow",
+]
+
+#: How much of a dead request's stored bytes a listing shows (as text).
+PREVIEW_BYTES = 1024
+#: Most dead letters one listing returns.
+MAX_LISTED = 1000
+
+ReplayOutcome = Literal["replayed", "live", "missing"]
+
+
+class DeadLetter(BaseModel):
+    """One dead-lettered request, as listed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    endpoint: str
+    #: Why it must not run, e.g. "undecodable: ..." or "attempts_exhausted".
+    reason: str
+    #: Attempts made before it was dead-lettered.
+    attempts: int
+    #: When it was dead-lettered, ms since the epoch.
+    dead_at_ms: int
+    #: Size of its stored bytes, and their start as text (invalid UTF-8 replaced).
+    body_bytes: int
+    body_preview: str
+
+
+def dead_letter_call(
+    ctx: Context, endpoint: str, request_id: str, body: bytes, reason: str, attempts: int
+) -> Call:
+    """The script call that dead-letters one request (send it with the step that caused it)."""
+    now_ms = ctx.wall_ms()
+    details = json.dumps({"reason": reason[:500], "attempts": attempts, "at": now_ms})
+    return DEAD_LETTER.call(
+        ctx.keys.endpoint(endpoint).dead,
+        (
+            request_id,
+            details,
+            body,
+            now_ms,
+            int(ctx.settings.dead_letter_ttl_s * 1000),
+            ctx.settings.dead_letter_max,
+        ),
+    )
+
+
+def dead_letters_flow(
+    ctx: Context, endpoint: str, *, offset: int = 0, limit: int = 100
+) -> Flow[list[DeadLetter]]:
+    """Dead letters of `endpoint`, newest first."""
+    if offset < 0 or not 1 <= limit <= MAX_LISTED:
+        raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_LISTED}")
+    ids_key, details_key, bodies_key = ctx.keys.endpoint(validate_endpoint(endpoint)).dead
+    replies = yield Exec((Call(("ZRANGE", ids_key, offset, offset + limit - 1, "REV")),))
+    ids = [_text(i) for i in _list(_first(replies))]
+    if not ids:
+        return []
+    replies = yield Exec((Call(("HMGET", details_key, *ids)), Call(("HMGET", bodies_key, *ids))))
+    assert isinstance(replies, list)
+    details, bodies = _list(replies[0]), _list(replies[1])
+    letters = []
+    for request_id, raw, body in zip(ids, details, bodies, strict=True):
+        if raw is None or body is None:
+            continue  # dropped between the two reads
+        info = _details(raw)
+        data = body if isinstance(body, bytes) else _text(body).encode()
+        letters.append(
+            DeadLetter(
+                id=request_id,
+                endpoint=endpoint,
+                reason=str(info.get("reason", "")),
+                attempts=_int(info.get("attempts")),
+                dead_at_ms=_int(info.get("at")),
+                body_bytes=len(data),
+                body_preview=data[:PREVIEW_BYTES].decode("utf-8", errors="replace"),
+            )
+        )
+    return letters
+
+
+def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flow[ReplayOutcome]:
+    """Queue a dead letter again under its id (see replay_dead.lua), with its locator so that
+    status and cancel by id find it; what happened."""
+    keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    settings = ctx.settings
+    now_ms = ctx.wall_ms()
+    pickup_ms = int(settings.pickup_timeout_s * 1000)
+    call = REPLAY_DEAD.call(
+        (*keys.dead, keys.request(request_id), keys.pending, keys.sequence),
+        (
+            request_id,
+            now_ms,
+            now_ms + pickup_ms,
+            int(settings.request_ttl_s(settings.pickup_timeout_s) * 1000),
+            int(settings.list_ttl_s * 1000),
+            keys.pulse_channel,
+        ),
+    )
+    locator_ms = int(settings.locator_ttl_s(settings.pickup_timeout_s) * 1000)
+    locate = Call(("SET", ctx.keys.locator(request_id), endpoint, "PX", locator_ms))
+    outcome = _text(_first((yield Exec((call, locate)))))
+    if outcome not in ("replayed", "live", "missing"):
+        raise SerializationError(f"unexpected replay_dead reply from Redis: {outcome!r:.100}")
+    return outcome  # type: ignore[return-value]
+
+
+def purge_dead_letters_flow(
+    ctx: Context, endpoint: str, request_ids: list[str] | None = None
+) -> Flow[int]:
+    """Drop the named dead letters (None: all of the endpoint's); how many were dropped."""
+    keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    reply = _first((yield Exec((PURGE_DEAD.call(keys.dead, tuple(request_ids or ())),))))
+    if not isinstance(reply, int):
+        raise SerializationError(f"unexpected purge_dead reply from Redis: {reply!r:.100}")
+    return reply
+
+
+def _first(replies: object) -> Reply:
+    assert isinstance(replies, list)
+    reply: Reply = replies[0]
+    return reply
+
+
+def _list(reply: Reply) -> list[Reply]:
+    if not isinstance(reply, list):
+        raise SerializationError(f"unexpected reply from Redis: {reply!r:.200}")
+    return reply
+
+
+def _text(value: Reply) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _details(raw: Reply) -> dict[str, object]:
+    try:
+        found = json.loads(_text(raw))
+    except ValueError:
+        return {"reason": "unreadable dead letter details"}
+    return found if isinstance(found, dict) else {"reason": "unreadable dead letter details"}

@@ -1,0 +1,42 @@
+--[[ replay_dead: put a dead letter back in its endpoint's queue, once.
+
+KEYS[1]  dead-lettered ids     prq:{e}:dead
+KEYS[2]  their details         prq:{e}:deadm
+KEYS[3]  their stored bytes    prq:{e}:deadb
+KEYS[4]  request hash          prq:{e}:r:<id>
+KEYS[5]  pending list          prq:{e}:q
+KEYS[6]  enqueue counter       prq:{e}:seq
+ARGV[1]  request id
+ARGV[2]  now_ms (the replayed request's creation time)
+ARGV[3]  pickup deadline, ms since the epoch
+ARGV[4]  request TTL, ms
+ARGV[5]  list and counter TTL, ms
+ARGV[6]  the endpoint's pulse channel
+
+Reply: "replayed"  queued again (a fresh request under the same id, attempt count reset)
+       "live"      the id is queued or in flight already: nothing was added
+       "missing"   no dead letter under the id (never, purged, expired, or replayed before)
+
+Invariants:
+- in every case but "missing" the dead letter is removed (from all three keys), so replaying
+  twice yields one live request
+- a queued or taken id is never enqueued a second time; a final or expired one is replaced by
+  a fresh queued request (body as stored, attempt count 0), with its TTL, pushed and pulsed
+]]
+local body = redis.call('HGET', KEYS[3], ARGV[1])
+if not body then return 'missing' end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+
+local st = redis.call('HGET', KEYS[4], 'st')
+if st == 'queued' or st == 'taken' then return 'live' end
+redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0')
+redis.call('PEXPIRE', KEYS[4], ARGV[4])
+redis.call('RPUSH', KEYS[5], ARGV[1])
+redis.call('PEXPIRE', KEYS[5], ARGV[5])
+redis.call('INCR', KEYS[6])
+redis.call('PEXPIRE', KEYS[6], ARGV[5])
+redis.call('PUBLISH', ARGV[6], '')
+return 'replayed'
