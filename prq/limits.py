@@ -64,12 +64,22 @@ def limits_flow(ctx: Context, endpoint: str) -> Flow[EndpointLimits]:
     )
 
 
-def set_limits_flow(ctx: Context, limits: EndpointLimits) -> Flow[EndpointLimits]:
-    """Replace the endpoint's limits (None: no limit) and return what Redis holds after."""
-    key = ctx.keys.endpoint(validate_endpoint(limits.endpoint)).limits
+def set_limits_flow(
+    ctx: Context,
+    endpoint: str,
+    *,
+    max_in_flight: int | None = None,
+    max_pending: int | None = None,
+) -> Flow[EndpointLimits]:
+    """Replace the endpoint's limits (None: no limit) and return what Redis holds after.
+    Invalid values raise before anything is written (pydantic ValidationError, InvalidEndpoint)."""
+    wanted = EndpointLimits(
+        endpoint=validate_endpoint(endpoint), max_in_flight=max_in_flight, max_pending=max_pending
+    )
+    key = ctx.keys.endpoint(endpoint).limits
     present: list[str | int] = []
     absent: list[str] = []
-    for field, value in (("mif", limits.max_in_flight), ("mp", limits.max_pending)):
+    for field, value in (("mif", wanted.max_in_flight), ("mp", wanted.max_pending)):
         if value is None:
             absent.append(field)
         else:
@@ -80,4 +90,4 @@ def set_limits_flow(ctx: Context, limits: EndpointLimits) -> Flow[EndpointLimits
     if absent:
         calls.append(Call(("HDEL", key, *absent)))
     yield Exec(tuple(calls))
-    return (yield from limits_flow(ctx, limits.endpoint))
+    return (yield from limits_flow(ctx, endpoint))

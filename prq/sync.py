@@ -302,13 +302,11 @@ class Queue(QueueBase):
         max_pending: int | None = None,
     ) -> EndpointLimits:
         """Replace the endpoint's capacity limits (None: no limit); see prq.limits."""
-        wanted = EndpointLimits(
-            endpoint=validate_endpoint(endpoint),
-            max_in_flight=max_in_flight,
-            max_pending=max_pending,
-        )
         self._ready()
-        return self._run(set_limits_flow(self.ctx, wanted))
+        flow = set_limits_flow(
+            self.ctx, endpoint, max_in_flight=max_in_flight, max_pending=max_pending
+        )
+        return self._run(flow)
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a request stands (any node can ask)."""
