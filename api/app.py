@@ -1,9 +1,9 @@
 """`create_app`: the admin service as a FastAPI app (the caller runs it, e.g. under uvicorn).
 
-While the app runs (its lifespan), it owns one prq queue node (status, cancel and limit changes
-go through it; its data-loss watch feeds `/health`), one `Inspector` (read-only views of Redis),
-and a background sampler of enqueue counters for the throughput chart. Shutdown stops the sampler
-(bounded) and closes the inspector and the node.
+While the app runs (its lifespan), it owns one prq queue node (status, cancel, limit changes
+and dead-letter replays and purges go through it; its data-loss watch feeds `/health`), one
+`Inspector` (read-only views of Redis), and a background sampler of enqueue counters for the
+throughput chart. Shutdown stops the sampler (bounded) and closes the inspector and the node.
 
 Every route but `/health` and the dashboard shell needs a bearer token (`api.auth`), the
 OpenAPI document included (`/openapi.json`). Errors share one JSON shape (`api.errors`); request
@@ -25,7 +25,7 @@ from api.auth import TokenChecker, require_read
 from api.body_limit import BodySizeLimit
 from api.deps import Service
 from api.errors import install_error_handlers
-from api.routes import endpoints, health, limits, metrics, requests
+from api.routes import dead_letters, endpoints, health, limits, metrics, requests
 from api.routes.dashboard import mount_dashboard
 from api.settings import ApiSettings
 from api.throughput import ReadTotals, ThroughputSampler
@@ -128,7 +128,7 @@ def create_app(
     )
     app.state.token_checker = TokenChecker(settings.admin_tokens, settings.read_tokens)
     install_error_handlers(app)
-    for area in (health, endpoints, limits, requests, metrics):
+    for area in (health, endpoints, limits, dead_letters, requests, metrics):
         app.include_router(area.router)
     mount_dashboard(app)
 

@@ -13,7 +13,9 @@ read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
 - receivers: nodes that reported taking from the endpoint within a few report intervals (nodes
   report every 5 s, see prq.presence);
 - limits: the endpoint's capacity limits hash (prq.limits), read in the same round trip; a
-  stored value that is not a positive integer shows as None (no limit) and logs a warning.
+  stored value that is not a positive integer shows as None (no limit) and logs a warning;
+- dead letters: the size of the endpoint's dead-letter set (prq.dead), in the same round trip;
+  `dead_letters()` lists them with prq.dead's own listing flow, driven here with reads only.
 
 Each figure is read in a few pipelined round trips however many endpoints there are, so the
 admin service can collect them on every scrape. Changes (cancel) go through the queue API.
@@ -24,14 +26,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import redis.asyncio
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from prq._types import Exec, Flow
 from prq.config import QueueSettings, RedisSettings
+from prq.dead import DeadLetter, dead_letters_flow
 from prq.errors import QueueUnavailable, SerializationError
+from prq.flows import Context
 from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.keys import KeySchema, decode_endpoint, encode_endpoint
 from prq.limits import MAX_LIMIT, EndpointLimits
@@ -50,12 +55,16 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: How many of a list's first ids are looked at to find the oldest live request.
 OLDEST_PROBE = 10
 #: Most queued requests one page may list.
 MAX_PAGE = 500
 #: Replies per endpoint in `_describe`'s first pipeline.
-_PER_ENDPOINT = 6
+_PER_ENDPOINT = 7
+#: The only commands a flow driven by the Inspector may send (see `_read_flow`).
+_FLOW_READS = frozenset({"ZRANGE", "HMGET"})
 
 
 class EndpointInfo(BaseModel):
@@ -78,6 +87,8 @@ class EndpointInfo(BaseModel):
     max_in_flight: int | None = None
     #: Most requests queued at once; enqueues beyond it raise QueueFull (None: no limit).
     max_pending: int | None = None
+    #: Dead letters kept for the endpoint (see prq.dead; they expire and are capped).
+    dead_letters: int = 0
 
 
 class QueuedItem(BaseModel):
@@ -235,6 +246,7 @@ class Inspector:
                 pipe.zcount(keys.receivers, live_from, "+inf")
                 pipe.get(keys.sequence)
                 pipe.hmget(keys.limits, ["mif", "mp"])
+                pipe.zcard(keys.dead[0])
             replies = await pipe.execute()
             heads = [list(replies[i * _PER_ENDPOINT + 1]) for i in range(len(endpoints))]
             pipe = self.client.pipeline(transaction=False)
@@ -246,7 +258,9 @@ class Inspector:
         infos = []
         for i, endpoint in enumerate(endpoints):
             first = i * _PER_ENDPOINT
-            depth, _, in_flight, receivers, counter, limits = replies[first : first + _PER_ENDPOINT]
+            depth, _, in_flight, receivers, counter, limits, dead = replies[
+                first : first + _PER_ENDPOINT
+            ]
             max_in_flight, max_pending = limits
             oldest: int | None = None
             for _ in heads[i]:
@@ -264,6 +278,7 @@ class Inspector:
                     last_seen_ms=0,
                     max_in_flight=_stored_limit(endpoint, "max_in_flight", max_in_flight),
                     max_pending=_stored_limit(endpoint, "max_pending", max_pending),
+                    dead_letters=int(dead or 0),
                 )
             )
         return infos
@@ -308,6 +323,36 @@ class Inspector:
         return QueuedPage(
             endpoint=endpoint, offset=offset, limit=limit, total=int(total), items=items
         )
+
+    async def dead_letters(
+        self, endpoint: str, offset: int = 0, limit: int = 100
+    ) -> list[DeadLetter]:
+        """The endpoint's dead letters, newest first, as `Queue.dead_letters` lists them (raises
+        InvalidEndpoint for a bad name, ValueError for a bad page: limit within 1..1000)."""
+        ctx = Context(self.keys, self.settings, node_id="inspector")
+        return await self._read_flow(dead_letters_flow(ctx, endpoint, offset=offset, limit=limit))
+
+    async def _read_flow(self, flow: Flow[T]) -> T:
+        """Drive a protocol flow that only reads: each Exec is one pipeline; a flow that asks
+        for anything but `_FLOW_READS` (a script, a write, a wait) is stopped before it is sent."""
+        replies: object = None
+        try:
+            while True:
+                effect = flow.send(replies)
+                if not isinstance(effect, Exec) or not all(
+                    call.script is None and str(call.args[0]).upper() in _FLOW_READS
+                    for call in effect.calls
+                ):
+                    flow.close()
+                    raise RuntimeError(f"the Inspector only reads; refused {effect!r:.200}")
+                with _reading():
+                    pipe = self.client.pipeline(transaction=False)
+                    for call in effect.calls:
+                        pipe.execute_command(*call.args)
+                    replies = await pipe.execute()
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
     # -- Redis ----------------------------------------------------------------------------------
 

@@ -139,8 +139,11 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
 def purge_dead_letters_flow(
     ctx: Context, endpoint: str, request_ids: list[str] | None = None
 ) -> Flow[int]:
-    """Drop the named dead letters (None: all of the endpoint's); how many were dropped."""
+    """Drop the named dead letters (None: all of the endpoint's; an empty list: none); how many
+    were dropped."""
     keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    if request_ids is not None and not request_ids:
+        return 0
     reply = _first((yield Exec((PURGE_DEAD.call(keys.dead, tuple(request_ids or ())),))))
     if not isinstance(reply, int):
         raise SerializationError(f"unexpected purge_dead reply from Redis: {reply!r:.100}")

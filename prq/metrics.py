@@ -31,6 +31,7 @@ Series:
     prq_endpoint_enqueued_total{endpoint}   the endpoint's enqueue counter in Redis, all nodes
     prq_endpoint_max_in_flight{endpoint}    its max_in_flight limit (only when one is set)
     prq_endpoint_max_pending{endpoint}      its max_pending limit (only when one is set)
+    prq_endpoint_dead_letters{endpoint}     dead letters kept for it (from Redis, at scrape)
 """
 
 from __future__ import annotations
@@ -167,8 +168,14 @@ class EndpointCollector(Collector):
             "The endpoint's max_pending limit (read from Redis; no series when unlimited).",
             labels=["endpoint"],
         )
+        dead_letters = GaugeMetricFamily(
+            "prq_endpoint_dead_letters",
+            "Dead letters kept for the endpoint (read from Redis).",
+            labels=["endpoint"],
+        )
         for info in infos:
             labels = [info.endpoint]
+            dead_letters.add_metric(labels, info.dead_letters)
             depth.add_metric(labels, info.depth)
             in_flight.add_metric(labels, info.in_flight)
             oldest.add_metric(labels, info.oldest_age_s or 0.0)
@@ -178,7 +185,9 @@ class EndpointCollector(Collector):
                 max_in_flight.add_metric(labels, info.max_in_flight)
             if info.max_pending is not None:
                 max_pending.add_metric(labels, info.max_pending)
-        return [depth, in_flight, oldest, receivers, enqueued, max_in_flight, max_pending]
+        return [
+            depth, in_flight, oldest, receivers, enqueued, max_in_flight, max_pending, dead_letters
+        ]  # fmt: skip
 
 
 ENDPOINTS = EndpointCollector()

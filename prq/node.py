@@ -297,6 +297,7 @@ class QueueBase:
                             f"undecodable: {exc}", item.attempt,
                         ),
                     ))  # fmt: skip
+                    metrics.DEAD_LETTERED.labels(endpoint).inc()
                     yield from respond_flow(
                         self.ctx, endpoint, item.request_id, result.token,
                         self._bad_item_response(item, exc),

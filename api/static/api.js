@@ -111,4 +111,11 @@ export const api = {
   limits: (endpoint) => request(`/api/endpoint/limits?endpoint=${q(endpoint)}`),
   setLimits: (endpoint, limits) =>
     request(`/api/endpoint/limits?endpoint=${q(endpoint)}`, { method: "PUT", body: limits }),
+  deadLetters: (endpoint, limit = 100) =>
+    request(`/api/dead-letters?endpoint=${q(endpoint)}&limit=${limit}`),
+  replayDeadLetter: (endpoint, id) =>
+    request(`/api/dead-letters/replay?endpoint=${q(endpoint)}`, { method: "POST", body: { id } }),
+  /** `ids` null: every dead letter of the endpoint. */
+  purgeDeadLetters: (endpoint, ids) =>
+    request(`/api/dead-letters/purge?endpoint=${q(endpoint)}`, { method: "POST", body: { ids } }),
 };

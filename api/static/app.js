@@ -1,15 +1,20 @@
 // The prq dashboard: health banner, endpoints table, throughput chart, one endpoint's queued
-// requests (with Cancel for admins) and its capacity limits (with a form to set them, for
-// admins). Everything refreshes every REFRESH_MS.
+// requests (with Cancel for admins), its capacity limits (with a form to set them, for admins)
+// and its dead letters (with Replay and Purge all, for admins). Everything refreshes every
+// REFRESH_MS.
 //
 // States: signed out (the form shows) → signed in (role known from /api/whoami; data refreshes).
 // A 401 on any call signs out. Other errors show in the status line and the next refresh retries.
 
 import { api, clearToken, loadToken, saveToken, tokenFromFragment } from "./api.js";
 import { renderThroughput } from "./chart.js";
-import { el, formatAge, formatBytes, formatClock, formatCount } from "./dom.js";
+import { el, formatAge, formatBytes, formatClock, formatCount, formatDateTime } from "./dom.js";
 
 const REFRESH_MS = 2000;
+/** Most dead letters the panel lists (newest first). */
+const DEAD_LETTERS_SHOWN = 100;
+/** Characters of a dead letter's preview shown in its row (all of it in the tooltip). */
+const PREVIEW_CHARS = 80;
 
 const $ = (id) => document.getElementById(id);
 
@@ -23,7 +28,7 @@ const state = {
   selected: null, // endpoint whose queued requests show
   timer: null,
   /** Latest call number per resource: an older answer arriving late is dropped. */
-  seq: { endpoints: 0, throughput: 0, queued: 0, limits: 0 },
+  seq: { endpoints: 0, throughput: 0, queued: 0, limits: 0, dead: 0 },
   /** Whether the limits form holds the selected endpoint's limits yet (filled once per
    * selection and after a save, never over what the admin is typing). */
   limitsFilled: false,
@@ -103,6 +108,7 @@ const ENDPOINT_CELLS = [
   ["oldest-age", (e) => formatAge(e.oldest_age_s)],
   ["receivers", (e) => formatCount(e.receivers)],
   ["enqueued-total", (e) => formatCount(e.enqueued_total)],
+  ["dead-letters", (e) => formatCount(e.dead_letters)],
 ];
 
 /** Rows are kept per endpoint and updated in place, so focus and selection survive refreshes. */
@@ -313,6 +319,141 @@ async function saveLimits(event) {
   await refreshData();
 }
 
+// -- dead letters ----------------------------------------------------------------------------
+
+const deadRows = new Map();
+
+function replayButton(letter) {
+  return el("button", {
+    type: "button",
+    "data-testid": "replay-button",
+    "aria-label": `Replay dead letter ${letter.id}`,
+    text: "Replay",
+    onclick: (event) => replay(letter.id, event.currentTarget),
+  });
+}
+
+/** The start of a preview, on one line (control characters shown as spaces). */
+function previewText(preview) {
+  const flat = String(preview ?? "").replace(/[\u0000-\u001f\u007f-\u009f]/g, " ");
+  return flat.length > PREVIEW_CHARS ? `${flat.slice(0, PREVIEW_CHARS)}…` : flat;
+}
+
+function deadRow(letter) {
+  let row = deadRows.get(letter.id);
+  if (row) return row;
+  row = el("tr", { "data-testid": "dead-row", "data-request-id": letter.id },
+    el("td", { class: "mono", "data-testid": "dead-id", text: letter.id }),
+    el("td", { class: "reason", "data-testid": "dead-reason", text: letter.reason }),
+    el("td", { class: "num", "data-testid": "dead-attempts", text: formatCount(letter.attempts) }),
+    el("td", { "data-testid": "dead-time", text: formatDateTime(letter.dead_at_ms) }),
+    el("td", { class: "num", "data-testid": "dead-size", text: formatBytes(letter.body_bytes) }),
+    el("td", {
+      class: "mono preview",
+      "data-testid": "dead-preview",
+      title: String(letter.body_preview ?? ""),
+      text: previewText(letter.body_preview),
+    }),
+    state.role === "admin" ? el("td", { class: "actions" }, replayButton(letter)) : null);
+  deadRows.set(letter.id, row);
+  return row;
+}
+
+function renderDead(letters) {
+  const body = $("dead-rows");
+  const seen = new Set();
+  letters.forEach((letter, index) => {
+    seen.add(letter.id);
+    const row = deadRow(letter);
+    if (body.children[index] !== row) body.insertBefore(row, body.children[index] ?? null);
+  });
+  for (const [id, row] of deadRows) {
+    if (!seen.has(id)) {
+      row.remove();
+      deadRows.delete(id);
+    }
+  }
+  const shown = letters.length;
+  setText($("queued").querySelector("[data-testid=dead-count]"),
+    shown >= DEAD_LETTERS_SHOWN ? `${shown} newest` : `${shown} kept`);
+  $("dead-empty").hidden = shown > 0;
+  $("dead-purge").hidden = state.role !== "admin" || shown === 0;
+  if (shown === 0) hidePurgeConfirm();
+}
+
+function resetDead() {
+  deadRows.clear();
+  $("dead-rows").replaceChildren();
+  $("queued").querySelector("[data-testid=dead-count]").textContent = "";
+  $("dead-empty").hidden = true;
+  $("dead-purge").hidden = true;
+  hidePurgeConfirm();
+  const head = $("dead-head");
+  head.querySelector(".actions")?.remove();
+  if (state.role === "admin") head.append(el("th", { scope: "col", class: "actions", text: "Action" }));
+}
+
+async function refreshDead() {
+  if (state.selected === null) return;
+  const seq = ++state.seq.dead;
+  const endpoint = state.selected;
+  const letters = await api.deadLetters(endpoint, DEAD_LETTERS_SHOWN);
+  if (seq === state.seq.dead && endpoint === state.selected) renderDead(letters);
+}
+
+async function replay(id, button) {
+  const endpoint = state.selected;
+  if (endpoint === null || state.role !== "admin") return;
+  button.disabled = true;
+  let answer;
+  try {
+    answer = await api.replayDeadLetter(endpoint, id);
+  } catch (error) {
+    button.disabled = false;
+    report(error, `replay dead letter ${id}`);
+    return;
+  }
+  if (answer.outcome === "replayed") setStatus(`Replayed dead letter ${id}: queued again.`, "ok");
+  else if (answer.outcome === "live") {
+    setStatus(`Dead letter ${id} dropped: the request is already queued or in flight.`, "warn");
+  } else setStatus(`Dead letter ${id} was not found (replayed or purged already).`, "warn");
+  await refreshData();
+}
+
+function hidePurgeConfirm() {
+  $("dead-purge-confirm").hidden = true;
+  $("dead-purge-all").hidden = false;
+}
+
+function askPurge() {
+  const endpoint = state.selected;
+  if (endpoint === null || state.role !== "admin") return;
+  setText($("queued").querySelector("[data-testid=dead-purge-question]"),
+    `Drop every dead letter of ${endpoint}?`);
+  $("dead-purge-all").hidden = true;
+  $("dead-purge-confirm").hidden = false;
+  $("dead-purge-no").focus();
+}
+
+async function purgeAll() {
+  const endpoint = state.selected;
+  if (endpoint === null || state.role !== "admin") return;
+  const yes = $("dead-purge-yes");
+  yes.disabled = true;
+  let answer;
+  try {
+    answer = await api.purgeDeadLetters(endpoint, null);
+  } catch (error) {
+    report(error, `purge the dead letters of ${endpoint}`);
+    return;
+  } finally {
+    yes.disabled = false;
+  }
+  hidePurgeConfirm();
+  setStatus(`Purged ${formatCount(answer.purged)} dead letter(s) of ${endpoint}.`, "ok");
+  await refreshData();
+}
+
 // -- selection -------------------------------------------------------------------------------
 
 function select(endpoint) {
@@ -320,8 +461,10 @@ function select(endpoint) {
     state.selected = endpoint;
     state.seq.queued += 1; // drop an answer still on its way for the previous endpoint
     state.seq.limits += 1;
+    state.seq.dead += 1;
     resetQueued();
     resetLimits();
+    resetDead();
   }
   $("queued").hidden = false;
   $("queued").querySelector("[data-testid=queued-endpoint]").textContent = endpoint;
@@ -331,15 +474,18 @@ function select(endpoint) {
   }
   refreshQueued().catch((error) => report(error, "load the queued requests"));
   refreshLimits().catch((error) => report(error, "load the limits"));
+  refreshDead().catch((error) => report(error, "load the dead letters"));
 }
 
 function unselect() {
   state.selected = null;
   state.seq.queued += 1;
   state.seq.limits += 1;
+  state.seq.dead += 1;
   $("queued").hidden = true;
   resetQueued();
   resetLimits();
+  resetDead();
   for (const row of endpointRows.values()) {
     row.classList.remove("selected");
     row.querySelector("button").removeAttribute("aria-current");
@@ -364,7 +510,7 @@ async function cancel(id, button) {
 
 async function refreshData() {
   const results = await Promise.allSettled([
-    refreshEndpoints(), refreshThroughput(), refreshQueued(), refreshLimits(),
+    refreshEndpoints(), refreshThroughput(), refreshQueued(), refreshLimits(), refreshDead(),
   ]);
   const failed = results.find((r) => r.status === "rejected");
   if (failed) {
@@ -404,6 +550,7 @@ async function learnRole() {
     state.role === "admin" ? "admin" : "read-only";
   resetQueued();
   resetLimits();
+  resetDead();
   await refreshData();
 }
 
@@ -436,6 +583,9 @@ function start() {
   $("sign-out").addEventListener("click", () => signOut("Signed out.", "info"));
   $("queued-close").addEventListener("click", unselect);
   $("limits-form").addEventListener("submit", saveLimits);
+  $("dead-purge-all").addEventListener("click", askPurge);
+  $("dead-purge-no").addEventListener("click", hidePurgeConfirm);
+  $("dead-purge-yes").addEventListener("click", purgeAll);
   // Once the admin types, the refresh no longer fills the form (it would overwrite the typing).
   $("limits-form").addEventListener("input", () => { state.limitsFilled = true; });
   document.addEventListener("visibilitychange", () => {

@@ -60,3 +60,12 @@ export function formatBytes(bytes) {
 export function formatClock(date) {
   return date.toLocaleTimeString("en-GB", { hour12: false });
 }
+
+/** A time of day with its date, e.g. `2026-11-21 13:45:02`; a dash for no value. */
+export function formatDateTime(ms) {
+  if (typeof ms !== "number" || !Number.isFinite(ms) || ms <= 0) return "—";
+  const date = new Date(ms);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ` +
+    formatClock(date);
+}

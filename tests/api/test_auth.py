@@ -30,6 +30,8 @@ SAMPLE_PARAMETERS = {"request_id": "0f8fad5bd9cb469fa16570867728950e", "endpoint
 #: A valid JSON body for every guarded route that takes one, by (method, path without query).
 SAMPLE_BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/api/endpoint/limits"): {"max_in_flight": None, "max_pending": None},
+    ("POST", "/api/dead-letters/replay"): {"id": "0f8fad5bd9cb469fa16570867728950e"},
+    ("POST", "/api/dead-letters/purge"): {"ids": ["0f8fad5bd9cb469fa16570867728950e"]},
 }
 #: Routes the list derived from the app must include (a check on the derivation itself).
 KNOWN_GUARDED = [
@@ -40,6 +42,9 @@ KNOWN_GUARDED = [
     ("GET", "/api/throughput"),
     ("GET", "/api/endpoint/limits?endpoint=poll://a"),
     ("PUT", "/api/endpoint/limits?endpoint=poll://a"),
+    ("GET", "/api/dead-letters?endpoint=poll://a"),
+    ("POST", "/api/dead-letters/replay?endpoint=poll://a"),
+    ("POST", "/api/dead-letters/purge?endpoint=poll://a"),
     ("GET", "/api/requests/0f8fad5bd9cb469fa16570867728950e"),
     ("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel"),
     ("GET", "/metrics"),
@@ -102,6 +107,8 @@ def test_the_guarded_routes_come_from_the_app(guarded: list[tuple[str, str]]) ->
     # ...and neither health nor the dashboard is among them
     assert not [url for _, url in guarded if url.split("?")[0] in UNGUARDED_PATHS]
     assert sorted(mutating(guarded)) == [
+        ("POST", "/api/dead-letters/purge?endpoint=poll://a"),
+        ("POST", "/api/dead-letters/replay?endpoint=poll://a"),
         ("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel"),
         ("PUT", "/api/endpoint/limits?endpoint=poll://a"),
     ]

@@ -40,6 +40,7 @@ PRQ_FAMILIES = {
     "prq_endpoint_enqueued",
     "prq_endpoint_max_in_flight",
     "prq_endpoint_max_pending",
+    "prq_endpoint_dead_letters",
 }
 
 

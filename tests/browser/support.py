@@ -7,7 +7,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from prq import Queue, QueueSettings, RedisSettings, RequestState
+import redis
+
+from prq import Queue, QueueSettings, RedisSettings, Request, RequestState
+from prq.dead import dead_letter_call
 from tests.redis_servers import wait_until
 
 __all__ = ["AdminService", "Callers"]
@@ -62,6 +65,22 @@ class Callers:
             f"request {request_id} queued",
         )
         return request_id
+
+    def dead_letter(self, redis_url: str, endpoint: str, body: bytes | None = None) -> str:
+        """Dead-letter a fresh request of `endpoint` as prq does, with its own bytes or `body`
+        (what a receiver found stored); return its id."""
+        self.queue.start()  # loads the scripts
+        request = Request(endpoint=endpoint, method="work", params={"dead": True})
+        stored = request.model_dump_json().encode() if body is None else body
+        call = dead_letter_call(
+            self.queue.ctx, endpoint, request.id, stored, "attempts_exhausted", 3
+        )
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        try:
+            client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+        finally:
+            client.close()
+        return request.id
 
     def outcome(self, request_id: str) -> BaseException | None:
         """What the caller of `request_id` raised (None if it returned), waiting up to a bound."""

@@ -3,7 +3,9 @@
 Requests wait in queues nobody serves; the page must show them, escape what the endpoint name
 holds, cancel one for an admin (its caller gets CancelledBeforePickup), and offer no Cancel to a
 read-only token. An endpoint's limits panel shows its capacity limits, with a form to set them
-for an admin only. A screenshot lands in test-output/dashboard.png for people to look at.
+for an admin only; its dead-letter panel lists them as text, with Replay and a confirmed Purge
+all for an admin only. Screenshots land in test-output/ (dashboard.png, and
+dashboard-dead-letters.png) for people to look at.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.integration
 EXPECT_MS = 10_000
 #: Where the screenshot goes: test-output/ under the repository root (ignored by git).
 SCREENSHOT = Path(__file__).resolve().parents[2] / "test-output" / "dashboard.png"
+#: The endpoint view with its dead-letter panel, as an admin sees it.
+DEAD_LETTERS_SCREENSHOT = SCREENSHOT.with_name("dashboard-dead-letters.png")
 #: An endpoint name with markup in it: shown as typed, never run or parsed.
 EVIL_ENDPOINT = 'poll://dash/<script>window.__pwned=1</script><b>&amp;"bold"</b>'
 TOKEN_KEY = "prq.dashboard.token"
@@ -257,3 +261,104 @@ def test_read_only_token_sees_the_limits_without_the_form(
     expect(page.get_by_test_id("limits-form")).to_be_hidden()
     expect(page.get_by_role("button", name="Set limits")).to_have_count(0)
     assert stored_limits(redis_url, admin_service, endpoint) == {"mp": "5"}
+
+
+def dead_row(page: Page, request_id: str) -> Locator:
+    return page.get_by_test_id("dead-row").filter(
+        has=page.get_by_test_id("dead-id").get_by_text(request_id, exact=True)
+    )
+
+
+def test_admin_replays_a_dead_letter_and_purges_the_rest(
+    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+) -> None:
+    # Given a listed endpoint with two dead letters: a request of its own, and bytes with markup
+    endpoint = "poll://dash/dead"
+    callers.call(endpoint, "work", producer="batch")
+    replayed = callers.dead_letter(redis_url, endpoint)
+    hostile = b'<img src=x onerror="window.__deadPwned=1"><b>not bold</b>\xff'
+    garbled = callers.dead_letter(redis_url, endpoint, hostile)
+
+    # When an admin opens the endpoint
+    open_dashboard(page, admin_service, admin_service.admin_token)
+    row = endpoint_row(page, endpoint)
+    expect(row.get_by_test_id("endpoint-dead-letters")).to_have_text("2", timeout=EXPECT_MS)
+    row.get_by_test_id("endpoint-link").click()
+
+    # Then the dead-letter panel lists both, newest first, with reason, attempts and size
+    rows = page.get_by_test_id("dead-row")
+    expect(rows.get_by_test_id("dead-id")).to_have_text([garbled, replayed], timeout=EXPECT_MS)
+    expect(rows.get_by_test_id("dead-reason")).to_have_text(["attempts_exhausted"] * 2)
+    expect(rows.get_by_test_id("dead-attempts")).to_have_text(["3", "3"])
+    expect(dead_row(page, garbled).get_by_test_id("dead-size")).to_have_text(f"{len(hostile)} B")
+    expect(dead_row(page, garbled).get_by_test_id("dead-time")).to_have_text(
+        re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}$")
+    )
+    # ... and the stored bytes as text: the markup is shown, never made into elements
+    preview = dead_row(page, garbled).get_by_test_id("dead-preview")
+    expect(preview).to_contain_text('<img src=x onerror="window.__deadPwned=1"><b>not bold')
+    assert page.locator("img").count() == 0 and page.locator("b").count() == 0
+    assert page.evaluate("window.__deadPwned") is None
+    expect(page.get_by_test_id("replay-button")).to_have_count(2)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.get_by_test_id("queued").screenshot(path=str(DEAD_LETTERS_SCREENSHOT))
+
+    # When the admin replays the request
+    page.get_by_role("button", name=f"Replay dead letter {replayed}").click()
+
+    # Then the page says so, it leaves the panel and is queued again (once)
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Replayed dead letter {replayed}: queued again.", timeout=EXPECT_MS
+    )
+    expect(rows.get_by_test_id("dead-id")).to_have_text([garbled], timeout=EXPECT_MS)
+    expect(row.get_by_test_id("endpoint-dead-letters")).to_have_text("1", timeout=EXPECT_MS)
+    assert callers.queue.status(replayed).state == RequestState.QUEUED
+    queued = page.get_by_test_id("queued-row").get_by_test_id("queued-id")
+    expect(queued.get_by_text(replayed, exact=True)).to_have_count(1, timeout=EXPECT_MS)
+
+    # When the admin asks to purge all but keeps them at the confirmation, Then nothing goes
+    page.get_by_role("button", name="Purge all").click()
+    expect(page.get_by_test_id("dead-purge-question")).to_have_text(
+        f"Drop every dead letter of {endpoint}?"
+    )
+    page.get_by_role("button", name="Keep them").click()
+    expect(page.get_by_role("button", name="Purge all")).to_be_visible()
+    expect(rows).to_have_count(1)
+    assert [d.id for d in callers.queue.dead_letters(endpoint)] == [garbled]
+
+    # When the admin confirms the purge
+    page.get_by_role("button", name="Purge all").click()
+    page.get_by_role("button", name="Yes, purge all").click()
+
+    # Then the panel is empty and Redis holds no dead letters for the endpoint
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Purged 1 dead letter(s) of {endpoint}.", timeout=EXPECT_MS
+    )
+    expect(rows).to_have_count(0, timeout=EXPECT_MS)
+    expect(page.get_by_test_id("dead-empty")).to_be_visible()
+    expect(page.get_by_role("button", name="Purge all")).to_have_count(0)
+    assert callers.queue.dead_letters(endpoint) == []
+    assert callers.queue.status(replayed).state == RequestState.QUEUED
+
+
+def test_read_only_token_sees_dead_letters_without_buttons(
+    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+) -> None:
+    # Given a listed endpoint with a dead letter
+    endpoint = "poll://dash/dead-read"
+    callers.call(endpoint, "work", producer="batch")
+    request_id = callers.dead_letter(redis_url, endpoint)
+
+    # When a read-only user opens the endpoint
+    open_dashboard(page, admin_service, admin_service.read_token)
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then the dead letter shows, with neither Replay nor Purge all
+    rows = page.get_by_test_id("dead-row")
+    expect(rows.get_by_test_id("dead-id")).to_have_text([request_id], timeout=EXPECT_MS)
+    expect(page.get_by_test_id("replay-button")).to_have_count(0)
+    expect(page.get_by_role("button", name="Purge all")).to_have_count(0)
+    expect(page.get_by_role("button", name=re.compile("Replay"))).to_have_count(0)
+    expect(page.get_by_test_id("dead-purge")).to_be_hidden()
+    assert [d.id for d in callers.queue.dead_letters(endpoint)] == [request_id]

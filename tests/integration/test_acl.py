@@ -516,11 +516,13 @@ async def test_the_admin_user_reads_with_the_inspector_but_writes_nothing(
             one = await inspector.endpoint(IDLE)
             page = await inspector.queued(IDLE)
             health = await inspector.redis_health()
+            dead = await inspector.dead_letters(IDLE)
         finally:
             await inspector.aclose()
 
         # Then it sees the endpoint, its depth and the queued request, and Redis's health
-        assert [(i.endpoint, i.depth) for i in infos] == [(IDLE, 1)]
+        assert [(i.endpoint, i.depth, i.dead_letters) for i in infos] == [(IDLE, 1, 0)]
+        assert dead == []
         assert one.depth == 1 and one.oldest_age_s is not None
         assert [item.id for item in page.items] == [request.id]
         assert health.ok and health.warnings == []

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from prq import Request, RequestState, Response
 from prq._types import Call
@@ -45,6 +46,12 @@ def malformed_bodies(marker: Path) -> dict[str, bytes]:
     }
 
 
+def dead_lettered(endpoint: str) -> float:
+    """This process's prq_dead_lettered_total for `endpoint`."""
+    found = REGISTRY.get_sample_value("prq_dead_lettered_total", {"endpoint": endpoint})
+    return found or 0.0
+
+
 def send(client: redis.Redis, call: Call) -> None:
     """Run a prepared script call (the node loaded the scripts when it started)."""
     client.execute_command(*call.args)  # type: ignore[no-untyped-call]
@@ -73,6 +80,7 @@ async def test_malformed_bytes_are_dead_lettered_and_the_receiver_keeps_serving(
     for request, body in zip(requests, bodies.values(), strict=False):
         redis_client.hset(keys.request(request.id), "b", body)
     served: list[object] = []
+    counted_before = dead_lettered(endpoint)
 
     def handler(request: Request) -> object:
         served.append(request.params)
@@ -99,6 +107,8 @@ async def test_malformed_bytes_are_dead_lettered_and_the_receiver_keeps_serving(
     assert len(letters[requests[-2].id].body_preview) <= 1024 * 4
     # And nothing was ever unpickled
     assert not marker.exists()
+    # And the process's counter says how many it dead-lettered
+    assert dead_lettered(endpoint) - counted_before == len(bodies)
 
 
 async def test_a_dead_letter_is_replayed_once_and_purged(
@@ -132,7 +142,9 @@ async def test_a_dead_letter_is_replayed_once_and_purged(
     # And a receiver runs it like any request
     taken = await make_queue().dequeue(endpoint, timeout_s=5)
     assert taken is not None and taken.request == requests[0]
-    # And purging drops the named ones, then all
+    # And purging drops the named ones (none for an empty list), then all
+    assert await node.purge_dead_letters(endpoint, []) == 0
+    assert len(await node.dead_letters(endpoint)) == 2
     assert await node.purge_dead_letters(endpoint, [requests[1].id, "no-such-id"]) == 1
     assert [d.id for d in await node.dead_letters(endpoint)] == [requests[2].id]
     assert await node.purge_dead_letters(endpoint) == 1

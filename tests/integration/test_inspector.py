@@ -27,7 +27,9 @@ from prq import (
     Response,
 )
 from prq.admin import EndpointInfo, Inspector
+from prq.dead import dead_letter_call, purge_dead_letters_flow
 from prq.embedded import EmbeddedRedis
+from prq.flows import Context
 from prq.keys import KeySchema, encode_endpoint
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.redis_servers import async_wait_until
@@ -395,3 +397,49 @@ async def test_limits_show_in_the_same_round_trips_and_malformed_ones_as_none(
     }  # fmt: skip
     with pytest.raises(InvalidEndpoint):
         await inspector.limits("poll://bad\nname")
+
+
+async def test_dead_letters_are_listed_and_counted_with_reads_only(
+    make_queue: QueueFactory,
+    inspector: Inspector,
+    redis_client: redis.Redis,
+    key_prefix: str,
+) -> None:
+    # Given a reported endpoint with three dead letters, and a hostile-named one with none
+    node = make_queue(data_loss_check_interval_s=CHECK_S)
+    endpoint, clean = "poll://inspect-dead", "poll://inspect-dead/<b>{x}*"
+    for name in (endpoint, clean):
+        with pytest.raises(PickupTimeout):
+            await node.queue_and_wait(Request(endpoint=name, method="m"), pickup_timeout_s=0.05)
+    await node.start()
+    requests = [Request(endpoint=endpoint, method="m", params=i) for i in range(3)]
+    for request in requests:
+        body = request.model_dump_json().encode()
+        call = dead_letter_call(node.ctx, endpoint, request.id, body, "attempts_exhausted", 2)
+        redis_client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+
+    # When the Inspector lists them, Then it sees what the queue's own listing sees
+    listed = await inspector.dead_letters(endpoint)
+    assert listed == await node.dead_letters(endpoint)
+    assert [d.id for d in listed] == [r.id for r in reversed(requests)]
+    assert [d.id for d in await inspector.dead_letters(endpoint, offset=1, limit=1)] == [
+        requests[1].id
+    ]
+    assert await inspector.dead_letters(clean) == []
+    # And the endpoint listing counts them (in the pipelines it already makes)
+    await wait_for_info(inspector, endpoint, "dead letters counted", dead_letters=3)
+    await wait_for_info(inspector, clean, "no dead letters", dead_letters=0)
+    assert (await inspector.endpoint(endpoint)).dead_letters == 3
+
+    # And bad names and pages are refused before Redis is asked
+    with pytest.raises(InvalidEndpoint):
+        await inspector.dead_letters("poll://bad\nname")
+    for offset, limit in ((-1, 10), (0, 0), (0, 1001)):
+        with pytest.raises(ValueError):
+            await inspector.dead_letters(endpoint, offset=offset, limit=limit)
+
+    # And a flow that would write is refused before anything is sent
+    ctx = Context(KeySchema(key_prefix), inspector.settings, node_id="inspector")
+    with pytest.raises(RuntimeError, match="only reads"):
+        await inspector._read_flow(purge_dead_letters_flow(ctx, endpoint))
+    assert len(await node.dead_letters(endpoint)) == 3

@@ -149,6 +149,7 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
         assert value("prq_endpoint_in_flight", endpoint=endpoint) == 0
         assert value("prq_endpoint_enqueued_total", endpoint=endpoint) == 3
         assert value("prq_endpoint_oldest_age_seconds", endpoint=endpoint) >= 0
+        assert value("prq_endpoint_dead_letters", endpoint=endpoint) == 0
 
         # The exposition parses, and names every prq family with the prq_ prefix
         families = {f.name for f in text_string_to_metric_families(generate_latest().decode())}
@@ -158,7 +159,7 @@ async def test_endpoint_gauges_come_from_redis_at_scrape(
             "prq_redis_retries", "prq_pickup_wait_seconds", "prq_round_trip_seconds",
             "prq_endpoint_depth", "prq_endpoint_in_flight", "prq_endpoint_oldest_age_seconds",
             "prq_endpoint_receivers", "prq_endpoint_enqueued", "prq_endpoint_max_in_flight",
-            "prq_endpoint_max_pending",
+            "prq_endpoint_max_pending", "prq_endpoint_dead_letters",
         }  # fmt: skip
         assert expected <= families
 
