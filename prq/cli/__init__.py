@@ -6,6 +6,8 @@
     prq api      the admin service and dashboard under uvicorn              (api.py)
     prq call     send one call (or --count N) and print the result as JSON  (call.py)
     prq stats    a table of the endpoints, and Redis health warnings         (stats.py)
+    prq limits   an endpoint's capacity limits: print or change them         (manage.py)
+    prq dead-letters  an endpoint's dead letters: list, replay or purge      (manage.py)
 
 Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
 default (the variable is named in `--help`). worker, api, call and stats need the Redis every
@@ -24,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from prq.cli import api, call, demo, stats, worker
+from prq.cli import api, call, demo, manage, stats, worker
 
 __all__ = ["app", "configure_logging", "main"]
 
@@ -32,8 +34,9 @@ app = typer.Typer(
     name="prq",
     help=(
         "prq: a Redis-backed distributed pending-request queue.\n\n"
-        "Serve endpoints (worker), call them (call), watch them (stats), run the admin "
-        "service and dashboard (api), or try it all out (demo, bench).\n\n"
+        "Serve endpoints (worker), call them (call), watch them (stats), manage their "
+        "limits and dead letters (limits, dead-letters), run the admin service and dashboard "
+        "(api), or try it all out (demo, bench).\n\n"
         "Options come from flags, else from PRQ_* environment variables, else defaults. "
         "worker, api, call and stats need the shared Redis (--url or PRQ_REDIS_URL); "
         "without one, demo and bench start a private redis-server."
@@ -76,6 +79,8 @@ def root(
 app.command("worker")(worker.worker)
 app.command("call")(call.call)
 app.command("stats")(stats.stats)
+app.command("limits")(manage.limits)
+app.command("dead-letters")(manage.dead_letters)
 app.command("api")(api.api)
 app.command("demo")(demo.demo)
 app.command("bench")(demo.bench)

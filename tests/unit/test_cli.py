@@ -27,7 +27,7 @@ from prq.cli.worker import is_coroutine_handler, load_handler
 from prq.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings
 from prq.errors import QueueUnavailable
 
-COMMANDS = ("worker", "call", "stats", "api", "demo", "bench")
+COMMANDS = ("worker", "call", "stats", "limits", "dead-letters", "api", "demo", "bench")
 #: A URL nothing listens on: commands must refuse bad input before they connect.
 NOWHERE = "redis://127.0.0.1:9/0"
 

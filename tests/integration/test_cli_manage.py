@@ -1,0 +1,94 @@
+"""`prq limits` and `prq dead-letters` as real processes against a real Redis."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from prq import QueueSettings, RedisSettings, Request
+from prq.dead import dead_letter_call
+from prq.keys import KeySchema
+from prq.sync import Queue
+from tests.integration.test_cli import PrqRunner
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://managed"
+
+
+@pytest.fixture
+def prq(redis_url: str, key_prefix: str) -> Iterator[PrqRunner]:
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def test_limits_are_printed_changed_one_at_a_time_and_cleared(
+    prq: PrqRunner, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    def limits(*args: str) -> dict[str, object]:
+        done = prq.run("limits", ENDPOINT, *args)
+        assert done.returncode == 0, done.stderr
+        found: dict[str, object] = json.loads(done.stdout)
+        return found
+
+    assert limits() == {"endpoint": ENDPOINT, "max_in_flight": None, "max_pending": None}
+    assert limits("--max-in-flight", "8", "--max-pending", "100")["max_pending"] == 100
+    # a limit not named keeps its value; none removes one
+    assert limits("--max-pending", "none") == {
+        "endpoint": ENDPOINT, "max_in_flight": 8, "max_pending": None,
+    }  # fmt: skip
+    assert redis_client.hgetall(KeySchema(key_prefix).endpoint(ENDPOINT).limits) == {b"mif": b"8"}
+    assert limits("--clear") == {"endpoint": ENDPOINT, "max_in_flight": None, "max_pending": None}
+    # nonsense is a usage error, and changes nothing
+    for bad in (
+        ["--max-in-flight", "0"],
+        ["--max-pending", "lots"],
+        ["--clear", "--max-pending", "3"],
+    ):
+        assert prq.run("limits", ENDPOINT, *bad).returncode == 2, bad
+    assert prq.run("limits", "poll://bad\nname").returncode == 2
+    assert not redis_client.exists(KeySchema(key_prefix).endpoint(ENDPOINT).limits)
+
+
+def test_dead_letters_are_listed_replayed_once_and_purged(
+    prq: PrqRunner, redis_client: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    # Given three dead letters
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i) for i in range(3)]
+    settings = QueueSettings(retry_budget_s=5)
+    with Queue(RedisSettings.from_url(redis_url), prefix=key_prefix, settings=settings) as node:
+        node.start()
+        for request in requests:
+            call = dead_letter_call(
+                node.ctx, ENDPOINT, request.id, request.model_dump_json().encode(), "test", 2
+            )
+            redis_client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+
+    # Then they are listed newest first, one JSON line each
+    listed = prq.run("dead-letters", ENDPOINT)
+    assert listed.returncode == 0, listed.stderr
+    lines = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [d["id"] for d in lines] == [r.id for r in reversed(requests)]
+    assert {(d["reason"], d["attempts"]) for d in lines} == {("test", 2)}
+    # And a replay queues one request once
+    replayed = prq.run(
+        "dead-letters", ENDPOINT, "--replay", requests[0].id, "--replay", requests[0].id
+    )
+    assert [json.loads(line)["outcome"] for line in replayed.stdout.splitlines()] == [
+        "replayed", "missing",
+    ]  # fmt: skip
+    assert redis_client.llen(KeySchema(key_prefix).endpoint(ENDPOINT).pending) == 1
+    # And purges drop the named one, then all
+    purged = prq.run("dead-letters", ENDPOINT, "--purge", requests[1].id)
+    assert json.loads(purged.stdout) == {"purged": 1}
+    assert json.loads(prq.run("dead-letters", ENDPOINT, "--purge-all").stdout) == {"purged": 1}
+    assert prq.run("dead-letters", ENDPOINT).stdout == ""
+    # And two actions at once are a usage error
+    both = prq.run("dead-letters", ENDPOINT, "--purge-all", "--replay", requests[0].id)
+    assert both.returncode == 2
