@@ -134,8 +134,6 @@ async def purge_dead_letters(
     service: ServiceDep, query: EndpointQuery, body: PurgeDeadLetters
 ) -> PurgeResult:
     """Drop the named dead letters, or all of the endpoint's for `"ids": null`."""
-    if body.ids is not None and not body.ids:
-        return PurgeResult(purged=0)  # prq's purge takes an empty list for "all"
     purged = await service.redis(service.queue.purge_dead_letters(query.endpoint, body.ids))
     logger.info(
         "dead letters purged endpoint=%r named=%s purged=%d",

@@ -5,15 +5,17 @@
   with `FAST_SETTINGS`; `make_queue.serve(queue, endpoint, handler, concurrency=...)` starts a
   serve loop. Everything is stopped and closed at teardown.
 - `make_own_queue`: the same, on the test's own server (`own_redis`).
+- `prq`: runs `prq` commands as processes (PrqRunner) against the test's Redis and prefix.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from prq.embedded import EmbeddedRedis
+from tests.integration.test_cli import PrqRunner
 from tests.queue_facades import QueueFactory
 
 
@@ -44,3 +46,14 @@ async def make_own_queue(
         yield factory
     finally:
         await factory.aclose()
+
+
+@pytest.fixture
+def prq(redis_url: str, key_prefix: str) -> Iterator[PrqRunner]:
+    """Runs `prq` commands as processes against the test's Redis and prefix; kills what it
+    started at teardown."""
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        yield runner
+    finally:
+        runner.close()

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -160,15 +159,6 @@ class PrqRunner:
     def close(self) -> None:
         for process in self.started:
             process.kill()
-
-
-@pytest.fixture
-def prq(redis_url: str, key_prefix: str) -> Iterator[PrqRunner]:
-    runner = PrqRunner(redis_url, key_prefix)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 def serve(prq: PrqRunner, handler: str, endpoint: str, *options: str) -> Prq:

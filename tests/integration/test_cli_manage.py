@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -17,15 +16,6 @@ from tests.integration.test_cli import PrqRunner
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://managed"
-
-
-@pytest.fixture
-def prq(redis_url: str, key_prefix: str) -> Iterator[PrqRunner]:
-    runner = PrqRunner(redis_url, key_prefix)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 def test_limits_are_printed_changed_one_at_a_time_and_cleared(
