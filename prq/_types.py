@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
 from pydantic import JsonValue
 
+from prq.errors import SerializationError
+
 if TYPE_CHECKING:
     from prq.models import Request
     from prq.scripts import Script
@@ -31,6 +33,27 @@ class Exec:
     """Effect: send these calls in one round trip (retried as a whole); yields their replies."""
 
     calls: tuple[Call, ...]
+
+
+def first_reply(replies: object) -> Reply:
+    """The first reply of an Exec's replies."""
+    assert isinstance(replies, list)
+    reply: Reply = replies[0]
+    return reply
+
+
+def reply_list(reply: Reply) -> list[Reply]:
+    """An array reply; anything else is a SerializationError (not what prq's calls answer)."""
+    if not isinstance(reply, list):
+        raise SerializationError(f"unexpected reply from Redis: {reply!r:.200}")
+    return reply
+
+
+def reply_text(value: Reply) -> str:
+    """A reply as text (invalid UTF-8 replaced; None is empty)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
 
 
 class Waitable(Protocol):

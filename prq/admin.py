@@ -5,11 +5,12 @@ read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
 
 - endpoints: the registry `prq:endpoints`, where every node lists the endpoints it used lately
   (prq.presence), newest use first, capped at `max_endpoints`;
-- depth: the length of the endpoint's pending list: withdrawn and cancelled ids leave it (see
-  withdraw.lua); ids whose sender died without withdrawing stay until a take skips them;
+- depth: the ids queued over all the endpoint's priority levels (prq.levels), with the depth of
+  each level: withdrawn and cancelled ids leave them (see withdraw.lua); ids whose sender died
+  without withdrawing stay until a take skips them;
 - in flight: the endpoint's in-flight set, counting entries touched (taken or beaten) within a
   request's in-flight TTL;
-- oldest age: the creation time of the first live request among the first few of the list;
+- oldest age: the creation time of the oldest live request among the first few of each level;
 - receivers: nodes that reported taking from the endpoint within a few report intervals (nodes
   report every 5 s, see prq.presence);
 - limits: the endpoint's capacity limits hash (prq.limits), read in the same round trip; a
@@ -32,13 +33,14 @@ import redis.asyncio
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from prq._types import Exec, Flow
+from prq._types import Call, Exec, Flow
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import DeadLetter, dead_letters_flow
 from prq.errors import QueueUnavailable, SerializationError
 from prq.flows import Context
 from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
@@ -47,6 +49,7 @@ from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
 __all__ = [
     "EndpointInfo",
     "Inspector",
+    "PriorityDepth",
     "QueuedItem",
     "QueuedPage",
     "RedisHealth",
@@ -57,14 +60,21 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: How many of a list's first ids are looked at to find the oldest live request.
+#: How many of a level's first ids are looked at to find the oldest live request.
 OLDEST_PROBE = 10
+#: Most priority levels an endpoint's listing shows, highest first (its depth counts them all).
+SHOWN_LEVELS = 32
 #: Most queued requests one page may list.
 MAX_PAGE = 500
-#: Replies per endpoint in `_describe`'s first pipeline.
-_PER_ENDPOINT = 7
-#: The only commands a flow driven by the Inspector may send (see `_read_flow`).
-_FLOW_READS = frozenset({"ZRANGE", "HMGET"})
+#: The only commands a flow driven by the Inspector may send (see `_read_flows`).
+_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "GET"})
+
+
+class PriorityDepth(BaseModel):
+    """How many requests wait at one priority."""
+
+    priority: int
+    depth: int
 
 
 class EndpointInfo(BaseModel):
@@ -89,6 +99,8 @@ class EndpointInfo(BaseModel):
     max_pending: int | None = None
     #: Dead letters kept for the endpoint (see prq.dead; they expire and are capped).
     dead_letters: int = 0
+    #: Requests waiting per priority, highest first (at most SHOWN_LEVELS levels).
+    priorities: list[PriorityDepth] = []
 
 
 class QueuedItem(BaseModel):
@@ -107,7 +119,8 @@ class QueuedItem(BaseModel):
 
 
 class QueuedPage(BaseModel):
-    """A page of an endpoint's queued requests, oldest first."""
+    """A page of an endpoint's queued requests in the order takes hand them out: highest
+    priority first, producers taking turns within a priority (prq.levels)."""
 
     endpoint: str
     offset: int
@@ -232,56 +245,53 @@ class Inspector:
         return info.model_copy(update={"last_seen_ms": int(float(score or 0))})
 
     async def _describe(self, endpoints: Sequence[str], now_ms: int) -> list[EndpointInfo]:
-        if not endpoints:
-            return []
+        """Every endpoint's figures, the endpoints read side by side: one round trip, plus two
+        when something is queued (the levels' sizes and heads, then the heads' states)."""
+        return await self._read_flows([self._describe_flow(e, now_ms) for e in endpoints])
+
+    def _describe_flow(self, endpoint: str, now_ms: int) -> Flow[EndpointInfo]:
+        keys = self.keys.endpoint(endpoint)
         in_flight_from = now_ms - int(self.settings.in_flight_ttl_s() * 1000)
         live_from = now_ms - int(RECEIVER_LIVE_REPORTS * presence_interval_s(self.settings) * 1000)
-        with _reading():
-            pipe = self.client.pipeline(transaction=False)
-            for endpoint in endpoints:
-                keys = self.keys.endpoint(endpoint)
-                pipe.llen(keys.pending)
-                pipe.lrange(keys.pending, 0, OLDEST_PROBE - 1)
-                pipe.zcount(keys.running, in_flight_from, "+inf")
-                pipe.zcount(keys.receivers, live_from, "+inf")
-                pipe.get(keys.sequence)
-                pipe.hmget(keys.limits, ["mif", "mp"])
-                pipe.zcard(keys.dead[0])
-            replies = await pipe.execute()
-            heads = [list(replies[i * _PER_ENDPOINT + 1]) for i in range(len(endpoints))]
-            pipe = self.client.pipeline(transaction=False)
-            for endpoint, head in zip(endpoints, heads, strict=True):
-                keys = self.keys.endpoint(endpoint)
-                for request_id in head:
-                    pipe.hmget(keys.request(_text(request_id)), ["st", "ct"])
-            states = iter(await pipe.execute() if any(heads) else [])
-        infos = []
-        for i, endpoint in enumerate(endpoints):
-            first = i * _PER_ENDPOINT
-            depth, _, in_flight, receivers, counter, limits, dead = replies[
-                first : first + _PER_ENDPOINT
-            ]
-            max_in_flight, max_pending = limits
-            oldest: int | None = None
-            for _ in heads[i]:
-                st, created = next(states)
-                if oldest is None and _text(st) == "queued" and created is not None:
-                    oldest = int(_text(created))
-            infos.append(
-                EndpointInfo(
-                    endpoint=endpoint,
-                    depth=int(depth),
-                    in_flight=int(in_flight),
-                    oldest_age_s=None if oldest is None else max(0.0, (now_ms - oldest) / 1000),
-                    receivers=int(receivers),
-                    enqueued_total=int(counter or 0),
-                    last_seen_ms=0,
-                    max_in_flight=_stored_limit(endpoint, "max_in_flight", max_in_flight),
-                    max_pending=_stored_limit(endpoint, "max_pending", max_pending),
-                    dead_letters=int(dead or 0),
-                )
+        replies = yield Exec(
+            (
+                Call(("ZCOUNT", keys.running, in_flight_from, "+inf")),
+                Call(("ZCOUNT", keys.receivers, live_from, "+inf")),
+                Call(("GET", keys.sequence)),
+                Call(("HMGET", keys.limits, "mif", "mp")),
+                Call(("ZCARD", keys.dead[0])),
+                levels_call(keys),
             )
-        return infos
+        )
+        assert isinstance(replies, list)
+        in_flight, receivers, counter, limits, dead, found = replies
+        levels = yield from levels_from(keys, found, head=OLDEST_PROBE)
+        head = [request_id for level in levels[:SHOWN_LEVELS] for request_id in level.head]
+        created_ms = []
+        if head:
+            states = yield Exec(tuple(Call(("HMGET", keys.request(i), "st", "ct")) for i in head))
+            assert isinstance(states, list)
+            for st, created in states:
+                if _text(st) == "queued" and _text(created).isdigit():
+                    created_ms.append(int(_text(created)))
+        oldest = min(created_ms, default=None)
+        max_in_flight, max_pending = limits
+        return EndpointInfo(
+            endpoint=endpoint,
+            depth=sum(level.depth for level in levels),
+            in_flight=int(in_flight),
+            oldest_age_s=None if oldest is None else max(0.0, (now_ms - oldest) / 1000),
+            receivers=int(receivers),
+            enqueued_total=int(counter or 0),
+            last_seen_ms=0,
+            max_in_flight=_stored_limit(endpoint, "max_in_flight", max_in_flight),
+            max_pending=_stored_limit(endpoint, "max_pending", max_pending),
+            dead_letters=int(dead or 0),
+            priorities=[
+                PriorityDepth(priority=level.priority, depth=level.depth)
+                for level in levels[:SHOWN_LEVELS]
+            ],
+        )
 
     async def limits(self, endpoint: str) -> EndpointLimits:
         """The endpoint's capacity limits (raises InvalidEndpoint for a bad name); a malformed
@@ -298,28 +308,26 @@ class Inspector:
         )
 
     async def queued(self, endpoint: str, offset: int = 0, limit: int = 50) -> QueuedPage:
-        """A page of the endpoint's queued requests, oldest first (ids that are no longer
-        queued, about to be skipped by the next take, are left out of the page)."""
+        """A page of the endpoint's queued requests in take order (QueuedPage); ids that are no
+        longer queued, about to be skipped by a take, are left out of the page."""
         endpoint = validate_endpoint(endpoint)
         if offset < 0 or not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_PAGE}")
         keys = self.keys.endpoint(endpoint)
+        ctx = Context(self.keys, self.settings, node_id="inspector")
+        ((total, ids),) = await self._read_flows([queued_ids_flow(ctx, endpoint, offset, limit)])
         with _reading():
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
-            pipe.llen(keys.pending)
-            pipe.lrange(keys.pending, offset, offset + limit - 1)
-            now_reply, total, ids = await pipe.execute()
-            pipe = self.client.pipeline(transaction=False)
             for request_id in ids:
-                pipe.hmget(keys.request(_text(request_id)), ["st", "b", "ct"])
-            rows = await pipe.execute() if ids else []
+                pipe.hmget(keys.request(request_id), ["st", "b", "ct"])
+            now_reply, *rows = await pipe.execute()
         now_ms = _server_ms(now_reply)
         items = []
-        for raw_id, (st, body, created) in zip(ids, rows, strict=True):
+        for request_id, (st, body, created) in zip(ids, rows, strict=True):
             if _text(st) != "queued" or body is None:
                 continue
-            items.append(_queued_item(_text(raw_id), endpoint, body, created, now_ms))
+            items.append(_queued_item(request_id, endpoint, body, created, now_ms))
         return QueuedPage(
             endpoint=endpoint, offset=offset, limit=limit, total=int(total), items=items
         )
@@ -330,29 +338,48 @@ class Inspector:
         """The endpoint's dead letters, newest first, as `Queue.dead_letters` lists them (raises
         InvalidEndpoint for a bad name, ValueError for a bad page: limit within 1..1000)."""
         ctx = Context(self.keys, self.settings, node_id="inspector")
-        return await self._read_flow(dead_letters_flow(ctx, endpoint, offset=offset, limit=limit))
+        flow = dead_letters_flow(ctx, endpoint, offset=offset, limit=limit)
+        (letters,) = await self._read_flows([flow])
+        return letters
 
-    async def _read_flow(self, flow: Flow[T]) -> T:
-        """Drive a protocol flow that only reads: each Exec is one pipeline; a flow that asks
-        for anything but `_FLOW_READS` (a script, a write, a wait) is stopped before it is sent."""
-        replies: object = None
+    async def _read_flows(self, flows: Sequence[Flow[T]]) -> list[T]:
+        """Drive protocol flows that only read, side by side: the Execs the flows ask for at
+        one step go in one pipeline. A flow that asks for anything but `_FLOW_READS` (a script,
+        a write, a wait) is refused before anything of that step is sent."""
+        results: dict[int, T] = {}
+        replies: dict[int, object] = dict.fromkeys(range(len(flows)))
         try:
-            while True:
-                effect = flow.send(replies)
-                if not isinstance(effect, Exec) or not all(
-                    call.script is None and str(call.args[0]).upper() in _FLOW_READS
-                    for call in effect.calls
-                ):
-                    flow.close()
-                    raise RuntimeError(f"the Inspector only reads; refused {effect!r:.200}")
+            while replies:
+                asked: dict[int, Exec] = {}
+                for i, sent in replies.items():
+                    try:
+                        effect = flows[i].send(sent)
+                    except StopIteration as done:
+                        results[i] = done.value
+                        continue
+                    if not isinstance(effect, Exec) or not all(
+                        call.script is None and str(call.args[0]).upper() in _FLOW_READS
+                        for call in effect.calls
+                    ):
+                        raise RuntimeError(f"the Inspector only reads; refused {effect!r:.200}")
+                    asked[i] = effect
+                replies = {}
+                if not asked:
+                    break
                 with _reading():
                     pipe = self.client.pipeline(transaction=False)
-                    for call in effect.calls:
-                        pipe.execute_command(*call.args)
-                    replies = await pipe.execute()
-        except StopIteration as done:
-            result: T = done.value
-            return result
+                    for effect in asked.values():
+                        for call in effect.calls:
+                            pipe.execute_command(*call.args)
+                    flat = await pipe.execute()
+                at = 0
+                for i, effect in asked.items():
+                    replies[i] = flat[at : at + len(effect.calls)]
+                    at += len(effect.calls)
+        finally:
+            for flow in flows:
+                flow.close()
+        return [results[i] for i in range(len(flows))]
 
     # -- Redis ----------------------------------------------------------------------------------
 

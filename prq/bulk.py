@@ -54,6 +54,8 @@ DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 5000
 #: The producer named in detached requests that do not name one.
 BULK_PRODUCER = "bulk"
+#: Where a batch's requests queue: (endpoint, priority, producer); one script call each.
+Lane = tuple[str, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +176,11 @@ class BulkClient:
         pickup_timeout_s: float | None = None,
         nonce: str | None = None,
         locators: bool = True,
+        priority: int = 0,
+        producer: str = BULK_PRODUCER,
     ) -> BulkResult:
-        """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`.
+        """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
+        queued at `priority` in `producer`'s turns (the bodies should name the same).
 
         For encoders that write request JSON faster than `Request` models can (prq.spark).
         Each body must be the JSON of a `Request` with that id and endpoint, within
@@ -191,39 +196,44 @@ class BulkClient:
             raise ValueError(f"at most {MAX_BATCH_SIZE} items per call")
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         validate_endpoint(endpoint)
-        return self._send({endpoint: items}, pickup, nonce or uuid.uuid4().hex, locators)
+        lane = (endpoint, priority, producer)
+        return self._send({lane: items}, pickup, nonce or uuid.uuid4().hex, locators)
 
     def _enqueue_batch(
         self, batch: Sequence[Request], pickup_timeout_s: float, nonce: str
     ) -> BulkResult:
         rejected: list[Rejected] = []
-        by_endpoint: dict[str, list[tuple[str, str | bytes]]] = {}
+        by_lane: dict[Lane, list[tuple[str, str | bytes]]] = {}
         for request in batch:
             try:
-                by_endpoint.setdefault(request.endpoint, []).append(self._encode(request))
+                encoded = self._encode(request)
             except PrqError as exc:
                 rejected.append(Rejected(request.id, exc))
-        result = self._send(by_endpoint, pickup_timeout_s, nonce, locators=True)
+                continue
+            lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER)
+            by_lane.setdefault(lane, []).append(encoded)
+        result = self._send(by_lane, pickup_timeout_s, nonce, locators=True)
         result.rejected += rejected
         return result
 
     def _send(
         self,
-        by_endpoint: Mapping[str, Sequence[tuple[str, str | bytes]]],
+        by_lane: Mapping[Lane, Sequence[tuple[str, str | bytes]]],
         pickup_timeout_s: float,
         nonce: str,
         locators: bool,
     ) -> BulkResult:
-        """One round trip: a script call per endpoint (plus the locators); counts from replies."""
+        """One round trip: a script call per endpoint, priority and producer (plus the
+        locators); counts from the replies."""
         result = BulkResult()
-        if not by_endpoint:
+        if not by_lane:
             return result
         settings = self.settings
         now_ms = int(time.time() * 1000)
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
-        for endpoint, items in by_endpoint.items():
+        for (endpoint, priority, producer), items in by_lane.items():
             calls.append(
                 enqueue_many_call(
                     self.keys.endpoint(endpoint),
@@ -233,6 +243,8 @@ class BulkClient:
                     now_ms + int(pickup_timeout_s * 1000),
                     int(request_ttl_s * 1000),
                     int(settings.list_ttl_s * 1000),
+                    priority,
+                    producer,
                 )
             )
             if locators:
@@ -241,7 +253,7 @@ class BulkClient:
                     for request_id, _ in items
                 ]
         registry: list[str | int] = []
-        for endpoint in by_endpoint:
+        for endpoint in dict.fromkeys(lane[0] for lane in by_lane):
             registry += [now_ms, encode_endpoint(endpoint)]
         list_ttl_ms = int(settings.list_ttl_s * 1000)
         calls += [
@@ -251,12 +263,12 @@ class BulkClient:
         replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
         at = 0
         refused: dict[str, int] = {}
-        for endpoint, items in by_endpoint.items():
+        for (endpoint, _, _), items in by_lane.items():
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids
             if outcome.refused_ids:
-                refused[endpoint] = len(outcome.refused_ids)
+                refused[endpoint] = refused.get(endpoint, 0) + len(outcome.refused_ids)
             at += 1 + (len(items) if locators else 0)
         if refused:
             raise BatchRefused(result, refused)

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from prq._types import Call, Exec, Flow, Reply
+from prq._types import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.errors import SerializationError
 from prq.flows import Context
 from prq.models import validate_endpoint
@@ -58,11 +58,25 @@ class DeadLetter(BaseModel):
 
 
 def dead_letter_call(
-    ctx: Context, endpoint: str, request_id: str, body: bytes, reason: str, attempts: int
+    ctx: Context,
+    endpoint: str,
+    request_id: str,
+    body: bytes,
+    reason: str,
+    attempts: int,
+    *,
+    priority: int | None = None,
+    producer: str | None = None,
 ) -> Call:
-    """The script call that dead-letters one request (send it with the step that caused it)."""
+    """The script call that dead-letters one request (send it with the step that caused it).
+    `priority` and `producer`, when known, are where a replay queues it again."""
     now_ms = ctx.wall_ms()
-    details = json.dumps({"reason": reason[:500], "attempts": attempts, "at": now_ms})
+    info: dict[str, object] = {"reason": reason[:500], "attempts": attempts, "at": now_ms}
+    if priority is not None:
+        info["priority"] = priority
+    if producer is not None:
+        info["producer"] = producer
+    details = json.dumps(info)
     return DEAD_LETTER.call(
         ctx.keys.endpoint(endpoint).dead,
         (
@@ -84,18 +98,18 @@ def dead_letters_flow(
         raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_LISTED}")
     ids_key, details_key, bodies_key = ctx.keys.endpoint(validate_endpoint(endpoint)).dead
     replies = yield Exec((Call(("ZRANGE", ids_key, offset, offset + limit - 1, "REV")),))
-    ids = [_text(i) for i in _list(_first(replies))]
+    ids = [reply_text(i) for i in reply_list(first_reply(replies))]
     if not ids:
         return []
     replies = yield Exec((Call(("HMGET", details_key, *ids)), Call(("HMGET", bodies_key, *ids))))
     assert isinstance(replies, list)
-    details, bodies = _list(replies[0]), _list(replies[1])
+    details, bodies = reply_list(replies[0]), reply_list(replies[1])
     letters = []
     for request_id, raw, body in zip(ids, details, bodies, strict=True):
         if raw is None or body is None:
             continue  # dropped between the two reads
         info = _details(raw)
-        data = body if isinstance(body, bytes) else _text(body).encode()
+        data = body if isinstance(body, bytes) else reply_text(body).encode()
         letters.append(
             DeadLetter(
                 id=request_id,
@@ -118,7 +132,7 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
     now_ms = ctx.wall_ms()
     pickup_ms = int(settings.pickup_timeout_s * 1000)
     call = REPLAY_DEAD.call(
-        (*keys.dead, keys.request(request_id), keys.pending, keys.sequence),
+        (*keys.dead, keys.request(request_id), keys.levels, keys.sequence, keys.level_prefix),
         (
             request_id,
             now_ms,
@@ -130,7 +144,7 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
     )
     locator_ms = int(settings.locator_ttl_s(settings.pickup_timeout_s) * 1000)
     locate = Call(("SET", ctx.keys.locator(request_id), endpoint, "PX", locator_ms))
-    outcome = _text(_first((yield Exec((call, locate)))))
+    outcome = reply_text(first_reply((yield Exec((call, locate)))))
     if outcome not in ("replayed", "live", "missing"):
         raise SerializationError(f"unexpected replay_dead reply from Redis: {outcome!r:.100}")
     return outcome  # type: ignore[return-value]
@@ -144,26 +158,10 @@ def purge_dead_letters_flow(
     keys = ctx.keys.endpoint(validate_endpoint(endpoint))
     if request_ids is not None and not request_ids:
         return 0
-    reply = _first((yield Exec((PURGE_DEAD.call(keys.dead, tuple(request_ids or ())),))))
+    reply = first_reply((yield Exec((PURGE_DEAD.call(keys.dead, tuple(request_ids or ())),))))
     if not isinstance(reply, int):
         raise SerializationError(f"unexpected purge_dead reply from Redis: {reply!r:.100}")
     return reply
-
-
-def _first(replies: object) -> Reply:
-    assert isinstance(replies, list)
-    reply: Reply = replies[0]
-    return reply
-
-
-def _list(reply: Reply) -> list[Reply]:
-    if not isinstance(reply, list):
-        raise SerializationError(f"unexpected reply from Redis: {reply!r:.200}")
-    return reply
-
-
-def _text(value: Reply) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _int(value: object) -> int:
@@ -172,7 +170,7 @@ def _int(value: object) -> int:
 
 def _details(raw: Reply) -> dict[str, object]:
     try:
-        found = json.loads(_text(raw))
+        found = json.loads(reply_text(raw))
     except ValueError:
         return {"reason": "unreadable dead letter details"}
     return found if isinstance(found, dict) else {"reason": "unreadable dead letter details"}

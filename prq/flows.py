@@ -130,6 +130,8 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             _ms(settings.receipt_ttl_s()),
             settings.pulse_inline_limit_bytes,
             _ms(settings.receiver_timeout_s),
+            request.priority,
+            request.producer or ctx.node_id,
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )

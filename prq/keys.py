@@ -2,7 +2,10 @@
 
 Layout, for prefix `prq` and an endpoint encoded as `<e>`:
 
-    prq:{<e>}:q              list    ids waiting for pickup (FIFO)          TTL 1 day, refreshed
+    prq:{<e>}:lv             zset    priorities with queued ids (p -> p)    TTL 1 day, refreshed
+    prq:{<e>}:q:<p>          zset    queued ids of priority p -> virtual    TTL 1 day, refreshed
+                                     start time (scripts/_queue.lua)
+    prq:{<e>}:q:<p>:vt       hash    priority p's clock: g, p<producer>, s  TTL 1 day, refreshed
     prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
@@ -58,8 +61,18 @@ class EndpointKeys:
     tag: str
 
     @property
-    def pending(self) -> str:
-        return f"{self.tag}:q"
+    def levels(self) -> str:
+        """Sorted set of the priorities that hold queued ids (member and score: the priority)."""
+        return f"{self.tag}:lv"
+
+    @property
+    def level_prefix(self) -> str:
+        """Prefix of the per-priority queues; scripts append the priority (same hash tag)."""
+        return f"{self.tag}:q:"
+
+    def level(self, priority: int | str) -> str:
+        """Sorted set of the ids queued at `priority`, in the order they will be taken."""
+        return f"{self.tag}:q:{priority}"
 
     @property
     def request_prefix(self) -> str:

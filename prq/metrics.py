@@ -25,6 +25,8 @@ Series:
                                             receiver); sender's clock vs receiver's clock
     prq_round_trip_seconds{endpoint}        queue_and_wait from call to response
     prq_endpoint_depth{endpoint}            queued requests (from Redis, at scrape)
+    prq_endpoint_priority_depth{endpoint,priority}  queued requests per priority level, for
+                                            the highest levels that hold any (at scrape)
     prq_endpoint_in_flight{endpoint}        picked up, unanswered (from Redis, at scrape)
     prq_endpoint_oldest_age_seconds{endpoint}  age of the oldest queued request (at scrape)
     prq_endpoint_receivers{endpoint}        live receiver nodes (from Redis, at scrape)
@@ -139,6 +141,11 @@ class EndpointCollector(Collector):
         depth = GaugeMetricFamily(
             "prq_endpoint_depth", "Queued requests (read from Redis).", labels=["endpoint"]
         )
+        by_priority = GaugeMetricFamily(
+            "prq_endpoint_priority_depth",
+            "Queued requests per priority level that holds any (read from Redis).",
+            labels=["endpoint", "priority"],
+        )
         in_flight = GaugeMetricFamily(
             "prq_endpoint_in_flight",
             "Requests picked up and unanswered (read from Redis).",
@@ -177,6 +184,8 @@ class EndpointCollector(Collector):
             labels = [info.endpoint]
             dead_letters.add_metric(labels, info.dead_letters)
             depth.add_metric(labels, info.depth)
+            for level in info.priorities:
+                by_priority.add_metric([info.endpoint, str(level.priority)], level.depth)
             in_flight.add_metric(labels, info.in_flight)
             oldest.add_metric(labels, info.oldest_age_s or 0.0)
             receivers.add_metric(labels, info.receivers)
@@ -186,7 +195,8 @@ class EndpointCollector(Collector):
             if info.max_pending is not None:
                 max_pending.add_metric(labels, info.max_pending)
         return [
-            depth, in_flight, oldest, receivers, enqueued, max_in_flight, max_pending, dead_letters
+            depth, by_priority, in_flight, oldest, receivers, enqueued, max_in_flight,
+            max_pending, dead_letters,
         ]  # fmt: skip
 
 

@@ -25,6 +25,9 @@ from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
 
 __all__ = [
     "MAX_ENDPOINT_LENGTH",
+    "MAX_PRIORITY",
+    "MAX_PRODUCER_LENGTH",
+    "MIN_PRIORITY",
     "DeliveryInfo",
     "PendingRequest",
     "Request",
@@ -40,6 +43,10 @@ __all__ = [
 
 #: Longest endpoint name accepted (characters); longer names are rejected, never truncated.
 MAX_ENDPOINT_LENGTH = 200
+#: Priorities are 32-bit signed integers.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+#: Longest producer name.
+MAX_PRODUCER_LENGTH = 200
 #: Request ids: what a uuid4, a uuid5 or a caller's own stable key looks like. No `|`, which
 #: separates fields in pulses, and nothing that needs escaping in a key.
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
@@ -91,8 +98,10 @@ class Request(BaseModel):
     params: JsonValue = None
     service: str = ""
     id: Annotated[str, Field(default_factory=new_request_id, pattern=REQUEST_ID_PATTERN)]
-    priority: int = 0
-    producer: str | None = None
+    #: Higher is taken first; lower levels keep a share (README, "Scheduling").
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
+    #: Who queued it: producers take turns within one priority (default: the sending node).
+    producer: Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)] | None = None
     delivery: Delivery = "at_most_once"
     headers: dict[str, str] = Field(default_factory=dict)
 

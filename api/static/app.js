@@ -216,7 +216,7 @@ function renderQueued(page) {
   }
   const shown = page.items.length;
   $("queued").querySelector("[data-testid=queued-count]").textContent =
-    shown < page.total ? `${shown} oldest of ${formatCount(page.total)}` : `${shown} queued`;
+    shown < page.total ? `next ${shown} of ${formatCount(page.total)}` : `${shown} queued`;
   $("queued-empty").hidden = shown > 0;
 }
 

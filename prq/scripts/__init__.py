@@ -9,6 +9,7 @@ calls, so the protocol is written once. Scripts are sent with EVALSHA; the I/O l
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 
+_INCLUDE: Final = re.compile(r"^-- include: (_[a-z_]+)$", re.MULTILINE)
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     """One Lua script, identified by the SHA1 of its source."""
@@ -60,7 +64,13 @@ class Script:
 
     @classmethod
     def load(cls, name: str) -> Script:
-        source = resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
+        """Read `<name>.lua`; a line `-- include: _lib` is replaced by the text of `_lib.lua`
+        (shared helpers, written once), so what Redis runs is one self-contained script."""
+        files = resources.files(__package__)
+        source = files.joinpath(f"{name}.lua").read_text("utf-8")
+        source = _INCLUDE.sub(
+            lambda m: files.joinpath(f"{m.group(1)}.lua").read_text("utf-8"), source
+        )
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
     def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:
@@ -143,13 +153,15 @@ def enqueue_call(
     receipt_ttl_ms: int,
     pulse_inline_limit_bytes: int,
     receiver_timeout_ms: int,
+    priority: int = 0,
+    producer: str = "",
 ) -> Call:
     return ENQUEUE.call(
-        (keys.request(request_id), keys.pending, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix, keys.running, keys.limits),
+        (keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
+         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix),
         (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
-         pulse_inline_limit_bytes, receiver_timeout_ms),
+         pulse_inline_limit_bytes, receiver_timeout_ms, priority, producer),
     )  # fmt: skip
 
 
@@ -189,14 +201,19 @@ def enqueue_many_call(
     pickup_deadline_ms: int,
     request_ttl_ms: int,
     list_ttl_ms: int,
+    priority: int = 0,
+    producer: str = "",
 ) -> Call:
+    """All `items` are queued at `priority` for `producer` (their bodies should say the same)."""
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
+        priority, producer,
     ]  # fmt: skip
     for request_id, body in items:
         args += [request_id, body]
     return ENQUEUE_MANY.call(
-        (keys.pending, keys.sequence, keys.request_prefix, keys.limits), tuple(args)
+        (keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix),
+        tuple(args),
     )
 
 
@@ -246,8 +263,8 @@ def take_call(
     receiver_timeout_ms: int,
 ) -> Call:
     return TAKE.call(
-        (keys.pending, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks, keys.sequence, keys.running, keys.limits),
+        (keys.levels, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
+         keys.parks, keys.sequence, keys.running, keys.limits, keys.level_prefix),
         (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
          park_ms, park_ttl_ms, receiver_timeout_ms),
     )  # fmt: skip
@@ -295,7 +312,7 @@ def apply_response_call(
     pulse_inline_limit_bytes: int,
 ) -> Call:
     return APPLY_RESPONSE.call(
-        (keys.request(request_id), keys.running, keys.limits, keys.pending),
+        (keys.request(request_id), keys.running, keys.limits, keys.levels),
         (
             request_id,
             owner_token,
@@ -329,7 +346,7 @@ def withdraw_call(
     nonce: str,
 ) -> Call:
     return WITHDRAW.call(
-        (keys.request(request_id), keys.pending),
+        (keys.request(request_id), keys.levels, keys.level_prefix),
         (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id, nonce),
     )
 
@@ -389,7 +406,7 @@ def cancel_call(
     nonce: str,
 ) -> Call:
     return CANCEL.call(
-        (keys.request(request_id), keys.running, keys.pending),
+        (keys.request(request_id), keys.running, keys.levels, keys.level_prefix),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
 

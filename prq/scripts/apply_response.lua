@@ -3,7 +3,7 @@
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
 KEYS[3]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
-KEYS[4]  pending list          prq:{e}:q
+KEYS[4]  queued levels         prq:{e}:lv       (present while anything is queued)
 ARGV[1]  request id
 ARGV[2]  owner token of the receiver that answers
 ARGV[3]  response (JSON)
@@ -38,7 +38,7 @@ redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 redis.call('HDEL', KEYS[1], 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('HEXISTS', KEYS[3], 'mif') == 1 and redis.call('LLEN', KEYS[4]) > 0 then
+if redis.call('HEXISTS', KEYS[3], 'mif') == 1 and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('PUBLISH', ARGV[8], '')  -- a slot freed: receivers that found none may take again
 end
 

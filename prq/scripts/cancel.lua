@@ -2,7 +2,8 @@
 
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (a cancelled taken id leaves it)
-KEYS[3]  pending list          prq:{e}:q        (a withdrawn queued id leaves it)
+KEYS[3]  queued levels         prq:{e}:lv       (a withdrawn queued id leaves its level)
+KEYS[4]  level prefix          prq:{e}:q:       (_queue.lua)
 ARGV[1]  reason                "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the cancelled request's record (the polled cancel marker), ms
 ARGV[3]  node channel prefix   prq:node:
@@ -21,21 +22,21 @@ Invariants:
 - a cancel and a response race through one atomic step each: exactly one of them wins
 - the sender and the watchers are pulsed so that their waits end at once
 ]]
-local st, rsp, why, wn, rcv, snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp',
-  'why', 'wn', 'rcv', 'snd', 'w'))
+-- include: _queue
+local st, rsp, why, wn, rcv, snd, watchers, pri = unpack(redis.call('HMGET', KEYS[1], 'st',
+  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri'))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'taken' then
   local after = st == 'taken'
   st = after and 'cancelled' or 'withdrawn'
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local now = server_ms()
   redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if after then
     redis.call('ZREM', KEYS[2], ARGV[4])
   else
-    redis.call('LREM', KEYS[3], 1, ARGV[4])
+    queue_remove(KEYS[3], KEYS[4], pri or '0', ARGV[4])
   end
   if after and rcv then
     redis.call('PUBLISH', ARGV[3] .. rcv, 'c|' .. ARGV[4] .. '|' .. ARGV[1])

@@ -1,26 +1,29 @@
 --[[ enqueue: queue one request for its endpoint, or hand it to a parked receiver; once per id.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
-KEYS[2]  pending list          prq:{e}:q
+KEYS[2]  queued levels         prq:{e}:lv       (see _queue.lua)
 KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
 KEYS[5]  park details          prq:{e}:parks    (token -> "<node>|<until, server ms>")
 KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same hash tag)
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif, mp; absent = no limit)
+KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
 ARGV[4]  now_ms
 ARGV[5]  pickup deadline, ms since the epoch
 ARGV[6]  request TTL, ms
-ARGV[7]  list, counter and park TTL, ms
+ARGV[7]  queue, counter and park TTL, ms
 ARGV[8]  the endpoint's pulse channel
 ARGV[9]  node channel prefix   prq:node:   (a parked receiver's node id is appended)
 ARGV[10] TTL of a taken request, ms
 ARGV[11] TTL of a take receipt, ms
 ARGV[12] largest body carried inside a hand-off pulse, bytes
 ARGV[13] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot
+ARGV[14] priority (an integer)
+ARGV[15] producer (the fairness lane within the priority)
 
 Reply:
   {"new", counter}                      queued (and the endpoint pulsed); counter = the
@@ -38,18 +41,14 @@ Invariants:
   ran) is enqueued afresh, so a caller may retry a PickupTimeout with the same id
 - a request goes to a parked receiver only if its park is live by server time; stale parks are
   dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing
-- the hash is written together with its TTL; the list, counter and park TTLs are refreshed
+- the hash is written together with its TTL; the queue, counter and park TTLs are refreshed
 - the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
 - a handed-off request is listed in the in-flight set (take.lua does the same for what it takes)
-- capacity: no new request while the list holds max_pending ids; no hand-off while max_in_flight
+- capacity: no new request while max_pending ids are queued; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
+- a queued request joins its priority level, in its producer's turn (_queue.lua)
 ]]
--- a limit is a positive integer; anything else written into the hash is no limit
-local function limit(value)
-  local n = tonumber(value)
-  if n and n >= 1 and n == math.floor(n) then return n end
-  return nil
-end
+-- include: _queue
 local state = redis.call('HGET', KEYS[1], 'st')
 if state == 'withdrawn' then
   -- it never ran and never will: a retry with the same id is a fresh request
@@ -70,7 +69,7 @@ end
 local max_pending, max_in_flight = unpack(redis.call('HMGET', KEYS[8], 'mp', 'mif'))
 max_pending, max_in_flight = limit(max_pending), limit(max_in_flight)
 if max_pending then
-  local depth = redis.call('LLEN', KEYS[2])
+  local depth = queue_depth(KEYS[2], KEYS[9])
   if depth >= max_pending then return {'full', depth, max_pending} end
 end
 
@@ -80,8 +79,7 @@ redis.call('PEXPIRE', KEYS[3], ARGV[7])
 local now_server = nil
 local tries = 100
 if max_in_flight then
-  local time = redis.call('TIME')
-  now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  now_server = server_ms()
   local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[13]), '+inf')
   if live >= max_in_flight then tries = 0 end
 end
@@ -92,15 +90,12 @@ for _ = 1, tries do
   redis.call('HDEL', KEYS[5], token)
   local sep = park and string.find(park, '|', 1, true)
   if sep then
-    if not now_server then
-      local time = redis.call('TIME')
-      now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    end
+    now_server = now_server or server_ms()
     local node = string.sub(park, 1, sep - 1)
     local until_ms = tonumber(string.sub(park, sep + 1))
     if until_ms and until_ms >= now_server then
       redis.call('HSET', KEYS[1], 'st', 'taken', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
-        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', now_server)
+        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', now_server, 'pri', ARGV[14])
       redis.call('PEXPIRE', KEYS[1], ARGV[10])
       redis.call('ZADD', KEYS[7], now_server, ARGV[1])
       redis.call('PEXPIRE', KEYS[7], ARGV[7])
@@ -118,9 +113,8 @@ for _ = 1, tries do
 end
 
 redis.call('HSET', KEYS[1], 'st', 'queued', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
-  'pd', ARGV[5], 'att', '0')
+  'pd', ARGV[5], 'att', '0', 'pri', ARGV[14])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('RPUSH', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[7])
+queue_push(KEYS[2], KEYS[9], ARGV[14], ARGV[15], {ARGV[1]}, ARGV[7])
 redis.call('PUBLISH', ARGV[8], '')
 return {'new', counter}

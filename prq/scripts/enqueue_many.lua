@@ -4,17 +4,20 @@ Detached requests (bulk enqueue, e.g. from Spark) have no sender node waiting on
 response is kept under the request id (response TTL) for whoever asks, and no sender liveness is
 judged (beat.lua judges a sender only when the request names one).
 
-KEYS[1]  pending list          prq:{e}:q
+KEYS[1]  queued levels         prq:{e}:lv   (see _queue.lua)
 KEYS[2]  enqueue counter       prq:{e}:seq
 KEYS[3]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[4]  limits                prq:{e}:lim  (hash: mp = max pending; absent = no limit)
+KEYS[5]  level prefix          prq:{e}:q:   (the priority is appended)
 ARGV[1]  batch nonce (the same when the call is retried)
 ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
 ARGV[3]  pickup deadline, ms since the epoch
 ARGV[4]  request TTL, ms
-ARGV[5]  list and counter TTL, ms
+ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
-ARGV[7..] id1, body1, id2, body2, ...
+ARGV[7]  priority of the batch's requests (an integer)
+ARGV[8]  their producer (the fairness lane within the priority)
+ARGV[9..] id1, body1, id2, body2, ...
 
 Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
@@ -23,29 +26,24 @@ Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   duplicates = ids already known from elsewhere (queued, running, answered or cancelled by
                another batch or caller): nothing was enqueued for them; their ids follow
   counter    = the endpoint's enqueue counter after the batch
-  refused    = new ids not written because the list already held max_pending ids (capacity);
+  refused    = new ids not written because max_pending ids were already queued (capacity);
                their ids follow the duplicates' (send them again later)
 
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
-- each hash is written with its TTL; the ids go to the list in batch order, in one RPUSH
+- each hash is written with its TTL; the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
-- capacity: new requests are written only while the list holds fewer than max_pending ids
+- capacity: new requests are written only while fewer than max_pending ids are queued
 ]]
--- a limit is a positive integer; anything else written into the hash is no limit
-local function limit(value)
-  local n = tonumber(value)
-  if n and n >= 1 and n == math.floor(n) then return n end
-  return nil
-end
+-- include: _queue
 local prefix, nonce, now, deadline, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fresh = {}
 local accepted, duplicates = 0, 0
 local dups, refused = {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
-if room then room = room - redis.call('LLEN', KEYS[1]) end
-for i = 7, #ARGV, 2 do
+if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
+for i = 9, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
   local st, bn
@@ -61,7 +59,7 @@ for i = 7, #ARGV, 2 do
   elseif not st then
     if room then room = room - 1 end
     redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
-      'att', '0', 'bn', nonce)
+      'att', '0', 'bn', nonce, 'pri', ARGV[7])
     redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1
@@ -75,8 +73,7 @@ end
 
 local counter
 if #fresh > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(fresh))
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  queue_push(KEYS[1], KEYS[5], ARGV[7], ARGV[8], fresh, ARGV[5])
   counter = redis.call('INCRBY', KEYS[2], #fresh)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   redis.call('PUBLISH', ARGV[6], '')

@@ -4,13 +4,14 @@ KEYS[1]  dead-lettered ids     prq:{e}:dead
 KEYS[2]  their details         prq:{e}:deadm
 KEYS[3]  their stored bytes    prq:{e}:deadb
 KEYS[4]  request hash          prq:{e}:r:<id>
-KEYS[5]  pending list          prq:{e}:q
+KEYS[5]  queued levels         prq:{e}:lv   (see _queue.lua)
 KEYS[6]  enqueue counter       prq:{e}:seq
+KEYS[7]  level prefix          prq:{e}:q:   (the priority is appended)
 ARGV[1]  request id
 ARGV[2]  now_ms (the replayed request's creation time)
 ARGV[3]  pickup deadline, ms since the epoch
 ARGV[4]  request TTL, ms
-ARGV[5]  list and counter TTL, ms
+ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
 
 Reply: "replayed"  queued again (a fresh request under the same id, attempt count reset)
@@ -21,10 +22,22 @@ Invariants:
 - in every case but "missing" the dead letter is removed (from all three keys), so replaying
   twice yields one live request
 - a queued or taken id is never enqueued a second time; a final or expired one is replaced by
-  a fresh queued request (body as stored, attempt count 0), with its TTL, pushed and pulsed
+  a fresh queued request (body as stored, attempt count 0), with its TTL, queued and pulsed
+- it is queued at the priority and for the producer its details name (0 and "" when they
+  name none, e.g. undecodable bytes)
 ]]
+-- include: _queue
 local body = redis.call('HGET', KEYS[3], ARGV[1])
 if not body then return 'missing' end
+local priority, producer = '0', ''
+local ok, details = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
+if ok and type(details) == 'table' then
+  local p = details.priority
+  if type(p) == 'number' and p == math.floor(p) and math.abs(p) <= 2147483648 then
+    priority = string.format('%d', p)
+  end
+  if type(details.producer) == 'string' then producer = details.producer end
+end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -32,10 +45,10 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 local st = redis.call('HGET', KEYS[4], 'st')
 if st == 'queued' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
-redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0')
+redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0',
+  'pri', priority)
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
-redis.call('RPUSH', KEYS[5], ARGV[1])
-redis.call('PEXPIRE', KEYS[5], ARGV[5])
+queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5])
 redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
 redis.call('PUBLISH', ARGV[6], '')

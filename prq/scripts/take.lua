@@ -1,6 +1,6 @@
 --[[ take: hand out up to N live requests of one endpoint to one receiver, or park it.
 
-KEYS[1]  pending list          prq:{e}:q
+KEYS[1]  queued levels         prq:{e}:lv       (see _queue.lua)
 KEYS[2]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
@@ -8,6 +8,7 @@ KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, 
 KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif = max in flight; absent = no limit)
+KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
@@ -32,8 +33,10 @@ Invariants:
   a take whose receipt is not empty returns those requests and takes nothing new, so a retried
   call, or a receiver whose hand-off pulse was lost, gets exactly what the token owns
 - "tk" (taken at) is server time (TIME), the clock heartbeats are judged by
-- a token is parked only when the list had nothing live for it, so while a live park exists the
-  list holds no live request (FIFO is kept); a park expires by server time (TIME), the one clock
+- requests are handed out in the order _queue.lua defines (priority with a share for lower
+  levels, producers taking turns within a level, FIFO per producer)
+- a token is parked only when nothing was queued, so while a live park exists no live request
+  waits in the queue (the order is kept); a park expires by server time (TIME), the one clock
   all nodes share, so a receiver that died parked is handed nothing after its park ends
 - what is handed out joins the in-flight set; answering, cancelling or declaring a side lost
   removes it (apply_response, cancel, beat, read_response), a beat refreshes its score
@@ -42,12 +45,7 @@ Invariants:
   with no free slot gets nothing and does not park (apply_response pulses the endpoint when it
   frees a slot of a limited endpoint with work waiting)
 ]]
--- a limit is a positive integer; anything else written into the hash is no limit
-local function limit(value)
-  local n = tonumber(value)
-  if n and n >= 1 and n == math.floor(n) then return n end
-  return nil
-end
+-- include: _queue
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
@@ -69,8 +67,7 @@ if #receipt > 0 then
 end
 
 local now = tonumber(ARGV[3])
-local time = redis.call('TIME')
-local now_server = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now_server = server_ms()
 local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 local capped = false
@@ -84,7 +81,7 @@ if max_in_flight then
 end
 local got, skipped = 0, 0
 while got < want and budget > 0 do
-  local id = redis.call('LPOP', KEYS[1])
+  local id = queue_pop(KEYS[1], KEYS[9])
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
@@ -112,7 +109,7 @@ if got > 0 then
   -- entries not touched for an in-flight TTL belong to requests whose hash has expired
   redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now_server - tonumber(ARGV[6]))
   redis.call('PEXPIRE', KEYS[7], ARGV[9])
-elseif not capped and tonumber(ARGV[8]) > 0 and redis.call('LLEN', KEYS[1]) == 0 then
+elseif not capped and tonumber(ARGV[8]) > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   local until_ms = now_server + tonumber(ARGV[8])
   redis.call('RPUSH', KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. '|' .. until_ms)

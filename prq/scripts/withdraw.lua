@@ -1,7 +1,8 @@
 --[[ withdraw: the sender takes back a request that no receiver has picked up yet.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
-KEYS[2]  pending list          prq:{e}:q   (the withdrawn id leaves it)
+KEYS[2]  queued levels         prq:{e}:lv  (the withdrawn id leaves its level; _queue.lua)
+KEYS[3]  level prefix          prq:{e}:q:
 ARGV[1]  reason                "pickup_timeout", "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the tombstone left behind, ms
 ARGV[3]  now_ms
@@ -17,20 +18,21 @@ Reply: {state, response, reason, mine}
           "missing"     nothing is stored under the id (expired or lost)
 
 Invariants:
-- a withdrawn request is never handed out: its id leaves the list, and take would skip it
-  anyway; the list's length is then the queue depth, but for ids of senders that died without
+- a withdrawn request is never handed out: its id leaves its level, and take would skip it
+  anyway; the levels' sizes are then the queue depth, but for ids of senders that died without
   withdrawing, which stay until a take skips them (past their pickup deadline)
-- LREM scans from the head: cheap for a pickup timeout (the request sits near the head), O(n)
-  for a request deep in a long list (about 1.5 ms per 100,000 ids ahead of it)
+- removing the id is O(log n) wherever it sits in the queue
 - the tombstone keeps the reason (for other waiters and status) and has a TTL
 ]]
-local st, rsp, why, wn = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn'))
+-- include: _queue
+local st, rsp, why, wn, pri = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn',
+  'pri'))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
   redis.call('HDEL', KEYS[1], 'b')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('LREM', KEYS[2], 1, ARGV[5])
+  queue_remove(KEYS[2], KEYS[3], pri or '0', ARGV[5])
   local snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w'))
   local msg = 'r|' .. ARGV[5] .. '|'
   if snd then redis.call('PUBLISH', ARGV[4] .. snd, msg) end

@@ -7,8 +7,14 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prq.bulk import MAX_BATCH_SIZE
-from prq.models import REQUEST_ID_PATTERN, validate_endpoint
+from prq.bulk import BULK_PRODUCER, MAX_BATCH_SIZE
+from prq.models import (
+    MAX_PRIORITY,
+    MAX_PRODUCER_LENGTH,
+    MIN_PRIORITY,
+    REQUEST_ID_PATTERN,
+    validate_endpoint,
+)
 
 __all__ = [
     "CALL_RESULT_SCHEMA",
@@ -56,6 +62,11 @@ class SparkQueueConfig:
     params_columns: tuple[str, ...] | None = None
     #: Requests per Redis round trip.
     batch_size: int = 1000
+    #: Priority of every request (higher is taken first; see the README's "Scheduling").
+    priority: int = 0
+    #: Producer named in every request: producers take turns at one priority, so a bulk job
+    #: does not hold up other producers' requests on the same endpoint.
+    producer: str = BULK_PRODUCER
     #: How long a request may wait for a receiver (None: the queue's default).
     pickup_timeout_s: float | None = None
     #: Write each request's id → endpoint locator. Off by default: locators would be most of
@@ -95,6 +106,10 @@ class SparkQueueConfig:
             )
         if not 1 <= len(self.method) <= MAX_METHOD_LENGTH:
             raise ValueError(f"method must be 1-{MAX_METHOD_LENGTH} characters")
+        if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be within {MIN_PRIORITY}..{MAX_PRIORITY}")
+        if len(self.producer) > MAX_PRODUCER_LENGTH:
+            raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
 
     def for_run(self) -> SparkQueueConfig:
         """A copy for one action: its token tells this action's own earlier attempts (counted as

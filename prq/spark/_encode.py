@@ -1,6 +1,6 @@
 """Rows to request bodies, without building a Request model per row.
 
-A row becomes the JSON of a detached Request: {"endpoint", "method", "producer", "id",
+A row becomes the JSON of a detached Request: {"endpoint", "method", "priority", "producer", "id",
 "params": {column: value, ...}}, which `prq.models.decode_request` reads back on the receiver.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
@@ -26,7 +26,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prq.bulk import BULK_PRODUCER
 from prq.models import REQUEST_ID_PATTERN
 from prq.spark._config import SparkQueueConfig, request_id
 
@@ -101,7 +100,11 @@ def param_columns(cfg: SparkQueueConfig, names: Sequence[str]) -> list[str]:
 def _head(cfg: SparkQueueConfig) -> str:
     """The body's text up to the id's opening quote (the same for every row of a job)."""
     endpoint, method = json.dumps(cfg.endpoint), json.dumps(cfg.method)
-    return f'{{"endpoint":{endpoint},"method":{method},"producer":"{BULK_PRODUCER}","id":"'
+    producer = json.dumps(cfg.producer)
+    return (
+        f'{{"endpoint":{endpoint},"method":{method},"priority":{cfg.priority:d},'
+        f'"producer":{producer},"id":"'
+    )
 
 
 # -- Arrow ---------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ class Enqueuer:
                     pickup_timeout_s=self.cfg.pickup_timeout_s,
                     nonce=self.nonce,
                     locators=self.cfg.locators,
+                    priority=self.cfg.priority,
+                    producer=self.cfg.producer,
                 )
             except QueueFull:
                 if time.monotonic() + delay > deadline:

@@ -19,6 +19,7 @@ from tests.api.conftest import QUEUE_SETTINGS
 from tests.api.test_limits import queued_request
 from tests.api.test_metrics import gauge, scrape
 from tests.queue_facades import wait_for_state
+from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def dead_ids(redis_client: redis.Redis, key_prefix: str, endpoint: str = ENDPOIN
 
 
 def pending_length(redis_client: redis.Redis, key_prefix: str, endpoint: str = ENDPOINT) -> int:
-    return int(redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending))
+    return int(queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)))
 
 
 async def listed(http: httpx.AsyncClient, headers: dict[str, str], endpoint: str = ENDPOINT) -> Any:

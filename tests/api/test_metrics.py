@@ -34,6 +34,7 @@ PRQ_FAMILIES = {
     "prq_pickup_wait_seconds",
     "prq_round_trip_seconds",
     "prq_endpoint_depth",
+    "prq_endpoint_priority_depth",
     "prq_endpoint_in_flight",
     "prq_endpoint_oldest_age_seconds",
     "prq_endpoint_receivers",
@@ -68,8 +69,8 @@ def gauge(families: Families, name: str, endpoint: str) -> float | None:
 async def test_metrics_parse_and_show_the_queued_depth(
     http: httpx.AsyncClient, read: dict[str, str], sender: AsyncQueue
 ) -> None:
-    # Given two requests queued on an endpoint by another node
-    requests = [Request(endpoint=ENDPOINT, method="m") for _ in range(2)]
+    # Given two requests queued on an endpoint by another node, at two priorities
+    requests = [Request(endpoint=ENDPOINT, method="m", priority=p) for p in (3, -1)]
     before_enqueue = time.monotonic()
     calls = [asyncio.create_task(sender.queue_and_wait(r)) for r in requests]
     try:
@@ -87,6 +88,13 @@ async def test_metrics_parse_and_show_the_queued_depth(
         assert set(families) >= PRQ_FAMILIES
         assert gauge(families, "prq_endpoint_in_flight", ENDPOINT) == 0
         assert gauge(families, "prq_endpoint_receivers", ENDPOINT) == 0
+        # ... with the depth per priority
+        by_priority = {
+            dict(key)["priority"]: value
+            for key, value in families["prq_endpoint_priority_depth"].items()
+            if dict(key)["endpoint"] == ENDPOINT
+        }
+        assert by_priority == {"3": 1, "-1": 1}
         # ... the oldest request's age: above 0 (it is queued) and no more than it can be
         oldest_age = gauge(families, "prq_endpoint_oldest_age_seconds", ENDPOINT)
         assert oldest_age is not None

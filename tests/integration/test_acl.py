@@ -537,7 +537,7 @@ ADMIN_REFUSED: list[tuple[str, ...]] = [
     ("SET", "prq:x", "1"),
     ("DEL", "prq:endpoints"),
     ("HSET", "prq:{e}:r:1", "st", "done"),
-    ("RPUSH", "prq:{e}:q", "1"),
+    ("ZADD", "prq:{e}:q:0", "1", "x"),
     ("ZADD", "prq:endpoints", "1", "e"),
     ("EVAL", "return redis.call('SET', 'prq:x', '1')", "0"),
     ("EVALSHA", "0" * 40, "0"),
@@ -558,7 +558,7 @@ def test_the_admin_user_cannot_write_or_run_scripts(server: AclServer) -> None:
     admin = server.client("prq-admin", password)
     try:
         # When it reads prq's keys, Then it may
-        assert admin.get("prq:nothing") is None and admin.llen("prq:{e}:q") == 0
+        assert admin.get("prq:nothing") is None and admin.zcard("prq:{e}:lv") == 0
         # When it tries to change anything or run a script, Then Redis refuses
         for command in ADMIN_REFUSED:
             verdict = send(server.root, "ACL", "DRYRUN", "prq-admin", *command)

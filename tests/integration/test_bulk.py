@@ -16,6 +16,7 @@ from prq.bulk import BulkClient
 from prq.keys import KeySchema
 from prq.scripts import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.queued import queue_depth, queued_ids
 from tests.redis_servers import async_wait_until, wait_until
 
 pytestmark = pytest.mark.integration
@@ -42,8 +43,8 @@ def test_a_batch_is_enqueued_once_whoever_sends_it_again(
     first = bulk.enqueue_many(requests)
     assert (first.accepted, first.duplicates, first.rejected) == (2500, 0, [])
     keys = bulk.keys
-    assert redis_client.llen(keys.endpoint("poll://bulk-a").pending) == 1500
-    assert redis_client.llen(keys.endpoint("poll://bulk-b").pending) == 1000
+    assert queue_depth(redis_client, keys.endpoint("poll://bulk-a")) == 1500
+    assert queue_depth(redis_client, keys.endpoint("poll://bulk-b")) == 1000
 
     # When the same requests are sent again (a retried Spark task), in other batch sizes
     again = bulk.enqueue_many(requests, batch_size=700)
@@ -51,7 +52,7 @@ def test_a_batch_is_enqueued_once_whoever_sends_it_again(
     # Then nothing is enqueued twice, and every id is reported as a duplicate
     assert (again.accepted, again.duplicates) == (0, 2500)
     assert sorted(again.duplicate_ids) == sorted(r.id for r in requests)
-    assert redis_client.llen(keys.endpoint("poll://bulk-a").pending) == 1500
+    assert queue_depth(redis_client, keys.endpoint("poll://bulk-a")) == 1500
     assert int(redis_client.get(keys.endpoint("poll://bulk-a").sequence) or 0) == 1500
 
 
@@ -69,7 +70,7 @@ def test_a_replayed_round_trip_reports_what_the_batch_did(
 
     # Then the replay counts the batch's own requests as accepted, and enqueued nothing more
     assert (replayed.accepted, replayed.duplicate_ids) == (5, [])
-    assert redis_client.llen(keys.pending) == 5
+    assert queue_depth(redis_client, keys) == 5
     # And another batch with those ids is told they are duplicates
     other = enqueue_many_call(keys, "nonce-2", encoded, now_ms, now_ms + 60_000, 60_000, 60_000)
     assert parse_enqueue_many(bulk._io.execute([other])[0], 5).duplicate_ids == [
@@ -190,7 +191,7 @@ async def test_requests_without_locators_are_found_by_id_through_the_registry(
     assert status.state == RequestState.QUEUED and status.endpoint == "poll://quiet-b"
     assert await node.cancel(first_b) is True
     assert (await node.status(first_b)).state == RequestState.WITHDRAWN
-    assert redis_client.llen(bulk.keys.endpoint("poll://quiet-b").pending) == 2
+    assert queue_depth(redis_client, bulk.keys.endpoint("poll://quiet-b")) == 2
     # And an id nobody holds is unknown, not an error
     assert (await node.status("noloc-none:1")).state == RequestState.UNKNOWN
     assert await node.cancel("noloc-none:1") is False
@@ -205,7 +206,7 @@ def test_a_request_nobody_took_by_its_pickup_deadline_reads_as_a_pickup_timeout(
     assert bulk.enqueue_many(requests[:2], pickup_timeout_s=0.2).accepted == 2
     assert bulk.enqueue_many(requests[2:], pickup_timeout_s=60).accepted == 1
     ids = [r.id for r in requests]
-    pending = bulk.keys.endpoint(endpoint).pending
+    pending = bulk.keys.endpoint(endpoint)
 
     # When their outcomes are read after the deadline passed
     def overdue_withdrawn() -> bool:
@@ -219,6 +220,6 @@ def test_a_request_nobody_took_by_its_pickup_deadline_reads_as_a_pickup_timeout(
     outcomes = bulk.outcomes(endpoint, ids)
     assert {outcomes[i].reason for i in ids[:2]} == {"pickup_timeout"}
     assert outcomes[ids[2]].state == "queued"
-    assert redis_client.lrange(pending, 0, -1) == [ids[2].encode()]
+    assert queued_ids(redis_client, pending) == [ids[2].encode()]
     again = bulk.enqueue_many(requests, pickup_timeout_s=60)
     assert (again.accepted, again.duplicate_ids) == (2, [ids[2]])

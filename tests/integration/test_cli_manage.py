@@ -12,6 +12,7 @@ from prq.dead import dead_letter_call
 from prq.keys import KeySchema
 from prq.sync import Queue
 from tests.integration.test_cli import PrqRunner
+from tests.queued import queue_depth
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +74,7 @@ def test_dead_letters_are_listed_replayed_once_and_purged(
     assert [json.loads(line)["outcome"] for line in replayed.stdout.splitlines()] == [
         "replayed", "missing",
     ]  # fmt: skip
-    assert redis_client.llen(KeySchema(key_prefix).endpoint(ENDPOINT).pending) == 1
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(ENDPOINT)) == 1
     # And purges drop the named one, then all
     purged = prq.run("dead-letters", ENDPOINT, "--purge", requests[1].id)
     assert json.loads(purged.stdout) == {"purged": 1}

@@ -19,6 +19,7 @@ from prq import Request, RequestState, Response
 from prq._types import Call
 from prq.dead import dead_letter_call
 from tests.queue_facades import AnyQueue, QueueFactory, wait_for_state
+from tests.queued import queued_ids
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,7 @@ async def test_a_dead_letter_is_replayed_once_and_purged(
     # Then it is queued once, and no longer a dead letter
     assert (first, second) == ("replayed", "missing")
     keys = node.keys.endpoint(endpoint)
-    assert redis_client.lrange(keys.pending, 0, -1) == [requests[0].id.encode()]
+    assert queued_ids(redis_client, keys) == [requests[0].id.encode()]
     status = await node.status(requests[0].id)
     assert status.state == RequestState.QUEUED
     # And a receiver runs it like any request

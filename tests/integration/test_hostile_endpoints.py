@@ -12,6 +12,7 @@ import redis
 from prq import InvalidEndpoint, Request, RequestState, Response
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
+from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until, request_keys
 
 pytestmark = pytest.mark.integration
@@ -88,17 +89,17 @@ async def test_1000_hostile_endpoint_names_never_share_a_key(
     mapped = {name: schema.endpoint(name) for name in names}
 
     # Then no two names share a key or a channel
-    for attribute in ("pending", "sequence", "pulse_channel", "tag"):
+    for attribute in ("levels", "sequence", "pulse_channel", "tag"):
         assert len({getattr(keys, attribute) for keys in mapped.values()}) == NAMES, attribute
     assert len({keys.request("id-1") for keys in mapped.values()}) == NAMES
     # And every key of a name has exactly one hash tag, the same for all of that name's keys
     for keys in mapped.values():
-        own = [keys.pending, keys.sequence, keys.request("id-1"), keys.take_receipt("t")]
+        own = [keys.levels, keys.sequence, keys.request("id-1"), keys.take_receipt("t")]
         for key in own:
             assert key.count("{") == 1 and key.count("}") == 1, key
             assert not set(key.removeprefix(key_prefix)) & set("*?[]\\ \r\n")
         assert len({cluster_hash_tag(key) for key in own}) == 1
-    assert len({cluster_hash_tag(keys.pending) for keys in mapped.values()}) == NAMES
+    assert len({cluster_hash_tag(keys.levels) for keys in mapped.values()}) == NAMES
 
     # When a request is sent to 50 of them (the nastiest first) and they are drained in
     # reverse order
@@ -120,11 +121,11 @@ async def test_1000_hostile_endpoint_names_never_share_a_key(
         assert (pending.id, pending.request.endpoint) == (requests[name].id, name)
     for name in sent_to:
         # (a SCAN pattern built from one name's tag matches that name's keys only: no globs)
-        tag = cluster_hash_tag(mapped[name].pending)
+        tag = cluster_hash_tag(mapped[name].levels)
         found = [k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:{{{tag}}}:*")]
         assert mapped[name].request(requests[name].id) in found
         assert {cluster_hash_tag(key) for key in found} == {tag}
-        assert redis_client.llen(mapped[name].pending) == 0
+        assert queue_depth(redis_client, mapped[name]) == 0
     for name in sent_to:
         await receiver.apply_response(Response(id=requests[name].id, result=name))
     responses = await run_all((asyncio.wait_for(c, 20) for c in calls), 30)

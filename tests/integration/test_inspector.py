@@ -27,6 +27,7 @@ from prq import (
     Response,
 )
 from prq.admin import EndpointInfo, Inspector
+from prq.bulk import BulkClient
 from prq.dead import dead_letter_call, purge_dead_letters_flow
 from prq.embedded import EmbeddedRedis
 from prq.flows import Context
@@ -162,6 +163,45 @@ async def test_queued_pages_through_the_list(
     for call in calls:
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_priorities_are_counted_listed_in_take_order_and_paged_across_levels(
+    make_queue: QueueFactory, inspector: Inspector, redis_url: str, key_prefix: str
+) -> None:
+    # Given 7 requests on three priorities, two producers at priority 0, sent in this order
+    endpoint = "poll://inspect-priorities"
+    sent = [(0, "a"), (0, "a"), (0, "b"), (5, "a"), (-2, "a"), (5, "b"), (0, "a")]
+    requests = [
+        Request(endpoint=endpoint, method=f"m{i}", id=f"r{i}", priority=p, producer=who)
+        for i, (p, who) in enumerate(sent)
+    ]
+    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60})
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
+        assert bulk.enqueue_many(requests).accepted == 7
+
+    # When the endpoint is described and its queue paged through 3 at a time
+    info = await inspector.endpoint(endpoint)
+    pages = [await inspector.queued(endpoint, offset, 3) for offset in (0, 3, 6)]
+
+    # Then the depth is counted per priority, highest first
+    assert info.depth == 7
+    assert [(d.priority, d.depth) for d in info.priorities] == [(5, 2), (0, 4), (-2, 1)]
+    assert info.oldest_age_s is not None
+    # And the pages list the take order: priority 5, then 0 with "a" and "b" taking turns
+    # (a turn tie is listed by id), then -2
+    listed = [item.id for page in pages for item in page.items]
+    assert listed == ["r3", "r5", "r0", "r2", "r1", "r6", "r4"]
+    assert [item.priority for page in pages for item in page.items] == [5, 5, 0, 0, 0, 0, -2]
+    assert {page.total for page in pages} == {7}
+    # And a receiver takes them in that order (no 10th take here to go to a lower level)
+    receiver = make_queue()
+    taken = []
+    for _ in range(7):
+        pending = await receiver.dequeue(endpoint, timeout_s=5)
+        assert pending is not None
+        taken.append(pending.id)
+    assert taken == listed
+    assert (await inspector.endpoint(endpoint)).priorities == []
 
 
 async def test_the_registry_is_safe_from_hostile_names_and_foreign_entries(
@@ -441,5 +481,5 @@ async def test_dead_letters_are_listed_and_counted_with_reads_only(
     # And a flow that would write is refused before anything is sent
     ctx = Context(KeySchema(key_prefix), inspector.settings, node_id="inspector")
     with pytest.raises(RuntimeError, match="only reads"):
-        await inspector._read_flow(purge_dead_letters_flow(ctx, endpoint))
+        await inspector._read_flows([purge_dead_letters_flow(ctx, endpoint)])
     assert len(await node.dead_letters(endpoint)) == 3

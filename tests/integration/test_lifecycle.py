@@ -9,6 +9,7 @@ import redis
 
 from prq import QueueShutdown
 from tests.queue_facades import QueueFactory
+from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -30,11 +31,11 @@ async def test_closing_a_node_fails_its_callers_and_closes_its_connections(
     sender = make_own_queue(pickup_timeout_s=60)
     await sender.start()
     endpoint = "poll://nobody"
-    pending_list = sender.keys.endpoint(endpoint).pending
+    pending_list = sender.keys.endpoint(endpoint)
     count = WAITING_CALLS[facade]
     calls = [asyncio.create_task(sender.call(endpoint, "m", i)) for i in range(count)]
     enqueued = count if when == "all queued" else 1
-    await async_wait_until(lambda: own_redis_client.llen(pending_list) >= enqueued, 20)
+    await async_wait_until(lambda: queue_depth(own_redis_client, pending_list) >= enqueued, 20)
 
     # When the node closes
     await asyncio.wait_for(sender.aclose(), 10)

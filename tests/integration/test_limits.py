@@ -23,6 +23,7 @@ from prq import (
 )
 from prq.bulk import BatchRefused, BulkClient
 from tests.queue_facades import QueueFactory, wait_for_state
+from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -179,13 +180,13 @@ def test_a_bulk_batch_writes_what_fits_under_max_pending(
         assert refused.value.partial.accepted == 5
         assert refused.value.refused == {endpoint: 3}
         assert refused.value.retryable is True
-        pending = bulk.keys.endpoint(endpoint).pending
-        assert redis_client.llen(pending) == 5
+        pending = bulk.keys.endpoint(endpoint)
+        assert queue_depth(redis_client, pending) == 5
         # And sent again with the same nonce once there is room, the batch counts all 8 as its own
         redis_client.hdel(bulk.keys.endpoint(endpoint).limits, "mp")
         again = bulk.enqueue_many(batch, nonce="batch-1")
         assert (again.accepted, again.duplicates) == (8, 0)
-        assert redis_client.llen(pending) == 8
+        assert queue_depth(redis_client, pending) == 8
 
 
 async def test_a_malformed_stored_limit_is_no_limit(

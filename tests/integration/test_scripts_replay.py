@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TypeVar
 
 import pytest
 import redis
 
-from prq import Request
-from prq._types import Call, Reply
+from prq import QueueSettings, Request
+from prq._types import Call, Exec, Flow, Reply
+from prq.dead import dead_letter_call, replay_dead_letter_flow
+from prq.flows import Context
 from prq.keys import KeySchema
 from prq.scripts import (
     ALL_SCRIPTS,
@@ -28,8 +31,10 @@ from prq.scripts import (
     take_call,
     withdraw_call,
 )
+from tests.queued import level_ids, queue_depth, queued_ids
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 ENDPOINT = "poll://replay"
 TTL_MS = 60_000
@@ -46,6 +51,19 @@ def client(redis_url: str) -> redis.Redis:
 def send(client: redis.Redis, call: Call) -> Reply:
     reply: Reply = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
     return reply
+
+
+def drive(client: redis.Redis, flow: Flow[T]) -> T:
+    """Run a protocol flow's round trips on a plain client (each Exec's calls in turn)."""
+    replies: object = None
+    while True:
+        try:
+            effect = flow.send(replies)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        assert isinstance(effect, Exec), effect
+        replies = [send(client, call) for call in effect.calls]
 
 
 def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, bytes]:
@@ -87,7 +105,7 @@ def test_enqueue_replay_enqueues_nothing_twice(client: redis.Redis, key_prefix: 
     again = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
     # Then it is reported as known, and the list holds the id once
     assert again.known is not None and again.known.state == "queued"
-    assert client.lrange(keys.endpoint(ENDPOINT).pending, 0, -1) == [request.id.encode()]
+    assert queued_ids(client, keys.endpoint(ENDPOINT)) == [request.id.encode()]
     assert client.get(keys.endpoint(ENDPOINT).sequence) == b"1"
 
 
@@ -175,7 +193,7 @@ def test_withdraw_replay_is_still_this_calls_withdrawal(
     _, _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
     assert items == []
     # And the withdrawn id left the list: its length is the queue's depth
-    assert client.llen(keys.endpoint(ENDPOINT).pending) == 0
+    assert queue_depth(client, keys.endpoint(ENDPOINT)) == 0
 
 
 def test_presence_replay_only_moves_the_node_forward(client: redis.Redis, key_prefix: str) -> None:
@@ -192,3 +210,36 @@ def test_presence_replay_only_moves_the_node_forward(client: redis.Redis, key_pr
     members = client.zrange(keys.receivers, 0, -1, withscores=True)
     assert members == [(b"live-node", float(again))]
     assert 0 < client.pttl(keys.receivers) <= TTL_MS
+
+
+def test_a_replayed_dead_letter_keeps_its_priority_and_producer(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given two dead letters: one whose details name a priority and producer, one with
+    # details someone garbled (a priority that is no integer, JSON that does not parse)
+    keys = KeySchema(key_prefix)
+    ctx = Context(keys, QueueSettings(), node_id="n")
+    endpoint = keys.endpoint(ENDPOINT)
+    named = Request(endpoint=ENDPOINT, method="m", priority=6, producer="nightly")
+    garbled = Request(endpoint=ENDPOINT, method="m", priority=6)
+    body = named.model_dump_json().encode()
+    send(client, dead_letter_call(ctx, ENDPOINT, named.id, body, "attempts_exhausted", 3,
+                                  priority=6, producer="nightly"))  # fmt: skip
+    send(client, dead_letter_call(ctx, ENDPOINT, garbled.id, b"{}", "undecodable", 1))
+    client.hset(endpoint.dead[1], garbled.id, '{"priority": 1.5, "producer": 7')
+
+    # When both are replayed
+    for request in (named, garbled):
+        assert drive(client, replay_dead_letter_flow(ctx, ENDPOINT, request.id)) == "replayed"
+
+    # Then the first is queued at its priority, the other at 0; each hash says where
+    assert level_ids(client, endpoint, 6) == [named.id]
+    assert level_ids(client, endpoint, 0) == [garbled.id]
+    assert state(client, keys, named.id)[b"pri"] == b"6"
+    assert state(client, keys, garbled.id)[b"pri"] == b"0"
+    # And a take hands out the higher priority first
+    now_ms = int(time.time() * 1000)
+    _, _, items = parse_take(send(client, take(keys, "t-1", now_ms)))
+    assert [i.request_id for i in items] == [named.id, garbled.id]
+    assert queued_ids(client, endpoint) == []
+    assert not client.exists(endpoint.levels)

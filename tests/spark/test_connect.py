@@ -14,6 +14,7 @@ import redis
 
 from prq.keys import KeySchema
 from tests.integration.test_cli import Prq
+from tests.queued import queue_depth
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -50,8 +51,8 @@ def test_enqueue_and_call_work_through_a_spark_connect_session(
     assert sorted(row[0] for row in report["counts"]) == [0, 1]
     assert sum(row[1] for row in report["counts"]) == 4000
     assert sum(row[2] + row[3] for row in report["counts"]) == 0
-    pending = KeySchema(key_prefix).endpoint("poll://spark-connect").pending
-    assert redis_client.llen(pending) == 4000
+    pending = KeySchema(key_prefix).endpoint("poll://spark-connect")
+    assert queue_depth(redis_client, pending) == 4000
     # And every called row has its answer: a result, or the handler's error for multiples of 7
     answers = {rid: (result, error) for rid, result, error, _ in report["answers"]}
     assert len(answers) == 300

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from prq.keys import KeySchema
+from tests.queued import queue_depth
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -42,8 +43,8 @@ def test_the_enqueue_example_enqueues_once_and_reports_the_rerun_as_duplicates(
         ("3000", "0", "0"),
         ("0", "3000", "0"),
     ]
-    pending = KeySchema(key_prefix).endpoint("poll://spark-example").pending
-    assert redis_client.llen(pending) == 3000
+    pending = KeySchema(key_prefix).endpoint("poll://spark-example")
+    assert queue_depth(redis_client, pending) == 3000
 
 
 def test_the_call_example_collects_every_response(redis_url: str, key_prefix: str) -> None:

@@ -22,6 +22,7 @@ import redis
 from prq.admin import EndpointInfo, Inspector
 from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
+from prq.models import decode_request
 from prq.spark import (
     PartitionCounts,
     SparkQueueConfig,
@@ -32,6 +33,7 @@ from prq.spark import (
     foreach_batch,
 )
 from tests.integration.test_cli import Prq
+from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import wait_until
 
 if TYPE_CHECKING:
@@ -105,9 +107,9 @@ def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
     assert all(c[1] == 50_000 for c in counts)
     # And Redis holds exactly 200,000 requests, each once
     keys = KeySchema(key_prefix).endpoint(endpoint)
-    assert redis_client.llen(keys.pending) == 200_000
+    assert queue_depth(redis_client, keys) == 200_000
     assert int(redis_client.get(keys.sequence) or 0) == 200_000
-    pending = redis_client.lrange(keys.pending, 0, -1)
+    pending = queued_ids(redis_client, keys)
     assert len(set(pending)) == 200_000
     first = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:7"), "b") or b"{}")
     assert (first["method"], first["params"]) == ("square", {"doubled": 14})
@@ -120,7 +122,7 @@ def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
 
     # Then nothing more is enqueued, and every row is reported as a duplicate
     assert totals(again) == (0, 200_000, 0)
-    assert redis_client.llen(keys.pending) == 200_000
+    assert queue_depth(redis_client, keys) == 200_000
 
 
 def test_rows_with_keys_that_make_no_request_id_are_rejected(
@@ -138,12 +140,38 @@ def test_rows_with_keys_that_make_no_request_id_are_rejected(
 
     # Then the 20 good rows are queued, with only the chosen params, and the others are not
     keys = KeySchema(key_prefix).endpoint(endpoint)
-    assert redis_client.llen(keys.pending) == 20
+    assert queue_depth(redis_client, keys) == 20
     body = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:k3"), "b") or b"{}")
     assert body["params"] == {"n": 3}
     # And the Arrow variant reports the bad rows as rejected, the good ones as duplicates
     counts = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
     assert totals(counts) == (0, 20, 4)
+
+
+def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given rows enqueued by two jobs: one at the defaults, one at priority 4 as "nightly"
+    endpoint = "poll://spark-priority"
+    df = spark.createDataFrame([(f"k{i}", i) for i in range(30)], "key string, n long")
+    plain = config(redis_url, key_prefix, endpoint)
+    urgent = config(redis_url, key_prefix, endpoint, priority=4, producer="nightly")
+    assert totals([tuple(r) for r in enqueue_dataframe(df, plain).collect()]) == (30, 0, 0)
+    df.repartition(3).foreachPartition(enqueue_partitions(urgent))
+
+    # Then each job's requests sit at its priority and name its producer
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    assert len(level_ids(redis_client, keys, 0)) == 30
+    assert len(level_ids(redis_client, keys, 4)) == 30
+    body = json.loads(redis_client.hget(keys.request(f"{urgent.namespace}:k7"), "b") or b"{}")
+    assert (body["priority"], body["producer"], body["params"]) == (4, "nightly", {"n": 7})
+    decoded = decode_request(json.dumps(body).encode())
+    assert (decoded.priority, decoded.producer) == (4, "nightly")
+    # And a bad priority or producer is refused when the job is configured
+    with pytest.raises(ValueError, match="priority"):
+        config(redis_url, key_prefix, endpoint, priority=2**31)
+    with pytest.raises(ValueError, match="producer"):
+        config(redis_url, key_prefix, endpoint, producer="p" * 201)
 
 
 def test_enqueue_works_where_pandas_is_not_installed(
@@ -179,7 +207,7 @@ def test_enqueue_works_where_pandas_is_not_installed(
     # Then the plan was built without pandas, and every row is queued
     assert len(built) == 1
     assert totals(counts) == (1_000, 0, 0)
-    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 1_000
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 1_000
 
 
 def test_enqueue_raises_when_redis_is_away(spark: SparkSession, key_prefix: str) -> None:
@@ -286,7 +314,7 @@ def test_a_replayed_micro_batch_enqueues_nothing_twice(
     # Then the replay enqueued nothing
     assert sum(c.accepted for c in first) == 3_000
     assert (sum(c.accepted for c in replay), sum(c.duplicate for c in replay)) == (0, 3_000)
-    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 3_000
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 3_000
 
 
 def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twice(
@@ -341,8 +369,8 @@ def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twic
     assert (sum(c.accepted for c in again), sum(c.duplicate for c in again)) == (0, 500)
     # And Redis holds each row's request once
     keys = KeySchema(key_prefix).endpoint(endpoint)
-    assert redis_client.llen(keys.pending) == 1_000
-    assert len(set(redis_client.lrange(keys.pending, 0, -1))) == 1_000
+    assert queue_depth(redis_client, keys) == 1_000
+    assert len(set(queued_ids(redis_client, keys))) == 1_000
 
 
 def test_a_task_never_has_more_than_max_in_flight_requests_unanswered(
@@ -360,7 +388,7 @@ def test_a_task_never_has_more_than_max_in_flight_requests_unanswered(
 
     # Then only the first 100 were sent; the task waited for outcomes before sending more, and
     # past the call timeout answered everything with CallTimeout (the 400 unsent ones as such)
-    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 100
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 100
     assert len(rows) == 500 and {r.error_type for r in rows} == {"CallTimeout"}
     assert sum("never sent" in r.error_message for r in rows) == 400
 
@@ -389,7 +417,7 @@ def test_two_concurrent_attempts_of_a_task_enqueue_each_row_once(
         outputs = list(pool.map(lambda _: list(enqueue(iter(batches))), range(2)))
 
     # Then every row is queued once, and each attempt counts all its rows as accepted
-    assert redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 5_000
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 5_000
     for output in outputs:
         stats = output[0].to_pylist()[0]
         assert (stats["accepted"], stats["duplicate"], stats["rejected"]) == (5_000, 0, 0)
@@ -418,7 +446,7 @@ def test_a_full_redis_is_waited_out_not_dropped(
         own_redis_client.config_set("maxmemory", 0)
         output = future.result(timeout=30)
     assert output[0].to_pylist()[0]["accepted"] == 2_000
-    assert own_redis_client.llen(KeySchema(key_prefix).endpoint(endpoint).pending) == 2_000
+    assert queue_depth(own_redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 2_000
 
 
 def test_an_endpoint_at_max_pending_is_waited_out_with_exact_counts(
@@ -434,7 +462,7 @@ def test_an_endpoint_at_max_pending_is_waited_out_with_exact_counts(
     with ThreadPoolExecutor(1) as pool:
         # When a task enqueues 2,000 rows (batches of 1,000: the first one only partly fits)
         future = pool.submit(lambda: list(enqueue(iter(arrow_batches(2_000, 500)))))
-        wait_until(lambda: redis_client.llen(keys.pending) == 700, 15, 0.02, "the limit reached")
+        wait_until(lambda: queue_depth(redis_client, keys) == 700, 15, 0.02, "the limit reached")
         assert not future.done()
         # Then it backs off until there is room, and its counts are exact (a partly written
         # batch sent again counts its own requests once)
@@ -442,4 +470,4 @@ def test_an_endpoint_at_max_pending_is_waited_out_with_exact_counts(
         output = future.result(timeout=30)
     assert output[0].to_pylist()[0] == {"partition": 0, "accepted": 2_000, "duplicate": 0,
                                         "rejected": 0}  # fmt: skip
-    assert redis_client.llen(keys.pending) == 2_000
+    assert queue_depth(redis_client, keys) == 2_000

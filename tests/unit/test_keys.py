@@ -30,14 +30,14 @@ def test_encoding_round_trips_and_is_tag_safe(endpoint: str) -> None:
 def test_distinct_endpoints_never_share_a_key(a: str, b: str) -> None:
     keys = KeySchema("prq")
     if a != b:
-        assert keys.endpoint(a).pending != keys.endpoint(b).pending
+        assert keys.endpoint(a).levels != keys.endpoint(b).levels
         assert keys.endpoint(a).pulse_channel != keys.endpoint(b).pulse_channel
 
 
 @given(printable)
 def test_every_key_of_an_endpoint_has_one_hash_tag(endpoint: str) -> None:
     keys = KeySchema("prq").endpoint(endpoint)
-    for key in (keys.pending, keys.request("abc"), keys.sequence, keys.take_receipt("t")):
+    for key in (keys.levels, keys.request("abc"), keys.sequence, keys.take_receipt("t")):
         assert key.count("{") == 1
         assert key.count("}") == 1
         assert key.startswith(keys.tag)
@@ -68,3 +68,15 @@ def test_non_string_endpoint_is_rejected() -> None:
 def test_invalid_prefixes_are_rejected(prefix: str) -> None:
     with pytest.raises(ValueError, match="invalid key prefix"):
         KeySchema(prefix)
+
+
+@given(printable, st.integers(-(2**31), 2**31 - 1), st.integers(-(2**31), 2**31 - 1))
+def test_priority_levels_have_keys_of_their_own(endpoint: str, p: int, q: int) -> None:
+    keys = KeySchema("prq").endpoint(endpoint)
+    others = {keys.levels, keys.sequence, keys.parked, keys.parks, keys.running, keys.limits,
+              keys.receivers, *keys.dead, keys.request("1"), keys.take_receipt("t")}  # fmt: skip
+    level, clock = keys.level(p), keys.level(p) + ":vt"  # the clock hash is the level's + ":vt"
+    assert level.startswith(keys.level_prefix) and level.startswith(keys.tag)
+    assert not {level, clock} & others
+    if p != q:
+        assert keys.level(q) not in (level, clock)

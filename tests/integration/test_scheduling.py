@@ -1,0 +1,219 @@
+"""Scheduling on real Redis (scripts/_queue.lua): a higher priority is taken first, lower
+priorities keep a share, producers take turns within a priority, one producer's order is FIFO,
+and the per-priority queues leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+
+import pydantic
+import pytest
+import redis
+
+from prq import (
+    CancelledBeforePickup,
+    PickupTimeout,
+    QueueFull,
+    QueueSettings,
+    Request,
+    RequestState,
+    Response,
+)
+from prq.bulk import BulkClient
+from prq.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
+from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
+from tests.queued import level_ids, queue_depth, queued_ids
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+#: Every SHARE-th take a level makes while a lower level holds work goes down (_queue.lua).
+SHARE = 10
+
+
+@pytest.fixture
+def bulk(redis_url: str, key_prefix: str) -> Iterator[BulkClient]:
+    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60})
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
+        yield client
+
+
+def batch(endpoint: str, producer: str, n: int, priority: int = 0, tag: str = "") -> list[Request]:
+    """n requests of one producer at one priority, ids "<tag or producer>-<priority>:<i>"."""
+    return [
+        Request(
+            endpoint=endpoint,
+            method="m",
+            params=i,
+            id=f"{tag or producer}-{priority}:{i}",
+            producer=producer,
+            priority=priority,
+        )
+        for i in range(n)
+    ]
+
+
+async def take(receiver: AnyQueue, endpoint: str, n: int) -> list[Request]:
+    """The next n requests the endpoint hands out, one take each."""
+    taken: list[Request] = []
+    for _ in range(n):
+        pending = await receiver.dequeue(endpoint, timeout_s=5)
+        assert pending is not None, f"nothing to take after {len(taken)}"
+        taken.append(pending.request)
+    return taken
+
+
+async def test_a_higher_priority_is_taken_first_and_one_producer_stays_fifo(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given requests queued by callers waiting on them, at two priorities, in this order
+    sender, receiver = make_queue(pickup_timeout_s=30), make_queue()
+    endpoint = "poll://priorities"
+    order = [(0, "a1"), (0, "a2"), (5, "b1"), (0, "a3"), (5, "b2"), (-3, "c1")]
+    sent = {}
+    calls = []
+    for priority, name in order:
+        request = Request(endpoint=endpoint, method=name, priority=priority, producer="one")
+        sent[name] = request
+        calls.append(asyncio.ensure_future(sender.queue_and_wait(request)))
+        await wait_for_state(sender, request.id, RequestState.QUEUED)
+    assert queue_depth(redis_client, sender.keys.endpoint(endpoint)) == 6
+
+    # When a receiver takes them one by one
+    taken = [r.method for r in await take(receiver, endpoint, len(order))]
+
+    # Then the highest priority comes first, each priority in the order it was sent
+    assert taken == ["b1", "b2", "a1", "a2", "a3", "c1"]
+    for name in taken:
+        await receiver.apply_response(Response(id=sent[name].id, result=name))
+    assert [response.result for response in await asyncio.gather(*calls)] == [n for _, n in order]
+    # And nothing of the priority queues is left behind
+    keys = sender.keys.endpoint(endpoint)
+    assert not redis_client.exists(keys.levels)
+    assert not redis_client.keys(f"{keys.level_prefix}*")
+
+
+async def test_producers_take_turns_within_a_priority(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given two bulk producers with 500 requests each on one endpoint (awkward names on purpose)
+    receiver = make_queue()
+    endpoint = "poll://fair"
+    first, second = "job{a}:*", "job{a}:*\n"
+    assert bulk.enqueue_many(batch(endpoint, first, 500, tag="first")).accepted == 500
+    assert bulk.enqueue_many(batch(endpoint, second, 500, tag="second")).accepted == 500
+
+    # When 200 are taken
+    taken = await take(receiver, endpoint, 200)
+
+    # Then the two producers alternate: each pair of takes holds one of each, in FIFO order
+    for i in range(0, 200, 2):
+        assert {taken[i].producer, taken[i + 1].producer} == {first, second}, i
+    for producer in (first, second):
+        assert [r.params for r in taken if r.producer == producer] == list(range(100))
+
+    # When an interactive caller sends one request while 800 are still queued
+    sender = make_queue(pickup_timeout_s=30)
+    call = asyncio.ensure_future(sender.call(endpoint, "interactive"))
+    keys = bulk.keys.endpoint(endpoint)
+    await async_wait_until(lambda: queue_depth(redis_client, keys) == 801, 10, 0.01, "queued")
+
+    # Then it is among the next three taken (behind at most one request per other producer)
+    after = await take(receiver, endpoint, 3)
+    assert "interactive" in [r.method for r in after]
+    interactive = next(r for r in after if r.method == "interactive")
+    assert interactive.producer == sender.node_id
+    await receiver.apply_response(Response(id=interactive.id, result="served"))
+    assert await call == "served"
+
+
+async def test_lower_priorities_keep_a_share_and_are_never_starved(
+    make_queue: QueueFactory, bulk: BulkClient
+) -> None:
+    # Given 100 requests at each of three priorities
+    receiver = make_queue()
+    endpoint = "poll://shares"
+    for priority in (9, 3, -7):
+        assert bulk.enqueue_many(batch(endpoint, "p", 100, priority)).accepted == 100
+
+    # When 100 are taken while all three levels hold work
+    taken = await take(receiver, endpoint, 100)
+
+    # Then the top level gets 9 of every 10 takes; every 10th goes to a lower level, in turn
+    shares = Counter(r.priority for r in taken)
+    assert shares == {9: 100 - 100 // SHARE, 3: 100 // SHARE // 2, -7: 100 // SHARE // 2}
+    lower = [(i, r.priority) for i, r in enumerate(taken) if r.priority != 9]
+    assert lower == [(i, 3 if (i // SHARE) % 2 == 0 else -7) for i in range(9, 100, SHARE)]
+    # ... and each level still hands out its own requests in order
+    for priority in (9, 3, -7):
+        got = [r.params for r in taken if r.priority == priority]
+        assert got == list(range(len(got)))
+
+
+async def test_max_pending_counts_every_priority_and_withdrawals_leave_no_keys(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given an endpoint that may hold 3 queued requests, holding one at each of 3 priorities
+    sender = make_queue(pickup_timeout_s=30)
+    endpoint = "poll://capacity-levels"
+    await sender.set_limits(endpoint, max_pending=3)
+    waiting = [Request(endpoint=endpoint, method="m", priority=p) for p in (1, 2, 3)]
+    calls = [asyncio.ensure_future(sender.queue_and_wait(r)) for r in waiting]
+    for request in waiting:
+        await wait_for_state(sender, request.id, RequestState.QUEUED)
+
+    # When a fourth arrives at a fresh priority, Then it is refused
+    with pytest.raises(QueueFull):
+        await sender.queue_and_wait(Request(endpoint=endpoint, method="m", priority=9))
+
+    # When they are cancelled before pickup, or time out waiting
+    for request, call in zip(waiting, calls, strict=True):
+        assert await sender.cancel(request.id) is True
+        with pytest.raises(CancelledBeforePickup):
+            await call
+    short = make_queue(pickup_timeout_s=0.2)
+    with pytest.raises(PickupTimeout):
+        await short.queue_and_wait(Request(endpoint=endpoint, method="m", priority=-4))
+
+    # Then every id left its level and the emptied levels left no key behind
+    keys = sender.keys.endpoint(endpoint)
+    await async_wait_until(
+        lambda: queue_depth(redis_client, keys) == 0, 10, 0.02, "every level emptied"
+    )
+    assert queued_ids(redis_client, keys) == []
+    assert not redis_client.exists(keys.levels)
+    assert not redis_client.keys(f"{keys.level_prefix}*")
+
+
+async def test_a_batch_of_mixed_priorities_queues_each_in_its_level(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given one batch mixing priorities and producers
+    endpoint = "poll://mixed-batch"
+    requests = batch(endpoint, "x", 3, 0) + batch(endpoint, "y", 2, 4) + batch(endpoint, "x", 2, 4)
+    result = bulk.enqueue_many(requests)
+    assert result.accepted == 7
+
+    # Then each request sits in its priority's queue, with the batch's order kept per producer
+    keys = bulk.keys.endpoint(endpoint)
+    assert level_ids(redis_client, keys, 0) == [f"x-0:{i}" for i in range(3)]
+    top = level_ids(redis_client, keys, 4)
+    assert sorted(top) == sorted(["y-4:0", "y-4:1", "x-4:0", "x-4:1"])
+    assert [i for i in top if i.startswith("y")] == ["y-4:0", "y-4:1"]
+    # And a receiver takes the higher level first
+    receiver = make_queue()
+    assert {r.priority for r in await take(receiver, endpoint, 4)} == {4}
+    assert [r.params for r in await take(receiver, endpoint, 3)] == [0, 1, 2]
+
+
+def test_priority_and_producer_are_validated_before_anything_is_sent() -> None:
+    for priority in (MIN_PRIORITY, 0, MAX_PRIORITY):
+        assert Request(endpoint="poll://v", method="m", priority=priority).priority == priority
+    for priority in (MIN_PRIORITY - 1, MAX_PRIORITY + 1, 10**30):
+        with pytest.raises(pydantic.ValidationError):
+            Request(endpoint="poll://v", method="m", priority=priority)
+    Request(endpoint="poll://v", method="m", producer="p" * MAX_PRODUCER_LENGTH)
+    with pytest.raises(pydantic.ValidationError):
+        Request(endpoint="poll://v", method="m", producer="p" * (MAX_PRODUCER_LENGTH + 1))
