@@ -41,10 +41,12 @@ import redis
 
 from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
-from prq.keys import KeySchema
+from prq.keys import EndpointKeys, KeySchema
 from prq.scripts import TAKE, take_call
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The scheduling helpers the scripts include (scripts/_queue.lua).
+_QUEUE_LIB = (ROOT / "prq" / "scripts" / "_queue.lua").read_text("utf-8")
 ENDPOINT = "poll://bench-fair"
 BULK = "bulk"
 #: Receiver slots of the echo worker.
@@ -210,16 +212,57 @@ def _time_takes(client: redis.Redis, n: int, take: Callable[[str], Any]) -> tupl
     return elapsed / n * 1e6, (usec1 - usec0) / max(1, calls1 - calls0)
 
 
+#: The two pops alone, without the rest of a take: a list pop, and prq's scheduling step.
+PLAIN_POP = "return redis.call('LPOP', KEYS[1])"
+FAIR_POP = _QUEUE_LIB + "\nreturn queue_pop(KEYS[1], KEYS[2])"
+#: How the requests of a take-cost run are spread: request i -> (producer, priority).
+LAYOUTS: dict[str, Callable[[int], tuple[str, int]]] = {
+    "1 producer, 1 priority": lambda i: (BULK, 0),
+    "1,000 producers, 1 priority": lambda i: (f"p{i % 1000}", 0),
+    "3 priorities": lambda i: (BULK, (i % 3) * 5),
+}
+
+
+def _queue_layout(url: str, n: int, layout: Callable[[int], tuple[str, int]]) -> str:
+    """Queue n requests on ENDPOINT of a fresh prefix, spread by `layout`; the prefix."""
+    prefix = f"prq-bench-take-{uuid.uuid4().hex[:6]}"
+    settings = QueueSettings(pickup_timeout_s=PICKUP_TIMEOUT_S)
+    requests = []
+    for i in range(n):
+        producer, priority = layout(i)
+        requests.append(
+            Request(endpoint=ENDPOINT, method="m", params=i, producer=producer, priority=priority)
+        )
+    with BulkClient.from_url(url, prefix=prefix, settings=settings) as bulk:
+        bulk.enqueue_many(requests)
+    return prefix
+
+
+def _queue_plain(client: redis.Redis, n: int) -> EndpointKeys:
+    """n request hashes and a plain list of their ids, for the baselines."""
+    keys = KeySchema(f"prq-bench-plain-{uuid.uuid4().hex[:6]}").endpoint(ENDPOINT)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        pipe.hset(keys.request(f"id-{i}"), mapping={"st": "queued", "b": "{}", "att": 0})
+        pipe.rpush(f"{keys.tag}:plain", f"id-{i}")
+    pipe.execute()
+    return keys
+
+
 def take_cost_phase(url: str, takes: int) -> str:
     client = redis.Redis.from_url(url)
-    settings = QueueSettings(pickup_timeout_s=PICKUP_TIMEOUT_S)
     client.script_load(TAKE.source)
-    plain_sha = client.script_load(PLAIN_TAKE)
-    rows = []
+    plain_take_sha = client.script_load(PLAIN_TAKE)
+    plain_pop_sha = client.script_load(PLAIN_POP)
+    fair_pop_sha = client.script_load(FAIR_POP)
 
-    def prq_take(prefix: str) -> Callable[[str], Any]:
-        keys = KeySchema(prefix).endpoint(ENDPOINT)
+    def evalsha(sha: str, *keys: str) -> Callable[[str], Any]:
+        def run(token: str) -> Any:
+            return client.evalsha(sha, len(keys), *keys, token, "bench")
 
+        return run
+
+    def prq_take(keys: EndpointKeys) -> Callable[[str], Any]:
         def take(token: str) -> Any:
             call = take_call(keys, token, "bench", int(time.time() * 1000), 1, 100, 300_000,
                              120_000, 0, 86_400_000, 60_000)  # fmt: skip
@@ -228,48 +271,40 @@ def take_cost_phase(url: str, takes: int) -> str:
 
         return take
 
-    layouts: dict[str, Callable[[int], tuple[str, int]]] = {
-        "1 producer, 1 priority": lambda i: (BULK, 0),
-        "1,000 producers, 1 priority": lambda i: (f"p{i % 1000}", 0),
-        "3 priorities": lambda i: (BULK, (i % 3) * 5),
-    }
-    for name, layout in layouts.items():
-        prefix = f"prq-bench-take-{uuid.uuid4().hex[:6]}"
-        with BulkClient.from_url(url, prefix=prefix, settings=settings) as bulk:
-            requests = []
-            for i in range(takes):
-                producer, priority = layout(i)
-                requests.append(
-                    Request(endpoint=ENDPOINT, method="m", params=i, producer=producer,
-                            priority=priority)
-                )  # fmt: skip
-            bulk.enqueue_many(requests)
-        rows.append((f"prq take: {name}", *_time_takes(client, takes, prq_take(prefix))))
+    def plain_take(keys: EndpointKeys) -> Callable[[str], Any]:
+        plain_keys = (f"{keys.tag}:plain", keys.request_prefix)
 
-    prefix = f"prq-bench-plain-{uuid.uuid4().hex[:6]}"
-    keys = KeySchema(prefix).endpoint(ENDPOINT)
-    pipe = client.pipeline(transaction=False)
-    for i in range(takes):
-        pipe.hset(keys.request(f"id-{i}"), mapping={"st": "queued", "b": "{}", "att": 0})
-        pipe.rpush(f"{keys.tag}:plain", f"id-{i}")
-    pipe.execute()
+        def take(token: str) -> Any:
+            more = (keys.take_receipt(token), keys.running)
+            return client.evalsha(plain_take_sha, 4, *plain_keys, *more, token, "bench")
 
-    def plain(token: str) -> Any:
-        plain_keys = (f"{keys.tag}:plain", keys.request_prefix, keys.take_receipt(token),
-                      keys.running)  # fmt: skip
-        return client.evalsha(plain_sha, 4, *plain_keys, token, "bench")
+        return take
 
-    rows.insert(0, ("plain list take (baseline)", *_time_takes(client, takes, plain)))
+    rows = [("whole take", "plain list (baseline)",
+             *_time_takes(client, takes, plain_take(_queue_plain(client, takes))))]  # fmt: skip
+    for name, layout in LAYOUTS.items():
+        keys = KeySchema(_queue_layout(url, takes, layout)).endpoint(ENDPOINT)
+        rows.append(("whole take", f"prq: {name}", *_time_takes(client, takes, prq_take(keys))))
+    plain_pop = evalsha(plain_pop_sha, f"{_queue_plain(client, takes).tag}:plain")
+    rows.append(("pop only", "plain list (baseline)", *_time_takes(client, takes, plain_pop)))
+    for name, layout in LAYOUTS.items():
+        keys = KeySchema(_queue_layout(url, takes, layout)).endpoint(ENDPOINT)
+        pop = evalsha(fair_pop_sha, keys.levels, keys.level_prefix)
+        rows.append(("pop only", f"prq: {name}", *_time_takes(client, takes, pop)))
     client.close()
-    base = rows[0][2]
     lines = [
-        f"one take of one request, {takes:,} sequential takes per variant",
+        f"one request per take, {takes:,} sequential takes per row; a whole take also marks the "
+        "request taken, lists it in the receipt and the in-flight set (prq's take.lua does "
+        "more: limits, parking, counters); pop only is the scheduling step alone",
         "",
-        "| take | client µs/take | Redis µs/take | Redis time vs plain |",
-        "|---|---:|---:|---:|",
+        "| step | queue | client µs | Redis µs | Redis time vs baseline |",
+        "|---|---|---:|---:|---:|",
     ]
-    for name, client_us, redis_us in rows:
-        lines.append(f"| {name} | {client_us:.0f} | {redis_us:.1f} | {redis_us / base:.2f}x |")
+    base = {step: redis_us for step, name, _, redis_us in rows if "baseline" in name}
+    for step, name, client_us, redis_us in rows:
+        lines.append(
+            f"| {step} | {name} | {client_us:.0f} | {redis_us:.1f} | {redis_us / base[step]:.2f}x |"
+        )
     return "\n".join(lines)
 
 
