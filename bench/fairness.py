@@ -42,7 +42,7 @@ import redis
 from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
 from prq.keys import EndpointKeys, KeySchema
-from prq.scripts import TAKE, take_call
+from prq.scripts import TAKE, Redelivery, take_call
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The scheduling helpers the scripts include (scripts/_queue.lua).
@@ -262,12 +262,14 @@ def take_cost_phase(url: str, takes: int) -> str:
 
         return run
 
+    redelivery = Redelivery.of(QueueSettings(), "prq:node:")
+
     def prq_take(keys: EndpointKeys) -> Callable[[str], Any]:
         def take(token: str) -> Any:
             call = take_call(keys, token, "bench", int(time.time() * 1000), 1, 100, 300_000,
-                             120_000, 0, 86_400_000, 60_000)  # fmt: skip
+                             120_000, 0, 86_400_000, 60_000, redelivery)  # fmt: skip
             reply: list[Any] = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
-            return reply[2:]
+            return reply[3:]
 
         return take
 

@@ -36,6 +36,7 @@ from prq.errors import PrqError, QueueFull
 from prq.keys import KeySchema, encode_endpoint
 from prq.models import Request, check_body_size, validate_endpoint
 from prq.scripts import (
+    Redelivery,
     RequestSnapshot,
     enqueue_many_call,
     parse_enqueue_many,
@@ -54,8 +55,9 @@ DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 5000
 #: The producer named in detached requests that do not name one.
 BULK_PRODUCER = "bulk"
-#: Where a batch's requests queue: (endpoint, priority, producer); one script call each.
-Lane = tuple[str, int, str]
+#: Where a batch's requests queue: (endpoint, priority, producer, max attempts: 0 for
+#: at_most_once); one script call each.
+Lane = tuple[str, int, str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,7 @@ class BulkClient:
             raise ValueError(f"at most {MAX_BATCH_SIZE} items per call")
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         validate_endpoint(endpoint)
-        lane = (endpoint, priority, producer)
+        lane = (endpoint, priority, producer, 0)
         return self._send({lane: items}, pickup, nonce or uuid.uuid4().hex, locators)
 
     def _enqueue_batch(
@@ -210,7 +212,8 @@ class BulkClient:
             except PrqError as exc:
                 rejected.append(Rejected(request.id, exc))
                 continue
-            lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER)
+            attempts = self.settings.max_attempts if request.delivery == "at_least_once" else 0
+            lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER, attempts)
             by_lane.setdefault(lane, []).append(encoded)
         result = self._send(by_lane, pickup_timeout_s, nonce, locators=True)
         result.rejected += rejected
@@ -233,7 +236,7 @@ class BulkClient:
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
-        for (endpoint, priority, producer), items in by_lane.items():
+        for (endpoint, priority, producer, attempts), items in by_lane.items():
             calls.append(
                 enqueue_many_call(
                     self.keys.endpoint(endpoint),
@@ -245,6 +248,7 @@ class BulkClient:
                     int(settings.list_ttl_s * 1000),
                     priority,
                     producer,
+                    attempts,
                 )
             )
             if locators:
@@ -263,7 +267,7 @@ class BulkClient:
         replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
         at = 0
         refused: dict[str, int] = {}
-        for (endpoint, _, _), items in by_lane.items():
+        for (endpoint, *_), items in by_lane.items():
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids
@@ -293,8 +297,9 @@ class BulkClient:
         caller would do."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
         timeout_ms = int(self.settings.receiver_timeout_s * 1000)
+        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
         calls = [
-            read_response_call(keys, request_id, timeout_ms, self.keys.node_channel_prefix)
+            read_response_call(keys, request_id, timeout_ms, redelivery)
             for request_id in request_ids
         ]
         if not calls:

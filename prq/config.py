@@ -51,6 +51,9 @@ DEFAULT_PULSE_INLINE_LIMIT_BYTES = 16 * 1024
 DEFAULT_DEAD_LETTER_TTL_S = 7 * 86400.0
 #: Most dead letters kept per endpoint; the oldest go first.
 DEFAULT_DEAD_LETTER_MAX = 10_000
+#: How many times an at_least_once request may be handed out, by default and at most.
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_ATTEMPTS_LIMIT = 1000
 #: Per-attempt socket timeout; bounds how long one hung Redis call can block.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 #: Connect timeout for a new Redis connection.
@@ -104,6 +107,8 @@ class QueueSettings(BaseSettings):
     pulse_inline_limit_bytes: int = Field(DEFAULT_PULSE_INLINE_LIMIT_BYTES, ge=0)
     dead_letter_ttl_s: float = Field(DEFAULT_DEAD_LETTER_TTL_S, gt=0)
     dead_letter_max: int = Field(DEFAULT_DEAD_LETTER_MAX, ge=1)
+    #: at_least_once requests enqueued by this node are handed out at most this many times.
+    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
 
     @model_validator(mode="after")
     def _check_limits(self) -> QueueSettings:

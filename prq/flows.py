@@ -37,6 +37,7 @@ from prq.models import (
 )
 from prq.outcomes import resolve
 from prq.scripts import (
+    Redelivery,
     RequestSnapshot,
     TakenItem,
     apply_response_call,
@@ -132,6 +133,7 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             _ms(settings.receiver_timeout_s),
             request.priority,
             request.producer or ctx.node_id,
+            settings.max_attempts if request.delivery == "at_least_once" else 0,
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )
@@ -165,6 +167,8 @@ class _CallClock:
     next_poll: float
     last_contact: float
     picked_up: bool = False
+    #: Handed out again after its receiver went silent (at_least_once): it may have run.
+    redelivered: bool = False
 
     def wake_at(self, now: float) -> float:
         while self.next_poll <= now:
@@ -188,10 +192,14 @@ def call_flow(
     pickup_timeout_s: float,
     timeout_s: float | None,
     on_counter: Callable[[int], None] | None = None,
+    on_redelivered: Callable[[str], None] | None = None,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring).
 
-    `on_counter` receives the endpoint's enqueue counter (for the data-loss watch)."""
+    `on_counter` receives the endpoint's enqueue counter (for the data-loss watch);
+    `on_redelivered` gets the request's new state when this call's poll handed it out again
+    ("queued") or dead-lettered it ("cancelled") because its receiver went silent
+    (at_least_once)."""
     started = ctx.monotonic()
     clock = _CallClock(
         pickup_deadline=started + pickup_timeout_s,
@@ -204,7 +212,16 @@ def call_flow(
     try:
         return (
             yield from _await_outcome(
-                ctx, request, body, signal, seen, pickup_timeout_s, timeout_s, clock, on_counter
+                ctx,
+                request,
+                body,
+                signal,
+                seen,
+                pickup_timeout_s,
+                timeout_s,
+                clock,
+                on_counter,
+                on_redelivered,
             )
         )
     except QueueUnavailable as exc:
@@ -225,6 +242,7 @@ def _await_outcome(
     timeout_s: float | None,
     clock: _CallClock,
     on_counter: Callable[[int], None] | None,
+    on_redelivered: Callable[[str], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
     replies = yield _enqueue_calls(ctx, request, body, pickup_timeout_s)
@@ -252,11 +270,17 @@ def _await_outcome(
             keys,
             request.id,
             _ms(ctx.settings.receiver_timeout_s) if judge else 0,
-            ctx.keys.node_channel_prefix,
+            Redelivery.of(ctx.settings, ctx.keys.node_channel_prefix),
         )
         snapshot = parse_snapshot(_first((yield _exec(read))))
         clock.last_contact = ctx.monotonic()
+        if snapshot.redelivered and on_redelivered is not None:
+            on_redelivered(snapshot.state)
         result = resolve(snapshot, request.id, request.endpoint)
+        if clock.picked_up and snapshot.state == RequestState.QUEUED:
+            # handed out again (at_least_once): it waits for a pickup afresh
+            clock.picked_up, clock.redelivered = False, True
+            clock.pickup_deadline = ctx.monotonic() + pickup_timeout_s
         if result is None:
             clock.picked_up = clock.picked_up or snapshot.state == RequestState.TAKEN
             result = yield from _past_deadlines(ctx, request, clock, timeout_s)
@@ -270,7 +294,8 @@ def _past_deadlines(
     """Act on a passed pickup or call deadline: withdraw, or raise CallTimeout."""
     now = ctx.monotonic()
     if not clock.picked_up and now >= clock.pickup_deadline:
-        snapshot = yield from withdraw_flow(ctx, request, "pickup_timeout")
+        why = "redelivery_timeout" if clock.redelivered else "pickup_timeout"
+        snapshot = yield from withdraw_flow(ctx, request, why)
         result = resolve(snapshot, request.id, request.endpoint)
         if result is not None:
             return result
@@ -349,16 +374,21 @@ class TakeResult:
     items: list[TakenItem]
     #: The endpoint's enqueue counter as the last take saw it (None: items came by hand-off).
     counter: int | None = None
+    #: at_least_once requests of silent receivers the takes queued again or dead-lettered.
+    redelivered: int = 0
 
 
 def parse_handoff(payload: bytes) -> TakenItem | None:
-    """A hand-off pulse's `<id>|<attempt>|<body>`; None when the body was left out (too large,
-    or garbled): the receipt then has it."""
+    """A hand-off pulse's `<id>|<attempt>|<sequence>|<body>`; None when the body was left out
+    (too large, or garbled): the receipt then has it."""
     request_id, _, rest = payload.partition(b"|")
-    attempt, _, body = rest.partition(b"|")
-    if not body or not attempt.isdigit():
+    attempt, _, rest = rest.partition(b"|")
+    sequence, _, body = rest.partition(b"|")
+    if not body or not attempt.isdigit() or not sequence.isdigit():
         return None
-    return TakenItem(request_id.decode("ascii", errors="replace"), body, int(attempt))
+    return TakenItem(
+        request_id.decode("ascii", errors="replace"), body, int(attempt), sequence=int(sequence)
+    )
 
 
 def take_flow(
@@ -383,6 +413,8 @@ def take_flow(
     keys = ctx.keys.endpoint(endpoint)
     deadline = ctx.monotonic() + timeout_s
     final = timeout_s <= 0
+    redelivered = 0
+    redelivery = Redelivery.of(settings, ctx.keys.node_channel_prefix)
     while True:
         seen = signal.generation
         now = ctx.monotonic()
@@ -400,12 +432,14 @@ def take_flow(
                 _ms(park_s) if park_s > 0 else 0,
                 _ms(settings.list_ttl_s),
                 _ms(settings.receiver_timeout_s),
+                redelivery,
             )
         )
-        skipped, counter, items = parse_take(_first(replies))
-        if items or final:
-            return TakeResult(token, items, counter)
-        if skipped >= DEFAULT_TAKE_SCAN:
+        taken = parse_take(_first(replies))
+        redelivered += taken.redelivered
+        if taken.items or final:
+            return TakeResult(token, taken.items, taken.counter, redelivered)
+        if taken.skipped >= DEFAULT_TAKE_SCAN:
             continue  # a run of dead ids: keep taking before waiting
         next_poll = ctx.monotonic() + park_s
         while signal.generation == seen:
@@ -423,7 +457,7 @@ def take_flow(
         if handed is not None:
             item = parse_handoff(handed)
             if item is not None:
-                return TakeResult(token, [item])
+                return TakeResult(token, [item], None, redelivered)
 
 
 def respond_flow(

@@ -48,6 +48,9 @@ class Lease:
     pending: PendingRequest | None = None
     last_beat: float | None = None
     last_look: float = field(default=0.0)
+    #: The owner token the last holder's beat was sent with (a redelivery adopted by this node
+    #: changes the pending's token: a "fenced" reply to the old one is then out of date).
+    beat_token: str = ""
 
     def __post_init__(self) -> None:
         self.last_look = self.since
@@ -79,6 +82,13 @@ class Liveness:
 
     def hold(self, pending: PendingRequest, now: float) -> None:
         self.held[pending.id] = Lease(pending.id, pending.request.endpoint, now, pending)
+
+    def beat_soon(self, request_id: str, now: float) -> None:
+        """Beat for a held request at the next turn (its owner token changed)."""
+        lease = self.held.get(request_id)
+        if lease is not None:
+            lease.since = now - self.ctx.settings.heartbeat_initial_delay_s
+            lease.last_beat = None
 
     def release(self, request_id: str) -> None:
         self.sent.pop(request_id, None)
@@ -117,6 +127,7 @@ class Liveness:
             if record:
                 lease.last_beat = now
             assert lease.pending is not None
+            lease.beat_token = lease.pending.owner_token
             call = beat_call(
                 keys.endpoint(lease.endpoint), lease.request_id, "r",
                 lease.pending.owner_token, record, sender_timeout_ms,
@@ -144,6 +155,8 @@ class Liveness:
             if state == "missing":
                 reason = "data_loss"
             elif state == "fenced":
+                if lease.pending is not None and lease.pending.owner_token != lease.beat_token:
+                    continue  # the request was adopted again meanwhile, under a new token
                 reason = "fenced"
             ended.append(Verdict(lease, state, reason or state))
         return ended

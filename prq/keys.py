@@ -12,6 +12,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
+    prq:{<e>}:alo            zset    the at_least_once ones among them      TTL 1 day, refreshed
     prq:{<e>}:rcv            zset    receiver node -> last seen, ms         TTL 1 day, refreshed
     prq:{<e>}:dead           zset    dead-lettered ids -> when, ms          TTL 7 days, refreshed
     prq:{<e>}:deadm          hash    id -> dead letter's reason etc (JSON)  TTL 7 days, refreshed
@@ -116,6 +117,12 @@ class EndpointKeys:
     def running(self) -> str:
         """Sorted set of taken, unanswered ids, scored by their last contact (server ms)."""
         return f"{self.tag}:run"
+
+    @property
+    def lease(self) -> str:
+        """Sorted set of the at_least_once ids in flight, scored as in `running`: the ones a
+        silent receiver held are handed out again from here (scripts/_redeliver.lua)."""
+        return f"{self.tag}:alo"
 
     @property
     def receivers(self) -> str:

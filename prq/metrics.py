@@ -17,6 +17,9 @@ Series:
                                             class name, or RemoteError when the service raised
     prq_cancelled_total{endpoint}           requests cancelled through this process's cancel()
     prq_dead_lettered_total{endpoint}       requests moved to the dead-letter list
+    prq_redelivered_total{endpoint}         at_least_once requests of silent receivers that
+                                            this process's calls or takes handed out again
+                                            (or dead-lettered, their attempts used up)
     prq_heartbeats_missed_total{endpoint,side}  a side declared lost: side="receiver" (seen by
                                             the sender) or "sender" (seen by the receiver)
     prq_data_loss_events_total              data-loss declarations (Redis lost or rolled back)
@@ -62,6 +65,7 @@ __all__ = [
     "FAILED",
     "HEARTBEATS_MISSED",
     "PICKUP_WAIT",
+    "REDELIVERED",
     "REDIS_RETRIES",
     "RESPONDED",
     "ROUND_TRIP",
@@ -90,6 +94,11 @@ CANCELLED = Counter(
 )
 DEAD_LETTERED = Counter(
     "prq_dead_lettered", "Requests moved to the dead-letter list.", ["endpoint"]
+)
+REDELIVERED = Counter(
+    "prq_redelivered",
+    "at_least_once requests of silent receivers handed out again or dead-lettered.",
+    ["endpoint"],
 )
 HEARTBEATS_MISSED = Counter(
     "prq_heartbeats_missed",

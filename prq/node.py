@@ -56,6 +56,7 @@ from prq.models import (
 from prq.pulses import PulseRouter, PulsesBase
 from prq.redis_io import IOCounters
 from prq.scripts import TakenItem
+from prq.seen import SeenSequences
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -67,6 +68,20 @@ __all__ = ["QueueBase", "QueueStats"]
 
 #: How many taken request ids a node remembers (to refuse a second delivery after a rollback).
 DEFAULT_TAKEN_MEMORY = 100_000
+#: How many responses of at_least_once requests a node keeps, to answer a redelivery of one
+#: it ran with the same answer.
+DEFAULT_RAN_RESPONSES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """Taken items sorted: to run, undecodable, delivered twice by a rolled-back Redis (to be
+    cancelled), and at_least_once redeliveries of what this node ran already."""
+
+    good: list[PendingRequest]
+    bad: list[tuple[TakenItem, SerializationError]]
+    refused: list[str]
+    ran: list[TakenItem]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +161,14 @@ class QueueBase:
         #: only come from a Redis that went back in time, and must not run again.
         self._taken: OrderedDict[str, int] = OrderedDict()
         self._taken_lock = threading.Lock()
+        #: at_least_once requests this node ran, per endpoint, by sequence number: a
+        #: redelivery of one of them is never run again here (prq.seen). Forgotten when Redis
+        #: loses data (sequence numbers start again).
+        self._ran: dict[str, SeenSequences] = {}
+        self._ran_epoch = 0
+        #: Responses of the at_least_once requests it ran, newest last, to answer such a
+        #: redelivery with: request id → response body.
+        self._ran_responses: OrderedDict[str, bytes] = OrderedDict()
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
@@ -218,14 +241,14 @@ class QueueBase:
     def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
         return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
 
-    def _adopt(
-        self, endpoint: str, token: str, items: list[TakenItem]
-    ) -> tuple[list[PendingRequest], list[tuple[TakenItem, SerializationError]], list[str]]:
-        """Turn taken items into PendingRequests; return undecodable ones and the ids of ones
-        delivered a second time (to be cancelled, not run) separately."""
+    def _adopt(self, endpoint: str, token: str, items: list[TakenItem]) -> Adopted:
+        """Turn taken items into PendingRequests; set apart the undecodable ones, the ids of
+        ones delivered a second time (to be cancelled, not run), and redeliveries of
+        at_least_once requests this node ran already (never run twice)."""
         good: list[PendingRequest] = []
         bad: list[tuple[TakenItem, SerializationError]] = []
         refused: list[str] = []
+        ran: list[TakenItem] = []
         for item in items:
             try:
                 request = decode_request(item.body)
@@ -248,6 +271,9 @@ class QueueBase:
                 )
                 refused.append(item.request_id)
                 continue
+            if request.delivery == "at_least_once" and not self._first_run(endpoint, item):
+                ran.append(item)
+                continue
             delivery = DeliveryInfo(
                 attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
             )
@@ -257,7 +283,45 @@ class QueueBase:
             good.append(pending)
             metrics.TAKEN.labels(endpoint).inc()
             metrics.pickup_waited(endpoint, item.created_ms)
-        return good, bad, refused
+        return Adopted(good, bad, refused, ran)
+
+    def _first_run(self, endpoint: str, item: TakenItem) -> bool:
+        """Remember that this node runs an at_least_once request; False if it ran (or runs)
+        the same one before: a redelivery (attempt 2 or later), not to be run again."""
+        with self._taken_lock:
+            if self._ran_epoch != self._watch.data_loss.events:
+                self._ran.clear()  # Redis lost data: its sequence numbers start again
+                self._ran_responses.clear()
+                self._ran_epoch = self._watch.data_loss.events
+            if item.sequence <= 0:
+                return True
+            first = self._ran.setdefault(endpoint, SeenSequences()).add(item.sequence)
+            return first or item.attempt <= 1  # a first attempt is never a redelivery
+
+    def _ran_again(self, endpoint: str, token: str, item: TakenItem) -> Flow[None]:
+        """A redelivery of an at_least_once request this node ran or runs: never run it again.
+        Still running: the run answers under the new owner token. Answered before: the same
+        answer again. Its answer no longer kept: an error saying so (not retryable)."""
+        request_id = item.request_id
+        running = self._held.get(request_id)
+        if running is not None:
+            logger.info("redelivery of a running request adopted request_id=%s", request_id)
+            running.owner_token = token
+            self._watch.liveness.beat_soon(request_id, time.monotonic())
+            return
+        with self._taken_lock:
+            body = self._ran_responses.get(request_id)
+        if body is None:
+            error = ServerError(
+                type="DuplicateDelivery",
+                message=f"request {request_id} was handed out again to a receiver that ran it "
+                "already and no longer keeps its response; it was not run again",
+            )
+            body = Response(id=request_id, error=error).model_dump_json().encode()
+        logger.info("redelivery of a request run before answered request_id=%s", request_id)
+        outcome = yield from respond_flow(self.ctx, endpoint, request_id, token, body)
+        if outcome not in ("ok", "replay"):
+            logger.warning("answer dropped request_id=%s outcome=%s", request_id, outcome)
 
     def _receive_flow(
         self,
@@ -284,12 +348,17 @@ class QueueBase:
             except PrqError:
                 self._take_failed(endpoint, token)
                 raise
+            if result.redelivered:
+                metrics.REDELIVERED.labels(endpoint).inc(result.redelivered)
             good: list[PendingRequest] = []
             if self._rolled_back(endpoint, floor, result):
                 refused = [item.request_id for item in result.items]
             else:
-                good, bad, refused = self._adopt(endpoint, result.token, result.items)
-                for item, exc in bad:
+                adopted = self._adopt(endpoint, result.token, result.items)
+                good, refused = adopted.good, adopted.refused
+                for item in adopted.ran:
+                    yield from self._ran_again(endpoint, result.token, item)
+                for item, exc in adopted.bad:
                     # kept first, so whoever sees the error answer finds the dead letter
                     yield Exec((
                         dead_letter_call(
@@ -347,6 +416,11 @@ class QueueBase:
             )
             return None
         body = self._encode_response(response)
+        if pending.request.delivery == "at_least_once":
+            with self._taken_lock:
+                self._ran_responses[response.id] = body
+                while len(self._ran_responses) > DEFAULT_RAN_RESPONSES:
+                    self._ran_responses.popitem(last=False)
         return respond_flow(
             self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
         )
@@ -381,6 +455,14 @@ class QueueBase:
         """An enqueue of this node went in; `counter` is the endpoint's enqueue counter."""
         metrics.ENQUEUED.labels(endpoint).inc()
         self._watch.observe_counter(endpoint, counter)
+
+    @staticmethod
+    def _redelivered(endpoint: str, state: str) -> None:
+        """A call of this node handed its at_least_once request out again ("queued"), or
+        dead-lettered it with its attempts used up ("cancelled")."""
+        metrics.REDELIVERED.labels(endpoint).inc()
+        if state == "cancelled":
+            metrics.DEAD_LETTERED.labels(endpoint).inc()
 
     def _sending(self, request: Request) -> None:
         self._watch.liveness.send(request.id, request.endpoint, time.monotonic())

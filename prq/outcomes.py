@@ -45,6 +45,13 @@ def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Respon
                 "endpoint, then retry.",
                 **where,
             )
+        if snapshot.reason == "redelivery_timeout":
+            raise ReceiverLost(
+                f"the receiver of at_least_once request {request_id} for {endpoint!r} went "
+                "silent and the request was handed out again, but no receiver picked it up in "
+                "time; it was withdrawn. It may have run once. Retry if it is safe.",
+                **where,
+            )
         if snapshot.reason == "call_timeout":
             raise CallTimeout(
                 f"request {request_id} timed out before pickup; it was withdrawn and will "
@@ -74,6 +81,13 @@ def _cancelled_error(reason: str, request_id: str, endpoint: str) -> PrqError:
         return ReceiverLost(
             f"the node holding request {request_id} for {endpoint!r} stopped sending heartbeats "
             "and is presumed lost; the service may or may not have run it. Retry if it is safe.",
+            **where,
+        )
+    if reason == "attempts_exhausted":
+        return ReceiverLost(
+            f"at_least_once request {request_id} for {endpoint!r} used up its attempts (the "
+            "queue's max_attempts), each receiver going silent; it may have run, and it was "
+            "moved to the endpoint's dead letters, from where it can be replayed.",
             **where,
         )
     if reason == "data_loss":

@@ -234,6 +234,7 @@ class AsyncQueue(QueueBase):
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
                     partial(self._enqueued, request.endpoint),
+                    partial(self._redelivered, request.endpoint),
                 )
                 response = await self._run(flow, self._watch.epoch)
         except BaseException as exc:

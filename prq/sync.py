@@ -226,6 +226,7 @@ class Queue(QueueBase):
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
                     partial(self._enqueued, request.endpoint),
+                    partial(self._redelivered, request.endpoint),
                 )
                 response = self._run(flow, self._watch.epoch)
         except BaseException as exc:

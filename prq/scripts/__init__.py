@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Final
 
 from prq._types import Call, Reply
+from prq.config import QueueSettings
 from prq.errors import QueueFull, SerializationError
 from prq.keys import EndpointKeys
 
@@ -26,8 +27,10 @@ __all__ = [
     "REPLAY_DEAD",
     "BatchOutcome",
     "EnqueueOutcome",
+    "Redelivery",
     "RequestSnapshot",
     "Script",
+    "TakeReply",
     "TakenItem",
     "apply_response_call",
     "beat_call",
@@ -129,6 +132,8 @@ class RequestSnapshot:
     reason: str
     #: When a queued request stops being handed out (read_response only), ms since the epoch.
     pickup_deadline_ms: int | None = None
+    #: read_response handed this at_least_once request out again, or dead-lettered it.
+    redelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +160,16 @@ def enqueue_call(
     receiver_timeout_ms: int,
     priority: int = 0,
     producer: str = "",
+    max_attempts: int = 0,
 ) -> Call:
+    """`max_attempts` 0: at_most_once; else at_least_once, handed out at most that often."""
     return ENQUEUE.call(
         (keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix),
+         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease),
         (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
-         pulse_inline_limit_bytes, receiver_timeout_ms, priority, producer),
+         pulse_inline_limit_bytes, receiver_timeout_ms, priority, producer, max_attempts,
+         pickup_deadline_ms - now_ms),
     )  # fmt: skip
 
 
@@ -203,11 +211,13 @@ def enqueue_many_call(
     list_ttl_ms: int,
     priority: int = 0,
     producer: str = "",
+    max_attempts: int = 0,
 ) -> Call:
-    """All `items` are queued at `priority` for `producer` (their bodies should say the same)."""
+    """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
+    is above 0 (their bodies should say the same)."""
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
-        priority, producer,
+        priority, producer, max_attempts, pickup_deadline_ms - now_ms,
     ]  # fmt: skip
     for request_id, body in items:
         args += [request_id, body]
@@ -239,14 +249,48 @@ def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
 
 @dataclass(frozen=True, slots=True)
 class TakenItem:
-    """One request handed out by `take`: its id, raw body, attempt number, and when it was
+    """One request handed out by `take`: its id, raw body, attempt number, when it was
     enqueued (the sender's clock, ms since the epoch; 0 for a hand-off, which waited for no
-    take)."""
+    take), and its sequence number on the endpoint (0 when unknown)."""
 
     request_id: str
     body: bytes
     attempt: int
     created_ms: int = 0
+    sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TakeReply:
+    """What one take did: ids skipped, the endpoint's enqueue counter, at_least_once requests
+    of silent receivers it queued again or dead-lettered, and the requests handed out."""
+
+    skipped: int
+    counter: int
+    redelivered: int
+    items: list[TakenItem]
+
+
+@dataclass(frozen=True, slots=True)
+class Redelivery:
+    """What the scripts that may hand an at_least_once request out again need to know
+    (scripts/_redeliver.lua)."""
+
+    request_ttl_extra_ms: int
+    list_ttl_ms: int
+    dead_letter_ttl_ms: int
+    dead_letter_max: int
+    node_channel_prefix: str
+
+    @classmethod
+    def of(cls, settings: QueueSettings, node_channel_prefix: str) -> Redelivery:
+        return cls(
+            int(settings.request_ttl_extra_s * 1000),
+            int(settings.list_ttl_s * 1000),
+            int(settings.dead_letter_ttl_s * 1000),
+            settings.dead_letter_max,
+            node_channel_prefix,
+        )
 
 
 def take_call(
@@ -261,38 +305,40 @@ def take_call(
     park_ms: int,
     park_ttl_ms: int,
     receiver_timeout_ms: int,
+    redelivery: Redelivery,
 ) -> Call:
     return TAKE.call(
         (keys.levels, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks, keys.sequence, keys.running, keys.limits, keys.level_prefix),
+         keys.parks, keys.sequence, keys.running, keys.limits, keys.level_prefix, keys.lease,
+         *keys.dead),
         (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
-         park_ms, park_ttl_ms, receiver_timeout_ms),
+         park_ms, park_ttl_ms, receiver_timeout_ms, redelivery.request_ttl_extra_ms,
+         redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
+         redelivery.node_channel_prefix),
     )  # fmt: skip
 
 
-def parse_take(reply: Reply) -> tuple[int, int, list[TakenItem]]:
-    """Return (ids skipped, the endpoint's enqueue counter, requests handed out)."""
+def parse_take(reply: Reply) -> TakeReply:
     items = _array(reply, "take")
-    if (
-        len(items) < 2
-        or not isinstance(items[0], int)
-        or not isinstance(items[1], int)
-        or (len(items) - 2) % 4
-    ):
+    if len(items) < 3 or not all(isinstance(v, int) for v in items[:3]) or (len(items) - 3) % 5:
         raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
     taken = []
-    for i in range(2, len(items), 4):
+    for i in range(3, len(items), 5):
         body = items[i + 1]
-        created = _text(items[i + 3])
+        created, sequence = _text(items[i + 3]), _text(items[i + 4])
         taken.append(
             TakenItem(
                 request_id=_text(items[i]),
                 body=body if isinstance(body, bytes) else _text(body).encode(),
                 attempt=int(_text(items[i + 2]) or 1),
                 created_ms=int(created) if created.isdigit() else 0,
+                sequence=int(sequence) if sequence.isdigit() else 0,
             )
         )
-    return items[0], items[1], taken
+    skipped, counter, redelivered = items[:3]
+    assert isinstance(skipped, int) and isinstance(counter, int)
+    assert isinstance(redelivered, int)
+    return TakeReply(skipped, counter, redelivered, taken)
 
 
 # -- apply_response -----------------------------------------------------------------------------
@@ -312,7 +358,7 @@ def apply_response_call(
     pulse_inline_limit_bytes: int,
 ) -> Call:
     return APPLY_RESPONSE.call(
-        (keys.request(request_id), keys.running, keys.limits, keys.levels),
+        (keys.request(request_id), keys.running, keys.limits, keys.levels, keys.lease),
         (
             request_id,
             owner_token,
@@ -360,12 +406,15 @@ def parse_withdraw(reply: Reply) -> tuple[RequestSnapshot, bool]:
 
 
 def read_response_call(
-    keys: EndpointKeys, request_id: str, receiver_timeout_ms: int, node_channel_prefix: str
+    keys: EndpointKeys, request_id: str, receiver_timeout_ms: int, redelivery: Redelivery
 ) -> Call:
     return READ_RESPONSE.call(
-        (keys.request(request_id), keys.running),
-        (receiver_timeout_ms, node_channel_prefix, request_id),
-    )
+        (keys.request(request_id), keys.running, keys.lease, keys.levels, keys.level_prefix,
+         *keys.dead),
+        (receiver_timeout_ms, redelivery.node_channel_prefix, request_id,
+         redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
+         redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel),
+    )  # fmt: skip
 
 
 # -- beat / cancel / canary ---------------------------------------------------------------------
@@ -383,7 +432,7 @@ def beat_call(
     list_ttl_ms: int,
 ) -> Call:
     return BEAT.call(
-        (keys.request(request_id), keys.running),
+        (keys.request(request_id), keys.running, keys.lease),
         (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
          node_channel_prefix, request_id, list_ttl_ms),
     )  # fmt: skip
@@ -406,7 +455,7 @@ def cancel_call(
     nonce: str,
 ) -> Call:
     return CANCEL.call(
-        (keys.request(request_id), keys.running, keys.levels, keys.level_prefix),
+        (keys.request(request_id), keys.running, keys.levels, keys.level_prefix, keys.lease),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
 
@@ -435,12 +484,13 @@ def _snapshot(items: list[Reply]) -> RequestSnapshot:
 
 
 def parse_snapshot(reply: Reply) -> RequestSnapshot:
-    """Parse the {state, response, reason, pickup deadline} reply of read_response."""
+    """Parse the {state, response, reason, pickup deadline, redelivered} reply of
+    read_response."""
     items = _array(reply, "request state")
-    if len(items) != 4:
+    if len(items) != 5:
         raise SerializationError(f"unexpected request state reply from Redis: {reply!r:.200}")
     deadline = _text(items[3])
-    snapshot = _snapshot(items[:3])
+    snapshot = replace(_snapshot(items[:3]), redelivered=items[4] == 1)
     if not deadline.isdigit():
         return snapshot
     return replace(snapshot, pickup_deadline_ms=int(deadline))

@@ -56,6 +56,18 @@ local function queue_push(levels, prefix, p, producer, ids, ttl)
   redis.call('PEXPIRE', levels, ttl)
 end
 
+-- queue an id at the front of level p (a redelivery: it waited its turn once already)
+local function queue_push_front(levels, prefix, p, id, ttl)
+  local q, clock = prefix .. p, prefix .. p .. ':vt'
+  local g = tonumber(redis.call('HGET', clock, 'g')) or 0
+  redis.call('ZADD', q, g, id)
+  redis.call('HSET', clock, 'g', g)  -- a level's clock exists (with its TTL) while it does
+  redis.call('ZADD', levels, p, p)
+  redis.call('PEXPIRE', q, ttl)
+  redis.call('PEXPIRE', clock, ttl)
+  redis.call('PEXPIRE', levels, ttl)
+end
+
 local function forget_level(levels, prefix, p)
   redis.call('DEL', prefix .. p, prefix .. p .. ':vt')
   redis.call('ZREM', levels, p)

@@ -4,6 +4,7 @@ KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
 KEYS[3]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
 KEYS[4]  queued levels         prq:{e}:lv       (present while anything is queued)
+KEYS[5]  leased ids            prq:{e}:alo      (an answered at_least_once id leaves it)
 ARGV[1]  request id
 ARGV[2]  owner token of the receiver that answers
 ARGV[3]  response (JSON)
@@ -25,7 +26,8 @@ Invariants:
 - only the owner of a taken request can answer it, and only once
 - value and TTL are written together; the request body is dropped with the answer
 ]]
-local st, own, snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd', 'w'))
+local st, own, snd, watchers, ma = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd', 'w',
+  'ma'))
 if not st then return 'unknown' end
 if st == 'done' then
   if own == ARGV[2] then return 'replay' end
@@ -38,6 +40,7 @@ redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 redis.call('HDEL', KEYS[1], 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if ma then redis.call('ZREM', KEYS[5], ARGV[1]) end
 if redis.call('HEXISTS', KEYS[3], 'mif') == 1 and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('PUBLISH', ARGV[8], '')  -- a slot freed: receivers that found none may take again
 end

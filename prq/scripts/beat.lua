@@ -3,6 +3,7 @@ request stands, and judges the other side.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
+KEYS[3]  leased ids            prq:{e}:alo      (at_least_once ids in flight; same scores)
 ARGV[1]  role: "s" (sender) or "r" (receiver)
 ARGV[2]  owner token (receiver role; the sender passes "")
 ARGV[3]  1: record a beat now; 0: only look (a receiver polling for cancellation)
@@ -59,5 +60,6 @@ if ARGV[3] == '1' then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('ZADD', KEYS[2], 'XX', now, ARGV[7])
   redis.call('PEXPIRE', KEYS[2], ARGV[8])
+  redis.call('ZADD', KEYS[3], 'XX', now, ARGV[7])
 end
 return {'taken', ''}

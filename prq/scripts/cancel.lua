@@ -4,6 +4,7 @@ KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (a cancelled taken id leaves it)
 KEYS[3]  queued levels         prq:{e}:lv       (a withdrawn queued id leaves its level)
 KEYS[4]  level prefix          prq:{e}:q:       (_queue.lua)
+KEYS[5]  leased ids            prq:{e}:alo      (a cancelled at_least_once id leaves it)
 ARGV[1]  reason                "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the cancelled request's record (the polled cancel marker), ms
 ARGV[3]  node channel prefix   prq:node:
@@ -23,8 +24,8 @@ Invariants:
 - the sender and the watchers are pulsed so that their waits end at once
 ]]
 -- include: _queue
-local st, rsp, why, wn, rcv, snd, watchers, pri = unpack(redis.call('HMGET', KEYS[1], 'st',
-  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri'))
+local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(redis.call('HMGET', KEYS[1], 'st',
+  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'taken' then
   local after = st == 'taken'
@@ -35,6 +36,7 @@ if st == 'queued' or st == 'taken' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if after then
     redis.call('ZREM', KEYS[2], ARGV[4])
+    if ma then redis.call('ZREM', KEYS[5], ARGV[4]) end
   else
     queue_remove(KEYS[3], KEYS[4], pri or '0', ARGV[4])
   end

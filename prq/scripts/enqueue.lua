@@ -9,6 +9,7 @@ KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same has
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif, mp; absent = no limit)
 KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
+KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
@@ -24,12 +25,16 @@ ARGV[12] largest body carried inside a hand-off pulse, bytes
 ARGV[13] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot
 ARGV[14] priority (an integer)
 ARGV[15] producer (the fairness lane within the priority)
+ARGV[16] max attempts: 0 for at_most_once; else the request is at_least_once (_redeliver.lua)
+ARGV[17] pickup window, ms (an at_least_once request handed out again gets it afresh)
 
 Reply:
   {"new", counter}                      queued (and the endpoint pulsed); counter = the
                                         endpoint's enqueue count so far
   {"handed", counter}                   handed to a parked receiver: taken by its token, listed
-                                        in its receipt, and the request sent in a pulse to it
+                                        in its receipt, and the request sent in a pulse to it:
+                                        "t|<token>|<id>|1|<sequence>|<body>" (body left out
+                                        when larger than ARGV[12])
   {"known", state, response, reason}    the id is known (not withdrawn); nothing was enqueued, the
                                         sender was only added as a watcher of the outcome
   {"full", depth, max_pending}          the endpoint already holds max_pending queued requests;
@@ -47,6 +52,8 @@ Invariants:
 - capacity: no new request while max_pending ids are queued; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 - a queued request joins its priority level, in its producer's turn (_queue.lua)
+- the request's sequence number "sq" is the counter's value: unique per endpoint while Redis
+  keeps its data (receivers track the at_least_once ones they ran by it)
 ]]
 -- include: _queue
 local state = redis.call('HGET', KEYS[1], 'st')
@@ -83,6 +90,21 @@ if max_in_flight then
   local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[13]), '+inf')
   if live >= max_in_flight then tries = 0 end
 end
+-- what the hash holds in every state (the state's own fields are added to it)
+local fields = {'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4], 'pd', ARGV[5], 'pri', ARGV[14],
+  'sq', counter}
+local alo = tonumber(ARGV[16]) > 0
+if alo then
+  for _, v in ipairs({'ma', ARGV[16], 'pw', ARGV[17], 'pro', ARGV[15]}) do
+    fields[#fields + 1] = v
+  end
+end
+local function hset(...)
+  local args = {...}
+  for _, v in ipairs(fields) do args[#args + 1] = v end
+  redis.call('HSET', KEYS[1], unpack(args))
+end
+
 for _ = 1, tries do
   local token = redis.call('LPOP', KEYS[4])
   if not token then break end
@@ -94,15 +116,18 @@ for _ = 1, tries do
     local node = string.sub(park, 1, sep - 1)
     local until_ms = tonumber(string.sub(park, sep + 1))
     if until_ms and until_ms >= now_server then
-      redis.call('HSET', KEYS[1], 'st', 'taken', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
-        'pd', ARGV[5], 'att', '1', 'own', token, 'rcv', node, 'tk', now_server, 'pri', ARGV[14])
+      hset('st', 'taken', 'att', '1', 'own', token, 'rcv', node, 'tk', now_server)
       redis.call('PEXPIRE', KEYS[1], ARGV[10])
       redis.call('ZADD', KEYS[7], now_server, ARGV[1])
       redis.call('PEXPIRE', KEYS[7], ARGV[7])
+      if alo then
+        redis.call('ZADD', KEYS[10], now_server, ARGV[1])
+        redis.call('PEXPIRE', KEYS[10], ARGV[7])
+      end
       local receipt = KEYS[6] .. token
       redis.call('RPUSH', receipt, ARGV[1])
       redis.call('PEXPIRE', receipt, ARGV[11])
-      local msg = 't|' .. token .. '|' .. ARGV[1] .. '|1|'
+      local msg = 't|' .. token .. '|' .. ARGV[1] .. '|1|' .. counter .. '|'
       if string.len(ARGV[2]) <= tonumber(ARGV[12]) then
         msg = msg .. ARGV[2]
       end
@@ -112,8 +137,7 @@ for _ = 1, tries do
   end
 end
 
-redis.call('HSET', KEYS[1], 'st', 'queued', 'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4],
-  'pd', ARGV[5], 'att', '0', 'pri', ARGV[14])
+hset('st', 'queued', 'att', '0')
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 queue_push(KEYS[2], KEYS[9], ARGV[14], ARGV[15], {ARGV[1]}, ARGV[7])
 redis.call('PUBLISH', ARGV[8], '')

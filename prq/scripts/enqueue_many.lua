@@ -17,7 +17,9 @@ ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
-ARGV[9..] id1, body1, id2, body2, ...
+ARGV[9]  max attempts: 0 for at_most_once; else the requests are at_least_once (enqueue.lua)
+ARGV[10] pickup window, ms (an at_least_once request handed out again gets it afresh)
+ARGV[11..] id1, body1, id2, body2, ...
 
 Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
@@ -34,6 +36,7 @@ Invariants:
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
 - each hash is written with its TTL; the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
+- each new request's sequence number "sq" is the counter's value for it, in batch order
 - capacity: new requests are written only while fewer than max_pending ids are queued
 ]]
 -- include: _queue
@@ -43,7 +46,10 @@ local accepted, duplicates = 0, 0
 local dups, refused = {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
-for i = 9, #ARGV, 2 do
+local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local extra = {}
+if tonumber(ARGV[9]) > 0 then extra = {'ma', ARGV[9], 'pw', ARGV[10], 'pro', ARGV[8]} end
+for i = 11, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
   local st, bn
@@ -58,8 +64,9 @@ for i = 9, #ARGV, 2 do
     refused[#refused + 1] = id
   elseif not st then
     if room then room = room - 1 end
+    sequence = sequence + 1
     redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
-      'att', '0', 'bn', nonce, 'pri', ARGV[7])
+      'att', '0', 'bn', nonce, 'pri', ARGV[7], 'sq', sequence, unpack(extra))
     redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1

@@ -24,12 +24,13 @@ Invariants:
 - a queued or taken id is never enqueued a second time; a final or expired one is replaced by
   a fresh queued request (body as stored, attempt count 0), with its TTL, queued and pulsed
 - it is queued at the priority and for the producer its details name (0 and "" when they
-  name none, e.g. undecodable bytes)
+  name none, e.g. undecodable bytes), as at_least_once when they name max attempts, with a
+  fresh sequence number
 ]]
 -- include: _queue
 local body = redis.call('HGET', KEYS[3], ARGV[1])
 if not body then return 'missing' end
-local priority, producer = '0', ''
+local priority, producer, attempts = '0', '', nil
 local ok, details = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
 if ok and type(details) == 'table' then
   local p = details.priority
@@ -37,6 +38,10 @@ if ok and type(details) == 'table' then
     priority = string.format('%d', p)
   end
   if type(details.producer) == 'string' then producer = details.producer end
+  local m = details.max_attempts
+  if type(m) == 'number' and m >= 1 and m <= 1000 and m == math.floor(m) then
+    attempts = string.format('%d', m)
+  end
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -45,11 +50,15 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 local st = redis.call('HGET', KEYS[4], 'st')
 if st == 'queued' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
+local sequence = redis.call('INCR', KEYS[6])
+redis.call('PEXPIRE', KEYS[6], ARGV[5])
 redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0',
-  'pri', priority)
+  'pri', priority, 'sq', sequence)
+if attempts then
+  redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', tonumber(ARGV[3]) - tonumber(ARGV[2]),
+    'pro', producer)
+end
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
 queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5])
-redis.call('INCR', KEYS[6])
-redis.call('PEXPIRE', KEYS[6], ARGV[5])
 redis.call('PUBLISH', ARGV[6], '')
 return 'replayed'

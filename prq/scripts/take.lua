@@ -9,6 +9,10 @@ KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif = max in flight; absent = no limit)
 KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
+KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
+KEYS[11] dead-lettered ids     prq:{e}:dead     (KEYS[11..13]: the dead-letter keys, _dead.lua)
+KEYS[12] their details         prq:{e}:deadm
+KEYS[13] their stored bytes    prq:{e}:deadb
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  now_ms
@@ -18,10 +22,19 @@ ARGV[6]  TTL of a taken request, ms
 ARGV[7]  TTL of the receipt, ms
 ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
 ARGV[9]  TTL of the park keys and the in-flight set, ms
-ARGV[10] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot
+ARGV[10] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot,
+         and an at_least_once request whose receiver was silent this long is handed out again
+ARGV[11] request TTL beyond its pickup window, ms (for a request handed out again)
+ARGV[12] TTL of a dead letter, ms
+ARGV[13] most dead letters kept
+ARGV[14] the endpoint's pulse channel
+ARGV[15] node channel prefix   prq:node:
 
-Reply: {skipped, counter, id1, body1, attempt1, created1, id2, body2, attempt2, created2, ...}
+Reply: {skipped, counter, redelivered, id1, body1, attempt1, created1, sequence1, id2, ...}
   created = when the sender enqueued the request (its clock, ms since the epoch)
+  sequence = the request's sequence number on the endpoint (enqueue.lua)
+  redelivered = at_least_once requests of silent receivers this take queued again or, with
+            their attempts used up, dead-lettered (_redeliver.lua)
   skipped = ids popped and dropped because their request was gone, final or past its deadline
   counter = the endpoint's enqueue counter now (a receiver that saw a higher one before sending
             this take knows Redis went back in time, and must not run what this take returns)
@@ -40,27 +53,33 @@ Invariants:
   all nodes share, so a receiver that died parked is handed nothing after its park ends
 - what is handed out joins the in-flight set; answering, cancelling or declaring a side lost
   removes it (apply_response, cancel, beat, read_response), a beat refreshes its score
+- at_least_once: what a take hands out joins the lease set too; before taking, the take hands
+  out again (or dead-letters) up to 16 leased requests whose receiver was silent past the
+  receiver timeout, so a detached request nobody waits on is redelivered as well
 - capacity: at most max_in_flight requests are in flight across all receivers, counting the
   entries refreshed within the receiver timeout (a dead receiver's slot frees by itself); a take
   with no free slot gets nothing and does not park (apply_response pulses the endpoint when it
   frees a slot of a limited endpoint with work waiting)
 ]]
 -- include: _queue
+-- include: _dead
+-- include: _redeliver
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
 
-local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0')}
+local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0}
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
-    local st, own, body, att, ct = unpack(redis.call('HMGET', KEYS[2] .. id, 'st', 'own', 'b',
-      'att', 'ct'))
+    local st, own, body, att, ct, sq = unpack(redis.call('HMGET', KEYS[2] .. id, 'st', 'own',
+      'b', 'att', 'ct', 'sq'))
     if st == 'taken' and own == ARGV[1] and body then
       out[#out + 1] = id
       out[#out + 1] = body
       out[#out + 1] = att
       out[#out + 1] = ct or '0'
+      out[#out + 1] = sq or '0'
     end
   end
   return out
@@ -68,6 +87,27 @@ end
 
 local now = tonumber(ARGV[3])
 local now_server = server_ms()
+local timeout = tonumber(ARGV[10])
+
+-- at_least_once requests whose receiver went silent go back to the queue (or to dead letters)
+local k = {run = KEYS[7], lease = KEYS[10], levels = KEYS[1], prefix = KEYS[9],
+  dead = {KEYS[11], KEYS[12], KEYS[13]}}
+local o = {extra_ttl = ARGV[11], list_ttl = ARGV[9], dead_ttl = ARGV[12], dead_cap = ARGV[13],
+  pulse = ARGV[14], node_prefix = ARGV[15]}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[10], '-inf', now_server - timeout, 'BYSCORE',
+    'LIMIT', 0, 16)) do
+  k.hash = KEYS[2] .. id
+  local st, hr, tk = unpack(redis.call('HMGET', k.hash, 'st', 'hr', 'tk'))
+  local last = math.max(tonumber(hr) or 0, tonumber(tk) or 0)
+  if st ~= 'taken' then
+    redis.call('ZREM', KEYS[10], id)
+  elseif now_server - last > timeout then
+    redeliver(k, id, now_server, o)
+    out[3] = out[3] + 1
+  else
+    redis.call('ZADD', KEYS[10], last, id)  -- beaten lately: the hash knows best
+  end
+end
 local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 local capped = false
@@ -85,8 +125,8 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  local st, deadline, body, att, ct = unpack(redis.call('HMGET', key, 'st', 'pd', 'b', 'att',
-    'ct'))
+  local st, deadline, body, att, ct, sq, ma = unpack(redis.call('HMGET', key, 'st', 'pd', 'b',
+    'att', 'ct', 'sq', 'ma'))
   deadline = tonumber(deadline)
   if st == 'queued' and body and deadline and deadline >= now then
     att = (tonumber(att) or 0) + 1
@@ -95,10 +135,15 @@ while got < want and budget > 0 do
     redis.call('PEXPIRE', key, ARGV[6])
     redis.call('RPUSH', KEYS[3], id)
     redis.call('ZADD', KEYS[7], now_server, id)
+    if ma then
+      redis.call('ZADD', KEYS[10], now_server, id)
+      redis.call('PEXPIRE', KEYS[10], ARGV[9])
+    end
     out[#out + 1] = id
     out[#out + 1] = body
     out[#out + 1] = tostring(att)
     out[#out + 1] = ct or '0'
+    out[#out + 1] = sq or '0'
     got = got + 1
   else
     skipped = skipped + 1

@@ -28,6 +28,7 @@ PRQ_FAMILIES = {
     "prq_failed",
     "prq_cancelled",
     "prq_dead_lettered",
+    "prq_redelivered",
     "prq_heartbeats_missed",
     "prq_data_loss_events",
     "prq_redis_retries",

@@ -21,6 +21,7 @@ from prq.flows import Context
 from prq.keys import KeySchema
 from prq.scripts import (
     ALL_SCRIPTS,
+    Redelivery,
     apply_response_call,
     enqueue_call,
     parse_apply_response,
@@ -91,6 +92,7 @@ def take(keys: KeySchema, token: str, now_ms: int) -> Call:
         0,
         TTL_MS,
         TTL_MS,
+        Redelivery.of(QueueSettings(), keys.node_channel_prefix),
     )
 
 
@@ -131,10 +133,11 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
         0,
         TTL_MS,
         TTL_MS,
+        Redelivery.of(QueueSettings(), keys.node_channel_prefix),
     )
-    _, _, first = parse_take(send(client, call))
+    first = parse_take(send(client, call)).items
     # When the take is replayed
-    _, _, again = parse_take(send(client, call))
+    again = parse_take(send(client, call)).items
     # Then it hands out the same request, and the second one is still queued
     assert [i.request_id for i in again] == [i.request_id for i in first] == [requests[0].id]
     assert state(client, keys, requests[1].id)[b"st"] == b"queued"
@@ -190,7 +193,7 @@ def test_withdraw_replay_is_still_this_calls_withdrawal(
     assert withdraw("n1") == ("withdrawn", True)
     assert withdraw("n2") == ("withdrawn", False)
     # Then a take hands nothing out
-    _, _, items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms)))
+    items = parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms))).items
     assert items == []
     # And the withdrawn id left the list: its length is the queue's depth
     assert queue_depth(client, keys.endpoint(ENDPOINT)) == 0
@@ -239,7 +242,7 @@ def test_a_replayed_dead_letter_keeps_its_priority_and_producer(
     assert state(client, keys, garbled.id)[b"pri"] == b"0"
     # And a take hands out the higher priority first
     now_ms = int(time.time() * 1000)
-    _, _, items = parse_take(send(client, take(keys, "t-1", now_ms)))
+    items = parse_take(send(client, take(keys, "t-1", now_ms))).items
     assert [i.request_id for i in items] == [named.id, garbled.id]
     assert queued_ids(client, endpoint) == []
     assert not client.exists(endpoint.levels)

@@ -59,10 +59,13 @@ def test_handoff_fires_only_its_token_and_is_claimed_once() -> None:
 
 
 def test_parse_handoff() -> None:
-    item = parse_handoff(b'req-1|2|{"a": "x|y"}')
+    item = parse_handoff(b'req-1|2|17|{"a": "x|y"}')
     assert item is not None
-    assert (item.request_id, item.attempt, item.body) == ("req-1", 2, b'{"a": "x|y"}')
-    assert parse_handoff(b"req-1|1|") is None  # body left out: the receipt has it
+    assert (item.request_id, item.attempt, item.sequence, item.body) == (
+        "req-1", 2, 17, b'{"a": "x|y"}'
+    )  # fmt: skip
+    assert parse_handoff(b"req-1|1|5|") is None  # body left out: the receipt has it
+    assert parse_handoff(b'req-1|1|{"a": 1}') is None  # no sequence number
     assert parse_handoff(b"garbage") is None
 
 

@@ -7,6 +7,7 @@ import pytest
 from prq import SerializationError
 from prq.scripts import (
     ALL_SCRIPTS,
+    TakeReply,
     parse_apply_response,
     parse_enqueue,
     parse_snapshot,
@@ -31,14 +32,14 @@ def test_parse_enqueue() -> None:
 
 
 def test_parse_take() -> None:
-    reply = [2, 9, b"id1", b"{}", b"1", b"1700000000000", b"id2", b"{}", b"3", b"0"]
-    skipped, counter, items = parse_take(reply)  # type: ignore[arg-type]
-    assert (skipped, counter) == (2, 9)
-    assert [(i.request_id, i.attempt, i.created_ms) for i in items] == [
-        ("id1", 1, 1_700_000_000_000),
-        ("id2", 3, 0),
+    reply = [2, 9, 1, b"id1", b"{}", b"1", b"1700000000000", b"41", b"id2", b"{}", b"3", b"0", b""]
+    taken = parse_take(reply)  # type: ignore[arg-type]
+    assert (taken.skipped, taken.counter, taken.redelivered) == (2, 9, 1)
+    assert [(i.request_id, i.attempt, i.created_ms, i.sequence) for i in taken.items] == [
+        ("id1", 1, 1_700_000_000_000, 41),
+        ("id2", 3, 0, 0),
     ]
-    assert parse_take([0, 0]) == (0, 0, [])
+    assert parse_take([0, 0, 0]) == TakeReply(0, 0, 0, [])
 
 
 def test_parse_withdraw() -> None:
@@ -50,7 +51,17 @@ def test_parse_withdraw() -> None:
 
 @pytest.mark.parametrize(
     "reply",
-    [None, b"x", [], [0], [b"0", 0], [0, 1, b"id"], [0, 1, b"a", b"b", b"1"], ValueError("x")],
+    [
+        None,
+        b"x",
+        [],
+        [0],
+        [0, 0],
+        [b"0", 0, 0],
+        [0, 1, 0, b"id"],
+        [0, 1, 0, b"a", b"b", b"1", b"2"],
+        ValueError("x"),
+    ],
 )
 def test_parse_take_rejects_malformed(reply: object) -> None:
     with pytest.raises(SerializationError):
@@ -64,13 +75,14 @@ def test_parse_apply_response() -> None:
 
 
 def test_parse_snapshot() -> None:
-    snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout", b""])
+    snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout", b"", 0])
     assert (snapshot.state, snapshot.reason) == ("withdrawn", "pickup_timeout")
-    assert snapshot.pickup_deadline_ms is None
-    queued = parse_snapshot([b"queued", b"", b"", b"1700000000123"])
-    assert queued.pickup_deadline_ms == 1700000000123
-    assert parse_snapshot([b"queued", b"", b"", b"garbage"]).pickup_deadline_ms is None
-    with pytest.raises(SerializationError):
-        parse_snapshot([b"done"])
+    assert snapshot.pickup_deadline_ms is None and not snapshot.redelivered
+    queued = parse_snapshot([b"queued", b"", b"", b"1700000000123", 1])
+    assert queued.pickup_deadline_ms == 1700000000123 and queued.redelivered
+    assert parse_snapshot([b"queued", b"", b"", b"garbage", 0]).pickup_deadline_ms is None
+    for malformed in ([b"done"], [b"queued", b"", b"", b""]):
+        with pytest.raises(SerializationError):
+            parse_snapshot(malformed)  # type: ignore[arg-type]
     with pytest.raises(SerializationError):
         parse_enqueue([b"surprise"])

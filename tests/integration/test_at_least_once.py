@@ -1,0 +1,199 @@
+"""at_least_once delivery on real Redis: a request whose receiver goes silent is handed out again
+(same delivery hash, next attempt), up to max_attempts, then dead-lettered; a receiver never runs
+a redelivery of what it already ran; the first response wins."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from prq import (
+    QueueSettings,
+    ReceiverLost,
+    Request,
+    RequestState,
+    Response,
+    current_request,
+)
+from prq.bulk import BulkClient
+from prq.keys import KeySchema
+from prq.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
+from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
+from tests.queued import queue_depth
+from tests.redis_servers import async_wait_until
+
+pytestmark = pytest.mark.integration
+
+#: A sender that judges its receiver quickly (beats are fast too, as the settings demand).
+QUICK: dict[str, Any] = {
+    "receiver_timeout_s": 1.0,
+    "heartbeat_interval_s": 0.3,
+    "heartbeat_initial_delay_s": 0.2,
+}
+
+
+def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenItem]:
+    """Take what is queued as a receiver that then never beats nor answers (a dead one)."""
+    client.script_load(TAKE.source)
+    keys = KeySchema(prefix).endpoint(endpoint)
+    settings = QueueSettings()
+    call = take_call(
+        keys, f"silent-{uuid.uuid4().hex}", "silent-node", int(time.time() * 1000), 10, 100,
+        int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
+        int(settings.receiver_timeout_s * 1000),
+        Redelivery.of(settings, KeySchema(prefix).node_channel_prefix),
+    )  # fmt: skip
+    reply = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+    return parse_take(reply).items
+
+
+async def test_a_request_whose_receiver_dies_is_handed_out_again_with_the_same_hash(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once call, taken by a receiver that then dies (never beats)
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    endpoint = "poll://alo-redeliver"
+    request = Request(endpoint=endpoint, method="m", params=7, delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    first = silent_take(redis_client, key_prefix, endpoint)
+    assert [(i.request_id, i.attempt) for i in first] == [(request.id, 1)]
+
+    # When its caller notices the silence, and a live receiver serves the endpoint
+    receiver = make_queue()
+    pending = await receiver.dequeue(endpoint, timeout_s=10)
+
+    # Then the live receiver gets the same request as attempt 2, with the same delivery hash
+    assert pending is not None and pending.id == request.id
+    assert pending.delivery.attempt == 2
+    assert pending.delivery.delivery_hash == delivery_hash_of(request)
+    # And its answer is the caller's result
+    await receiver.apply_response(Response(id=request.id, result="second"))
+    assert (await call).result == "second"
+
+
+def delivery_hash_of(request: Request) -> str:
+    from prq.dedup import delivery_hash
+
+    return delivery_hash(request.endpoint, request.id)
+
+
+async def test_exhausted_attempts_are_dead_lettered_and_replay_as_at_least_once(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once call with max_attempts 2 whose every receiver dies
+    sender = make_queue(pickup_timeout_s=30, max_attempts=2, **QUICK)
+    endpoint = "poll://alo-exhausted"
+    request = Request(endpoint=endpoint, method="m", priority=3, delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    assert len(silent_take(redis_client, key_prefix, endpoint)) == 1
+
+    async def taken_again() -> bool:
+        return bool(silent_take(redis_client, key_prefix, endpoint))
+
+    await async_wait_until(taken_again, 10, 0.05, "attempt 2 handed out")
+
+    # When the second receiver is silent too, Then the caller gets ReceiverLost saying so
+    with pytest.raises(ReceiverLost, match="used up its attempts"):
+        await asyncio.wait_for(call, 10)
+    # And the request is a dead letter with its reason and attempts
+    letters = await sender.dead_letters(endpoint)
+    assert [(d.id, d.reason, d.attempts) for d in letters] == [
+        (request.id, "attempts_exhausted", 2)
+    ]
+    # And replaying it queues it again at its priority, as at_least_once, attempts reset
+    assert await sender.replay_dead_letter(endpoint, request.id) == "replayed"
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    stored = redis_client.hgetall(keys.request(request.id))
+    assert (stored[b"pri"], stored[b"ma"], stored[b"att"]) == (b"3", b"2", b"0")
+    receiver = make_queue()
+    pending = await receiver.dequeue(endpoint, timeout_s=5)
+    assert pending is not None and pending.delivery.attempt == 1
+
+
+async def test_a_detached_request_is_handed_out_again_by_the_next_take(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str, redis_url: str
+) -> None:
+    # Given a bulk (detached) at_least_once request taken by a receiver that died; no caller
+    # waits on it, so only receivers can notice
+    endpoint = "poll://alo-detached"
+    settings = QueueSettings(**{**FAST_SETTINGS, **QUICK, "pickup_timeout_s": 30})
+    request = Request(endpoint=endpoint, method="m", id="job:1", delivery="at_least_once")
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
+        assert bulk.enqueue_many([request]).accepted == 1
+        assert len(silent_take(redis_client, key_prefix, endpoint)) == 1
+
+        # When a live receiver (judging receivers silent after 1 s) takes from the endpoint
+        receiver = make_queue(**QUICK)
+        pending = await receiver.dequeue(endpoint, timeout_s=10)
+
+        # Then it gets the request again, attempt 2, and its answer is kept
+        assert pending is not None and (pending.id, pending.delivery.attempt) == ("job:1", 2)
+        await receiver.apply_response(Response(id="job:1", result="ok"))
+        assert bulk.outcomes(endpoint, ["job:1"])["job:1"].state == "done"
+
+
+async def test_an_at_most_once_request_is_never_handed_out_twice(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given the default delivery, a receiver that dies after taking
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    endpoint = "poll://amo-lost"
+    request = Request(endpoint=endpoint, method="m")
+    call = asyncio.ensure_future(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    assert len(silent_take(redis_client, key_prefix, endpoint)) == 1
+
+    # Then the caller gets ReceiverLost, and nothing is queued again
+    with pytest.raises(ReceiverLost):
+        await asyncio.wait_for(call, 10)
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 0
+
+
+@pytest.mark.parametrize("slots", [2, 1], ids=["still-running", "answered-before"])
+async def test_a_receiver_never_runs_a_redelivery_of_what_it_runs_or_ran(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str, slots: int
+) -> None:
+    # Given a receiver whose first beat comes late (4 s) and a caller that judges receivers
+    # silent after 1 s: the caller hands the request out again while the receiver runs it
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    receiver = make_queue(receiver_timeout_s=6, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
+    endpoint = "poll://alo-same-node"
+    runs: list[tuple[int, str]] = []
+    release = threading.Event()
+
+    def handler(request: Request) -> Any:
+        pending = current_request()
+        assert pending is not None
+        runs.append((pending.delivery.attempt, pending.delivery.delivery_hash))
+        release.wait(20)
+        return f"ran {len(runs)} time(s)"
+
+    make_queue.serve(receiver, endpoint, handler, concurrency=slots)
+    request = Request(endpoint=endpoint, method="m", delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request))
+    stored = KeySchema(key_prefix).endpoint(endpoint).request(request.id)
+
+    # When the redelivery reaches the same receiver: with a free slot while the first run goes
+    # on (it then answers under the new owner), or with its one slot busy, so that the first
+    # run's answer comes too late (refused: the request was queued again) and the receiver
+    # takes the redelivery after it
+    wanted = [b"taken", b"2"] if slots == 2 else [b"queued", b"1"]
+
+    def redelivered() -> bool:
+        return redis_client.hmget(stored, ["st", "att"]) == wanted
+
+    await async_wait_until(redelivered, 10, 0.02, f"redelivered: {wanted}")
+    release.set()
+
+    # Then the handler ran once, and its one answer is the caller's result
+    assert (await asyncio.wait_for(call, 10)).result == "ran 1 time(s)"
+    assert len(runs) == 1
+    assert redis_client.hget(stored, "att") == b"2"
