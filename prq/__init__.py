@@ -37,6 +37,7 @@ from prq.models import (
 )
 from prq.node import QueueStats
 from prq.queue import AsyncQueue
+from prq.send import BlockingSendHandle, SendHandle
 from prq.sync import Queue
 from prq.worker import current_request
 
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncQueue",
+    "BlockingSendHandle",
     "CallTimeout",
     "CancelledAfterPickup",
     "CancelledBeforePickup",
@@ -71,6 +73,7 @@ __all__ = [
     "RequestState",
     "RequestStatus",
     "Response",
+    "SendHandle",
     "SerializationError",
     "ServerError",
     "__version__",

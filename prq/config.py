@@ -54,6 +54,8 @@ DEFAULT_DEAD_LETTER_MAX = 10_000
 #: How many times an at_least_once request may be handed out, by default and at most.
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_ATTEMPTS_LIMIT = 1000
+#: How long closing a queue waits for the requests it holds to be answered.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 #: Per-attempt socket timeout; bounds how long one hung Redis call can block.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 #: Connect timeout for a new Redis connection.
@@ -109,6 +111,8 @@ class QueueSettings(BaseSettings):
     dead_letter_max: int = Field(DEFAULT_DEAD_LETTER_MAX, ge=1)
     #: at_least_once requests enqueued by this node are handed out at most this many times.
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    #: Closing waits this long for held requests to be answered, then gives back the rest.
+    shutdown_timeout_s: float = Field(DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0)
 
     @model_validator(mode="after")
     def _check_limits(self) -> QueueSettings:

@@ -65,6 +65,7 @@ __all__ = [
     "status_flow",
     "take_flow",
     "withdraw_flow",
+    "withdraw_own_flow",
 ]
 
 #: How many ids one take may pop while skipping dead ones.
@@ -191,12 +192,13 @@ def call_flow(
     signal: Waitable,
     pickup_timeout_s: float,
     timeout_s: float | None,
-    on_counter: Callable[[int], None] | None = None,
+    on_counter: Callable[[int | None], None] | None = None,
     on_redelivered: Callable[[str], None] | None = None,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring).
 
-    `on_counter` receives the endpoint's enqueue counter (for the data-loss watch);
+    `on_counter` is called once the enqueue step answered, with the endpoint's enqueue counter
+    (for the data-loss watch), or None when the id was known already;
     `on_redelivered` gets the request's new state when this call's poll handed it out again
     ("queued") or dead-lettered it ("cancelled") because its receiver went silent
     (at_least_once)."""
@@ -241,14 +243,14 @@ def _await_outcome(
     pickup_timeout_s: float,
     timeout_s: float | None,
     clock: _CallClock,
-    on_counter: Callable[[int], None] | None,
+    on_counter: Callable[[int | None], None] | None,
     on_redelivered: Callable[[str], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
     replies = yield _enqueue_calls(ctx, request, body, pickup_timeout_s)
     outcome = parse_enqueue(_first(replies), request.endpoint)
     clock.last_contact = ctx.monotonic()
-    if outcome.counter is not None and on_counter is not None:
+    if on_counter is not None:
         on_counter(outcome.counter)
     if outcome.known is not None:
         known = resolve(outcome.known, request.id, request.endpoint)
@@ -310,6 +312,14 @@ def withdraw_flow(ctx: Context, request: Request, reason: str) -> Flow[RequestSn
     """Withdraw a request not yet picked up; the snapshot says where it stands now."""
     snapshot, _mine = yield from _withdraw(ctx, request.endpoint, request.id, reason)
     return snapshot
+
+
+def withdraw_own_flow(
+    ctx: Context, endpoint: str, request_id: str, reason: str = "cancelled"
+) -> Flow[bool]:
+    """Withdraw a request not yet picked up; True if this call withdrew it."""
+    _snapshot, mine = yield from _withdraw(ctx, endpoint, request_id, reason)
+    return mine
 
 
 def cancel_flow(

@@ -29,6 +29,7 @@ from prq.errors import (
     ConfigurationError,
     DataLoss,
     PrqError,
+    QueueFull,
     QueueShutdown,
     RemoteError,
     SerializationError,
@@ -44,6 +45,7 @@ from prq.flows import (
 from prq.health import INFO_CALLS
 from prq.keys import KeySchema
 from prq.models import (
+    Delivery,
     DeliveryInfo,
     PendingRequest,
     Request,
@@ -55,7 +57,13 @@ from prq.models import (
 )
 from prq.pulses import PulseRouter, PulsesBase
 from prq.redis_io import IOCounters
-from prq.scripts import TakenItem
+from prq.scripts import (
+    Redelivery,
+    TakenItem,
+    enqueue_many_call,
+    hand_back_call,
+    parse_enqueue_many,
+)
 from prq.seen import SeenSequences
 from prq.watch import NodeWatch
 
@@ -64,10 +72,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["QueueBase", "QueueStats"]
+__all__ = ["SHUTDOWN_POLL_S", "QueueBase", "QueueStats"]
 
 #: How many taken request ids a node remembers (to refuse a second delivery after a rollback).
 DEFAULT_TAKEN_MEMORY = 100_000
+#: How often closing looks whether the held requests were answered (seconds).
+SHUTDOWN_POLL_S = 0.02
 #: How many responses of at_least_once requests a node keeps, to answer a redelivery of one
 #: it ran with the same answer.
 DEFAULT_RAN_RESPONSES = 10_000
@@ -124,7 +134,9 @@ class QueueBase:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """True once closing began: no new calls or takes (held requests are still answered
+        until the shutdown timeout)."""
+        return self._closing or self._closed
 
     @property
     def stats(self) -> QueueStats:
@@ -174,6 +186,10 @@ class QueueBase:
         self._spare_tokens: dict[str, list[str]] = {}
 
         self._closed = False
+        #: Closing began: new calls and takes are refused, answers still go out.
+        self._closing = False
+        #: Ids of held requests a `serve` handler is working on (closing waits for these).
+        self._serving: set[str] = set()
         if datastreams is not None:
             raise ConfigurationError(
                 "a DataStreamStore was given, but large payloads beside Redis are not supported "
@@ -209,6 +225,7 @@ class QueueBase:
         priority: int = 0,
         producer: str | None = None,
         request_id: str | None = None,
+        delivery: Delivery = "at_most_once",
     ) -> Request:
         fields: dict[str, object] = {
             "endpoint": endpoint,
@@ -217,6 +234,7 @@ class QueueBase:
             "service": service,
             "priority": priority,
             "producer": producer or self.node_id,
+            "delivery": delivery,
         }
         if request_id is not None:
             fields["id"] = request_id
@@ -425,6 +443,68 @@ class QueueBase:
             self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
         )
 
+    def _notify_flow(
+        self, request: Request, body: bytes, pickup_timeout_s: float | None
+    ) -> Flow[str]:
+        """Queue a one-way message (a detached request whose answer is not kept) with its
+        locator, in one round trip; its id. A known id is not queued again."""
+        settings = self.settings
+        pickup_s = self._pickup_timeout(pickup_timeout_s)
+        now_ms = int(time.time() * 1000)
+        attempts = settings.max_attempts if request.delivery == "at_least_once" else 0
+        call = enqueue_many_call(
+            self.keys.endpoint(request.endpoint), uuid.uuid4().hex, [(request.id, body)], now_ms,
+            now_ms + int(pickup_s * 1000), int(settings.request_ttl_s(pickup_s) * 1000),
+            int(settings.list_ttl_s * 1000), request.priority, request.producer or self.node_id,
+            attempts, one_way=True,
+        )  # fmt: skip
+        locator_ms = int(settings.locator_ttl_s(pickup_s) * 1000)
+        locate = Call(("SET", self.keys.locator(request.id), request.endpoint, "PX", locator_ms))
+        replies = yield Exec((call, locate))
+        assert isinstance(replies, list)
+        outcome = parse_enqueue_many(replies[0], 1)
+        if outcome.refused_ids:
+            raise QueueFull(
+                f"endpoint {request.endpoint!r} is at its max_pending: message {request.id} "
+                "was not queued; try again later"
+            )
+        if outcome.accepted:
+            metrics.ENQUEUED.labels(request.endpoint).inc()
+        return request.id
+
+    def _serving_held(self) -> bool:
+        """Whether a `serve` handler still works on a held request that can be answered (what
+        closing waits for; a request dequeued by hand is given back at once)."""
+        return any(
+            (pending := self._held.get(request_id)) is not None and not pending.cancelled
+            for request_id in list(self._serving)
+        )
+
+    def _hand_back_flow(self) -> Flow[int]:
+        """On shutdown, give back every request still held: at_least_once ones are queued
+        again for another receiver, at_most_once ones cancelled ("receiver_shutdown", their
+        callers told at once). Their PendingRequests are cancelled ("shutdown"). How many."""
+        held = list(self._held.values())
+        if not held:
+            return 0
+        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
+        calls = tuple(
+            hand_back_call(self.keys.endpoint(p.request.endpoint), p.id, p.owner_token, redelivery)
+            for p in held
+        )
+        replies = yield Exec(calls)
+        assert isinstance(replies, list)
+        for pending, reply in zip(held, replies, strict=True):
+            state = reply.decode() if isinstance(reply, bytes) else str(reply)
+            logger.warning(
+                "held request given back on shutdown request_id=%s delivery=%s state=%s",
+                pending.id, pending.request.delivery, state,
+            )  # fmt: skip
+            pending.mark_cancelled("shutdown")
+            self._held.pop(pending.id, None)
+            self._watch.liveness.release(pending.id)
+        return len(held)
+
     def _after_respond(self, request_id: str, outcome: str) -> None:
         pending = self._held.pop(request_id, None)
         self._watch.liveness.release(request_id)
@@ -451,10 +531,16 @@ class QueueBase:
         """A cancel() of this node cancelled a request of `endpoint`."""
         metrics.CANCELLED.labels(endpoint).inc()
 
-    def _enqueued(self, endpoint: str, counter: int) -> None:
-        """An enqueue of this node went in; `counter` is the endpoint's enqueue counter."""
-        metrics.ENQUEUED.labels(endpoint).inc()
-        self._watch.observe_counter(endpoint, counter)
+    def _enqueued(
+        self, endpoint: str, counter: int | None, then: Callable[[], None] | None = None
+    ) -> None:
+        """An enqueue step of this node answered: `counter` is the endpoint's enqueue counter,
+        None when the id was known already (nothing enqueued); then `then` is called."""
+        if counter is not None:
+            metrics.ENQUEUED.labels(endpoint).inc()
+            self._watch.observe_counter(endpoint, counter)
+        if then is not None:
+            then()
 
     @staticmethod
     def _redelivered(endpoint: str, state: str) -> None:

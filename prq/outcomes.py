@@ -83,6 +83,12 @@ def _cancelled_error(reason: str, request_id: str, endpoint: str) -> PrqError:
             "and is presumed lost; the service may or may not have run it. Retry if it is safe.",
             **where,
         )
+    if reason == "receiver_shutdown":
+        return ReceiverLost(
+            f"the node holding request {request_id} for {endpoint!r} shut down before it "
+            "answered; the service may or may not have run it. Retry if it is safe.",
+            **where,
+        )
     if reason == "attempts_exhausted":
         return ReceiverLost(
             f"at_least_once request {request_id} for {endpoint!r} used up its attempts (the "

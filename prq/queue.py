@@ -35,16 +35,18 @@ from prq.flows import (
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.models import (
+    Delivery,
     PendingRequest,
     Request,
     RequestStatus,
     Response,
     validate_endpoint,
 )
-from prq.node import QueueBase
+from prq.node import SHUTDOWN_POLL_S, QueueBase
 from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
 from prq.scripts import script_load_calls
+from prq.send import OnFailure, OnResponse, SendHandle, SendState
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -57,6 +59,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["AsyncQueue"]
 
 T = TypeVar("T")
+
+#: How long closing waits for pending sends to run their callbacks (QueueShutdown).
+SEND_CALLBACKS_TIMEOUT_S = 5.0
 
 
 class AsyncQueue(QueueBase):
@@ -128,12 +133,28 @@ class AsyncQueue(QueueBase):
             logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
 
     async def aclose(self) -> None:
-        """Stop background work; callers still waiting fail with QueueShutdown."""
-        if self._closed:
+        """Shut down: callers still waiting fail with QueueShutdown, and `serve` takes nothing
+        new. Requests its `serve` handlers work on get up to `shutdown_timeout_s` to be
+        answered (heartbeats go on meanwhile); what is left, and what was dequeued by hand and
+        not answered, is given back (at_least_once: queued again for another receiver;
+        at_most_once: cancelled, its caller told). Then background work stops."""
+        if self._closing or self._closed:
             return
-        self._closed = True
+        self._closing = True
         self._router.wake_all()
         await asyncio.sleep(0)  # let woken waiters observe the shutdown
+        if self._started:
+            deadline = time.monotonic() + self.settings.shutdown_timeout_s
+            while self._serving_held() and time.monotonic() < deadline:
+                await asyncio.sleep(SHUTDOWN_POLL_S)  # bounded by the shutdown timeout
+            try:
+                await self._run(self._hand_back_flow(), closing_ok=True)
+            except PrqError as exc:
+                logger.warning("could not give back held requests on shutdown error=%s", exc)
+        self._closed = True
+        self._router.wake_all()
+        if self._background:  # sends deliver their QueueShutdown to on_failure first
+            await asyncio.wait(list(self._background), timeout=SEND_CALLBACKS_TIMEOUT_S)
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -142,12 +163,13 @@ class AsyncQueue(QueueBase):
         await self._io.aclose()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    async def _run(self, flow: Flow[T], epoch: int | None = None) -> T:
+    async def _run(self, flow: Flow[T], epoch: int | None = None, *, closing_ok: bool = False) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
         that point (e.g. that an enqueued request may run although Redis went away). With an
-        `epoch`, the call fails with DataLoss as soon as the node declares data loss.
+        `epoch`, the call fails with DataLoss as soon as the node declares data loss. Once
+        closing began only `closing_ok` flows (answers, giving back) go on.
         """
         reply: object = None
         error: PrqError | None = None
@@ -161,7 +183,7 @@ class AsyncQueue(QueueBase):
                 await self._check_data_loss_now()
                 raise
             error = None
-            if self._closed:
+            if self._closed or (self._closing and not closing_ok):
                 flow.close()
                 raise self._shutdown_error()
             try:
@@ -204,10 +226,10 @@ class AsyncQueue(QueueBase):
                     await self._watch_wake.wait()
             self._watch_wake.clear()
 
-    async def _ready(self) -> None:
+    async def _ready(self, *, closing_ok: bool = False) -> None:
         if not self._started:
             await self.start()
-        if self._closed:
+        if self._closed or (self._closing and not closing_ok):
             raise self._shutdown_error()
 
     # -- sender -------------------------------------------------------------------------------
@@ -220,6 +242,15 @@ class AsyncQueue(QueueBase):
         timeout_s: float | None = None,
     ) -> Response:
         """Enqueue `request` and wait for its response (an error response is returned)."""
+        return await self._queue_and_wait(request, pickup_timeout_s, timeout_s)
+
+    async def _queue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None = None,
+    ) -> Response:
         request, body = self._encode_request(request)
         await self._ready()
         self._sending(request)
@@ -233,7 +264,7 @@ class AsyncQueue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(self._enqueued, request.endpoint),
+                    partial(self._enqueued, request.endpoint, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
                 )
                 response = await self._run(flow, self._watch.epoch)
@@ -246,6 +277,53 @@ class AsyncQueue(QueueBase):
             self._watch.liveness.release(request.id)
         metrics.call_ended(request.endpoint, started, response, None)
         return response
+
+    async def send(
+        self,
+        request: Request,
+        *,
+        on_response: OnResponse,
+        on_failure: OnFailure,
+        pickup_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> SendHandle:
+        """Enqueue `request` and return once it is in Redis; exactly one of
+        `on_response(response)` and `on_failure(error)` runs later, exactly once, unless
+        `handle.withdraw()` withdraws the request before pickup (then neither). See prq.send."""
+        request, _ = self._encode_request(request)  # a bad request raises here, not later
+        await self._ready()
+        handle = SendHandle(self, SendState(request, on_response, on_failure))
+        task = asyncio.create_task(handle._run(pickup_timeout_s, timeout_s))
+        handle._task = task
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        enqueued = asyncio.ensure_future(handle._enqueued.wait())
+        await asyncio.wait([task, enqueued], return_when=asyncio.FIRST_COMPLETED)
+        enqueued.cancel()
+        return handle
+
+    async def notify(
+        self,
+        endpoint: str,
+        method: str,
+        params: JsonValue = None,
+        *,
+        service: str = "",
+        priority: int = 0,
+        producer: str | None = None,
+        request_id: str | None = None,
+        delivery: Delivery = "at_most_once",
+        pickup_timeout_s: float | None = None,
+    ) -> str:
+        """Send a one-way message: queued like any request (idempotent by id), run by a
+        receiver, and no response kept. Returns the request id once it is in Redis."""
+        request = self.build_request(
+            endpoint, method, params, service=service, priority=priority, producer=producer,
+            request_id=request_id, delivery=delivery,
+        )  # fmt: skip
+        request, body = self._encode_request(request)
+        await self._ready()
+        return await self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     def _withdraw_in_background(self, request: Request) -> None:
         """The caller gave up: cancel the request (withdrawn, or its receiver told)."""
@@ -379,12 +457,13 @@ class AsyncQueue(QueueBase):
         )
 
     async def apply_response(self, response: Response) -> None:
-        """Answer a request this node dequeued; the first response wins."""
-        await self._ready()
+        """Answer a request this node dequeued; the first response wins (also while the queue
+        closes, until the shutdown timeout)."""
+        await self._ready(closing_ok=True)
         flow = self._respond_flow(response)
         if flow is None:
             return
-        outcome = await self._run(flow)
+        outcome = await self._run(flow, closing_ok=True)
         self._after_respond(response.id, outcome)
 
     async def serve(

@@ -33,15 +33,17 @@ from prq.flows import (
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.models import (
+    Delivery,
     PendingRequest,
     Request,
     RequestStatus,
     Response,
     validate_endpoint,
 )
-from prq.node import QueueBase
+from prq.node import SHUTDOWN_POLL_S, QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
 from prq.scripts import script_load_calls
+from prq.send import BlockingSendHandle, OnFailure, OnResponse, SendState
 from prq.sync_io import SyncRedisIO
 from prq.watch import NodeWatch
 
@@ -89,6 +91,7 @@ class Queue(QueueBase):
         self._watch_thread: threading.Thread | None = None
         self._started = False
         self._start_lock = threading.Lock()
+        self._close_lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -124,9 +127,24 @@ class Queue(QueueBase):
             logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
 
     def close(self) -> None:
-        """Stop background work; callers still waiting fail with QueueShutdown."""
-        if self._closed:
-            return
+        """Shut down: callers still waiting fail with QueueShutdown, and `serve` takes nothing
+        new. Requests its `serve` handlers work on get up to `shutdown_timeout_s` to be
+        answered (heartbeats go on meanwhile); what is left, and what was dequeued by hand and
+        not answered, is given back (at_least_once: queued again for another receiver;
+        at_most_once: cancelled, its caller told). Then background work stops."""
+        with self._close_lock:
+            if self._closing or self._closed:
+                return
+            self._closing = True
+        self._router.wake_all()
+        if self._started:
+            deadline = time.monotonic() + self.settings.shutdown_timeout_s
+            while self._serving_held() and time.monotonic() < deadline:
+                time.sleep(SHUTDOWN_POLL_S)  # bounded by the shutdown timeout
+            try:
+                self._run(self._hand_back_flow(), closing_ok=True)
+            except PrqError as exc:
+                logger.warning("could not give back held requests on shutdown error=%s", exc)
         self._closed = True
         self._router.wake_all()
         self._watch_wake.set()
@@ -136,7 +154,7 @@ class Queue(QueueBase):
         self._io.close()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    def _run(self, flow: Flow[T], epoch: int | None = None) -> T:
+    def _run(self, flow: Flow[T], epoch: int | None = None, *, closing_ok: bool = False) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
@@ -155,7 +173,7 @@ class Queue(QueueBase):
                 self._check_data_loss_now()
                 raise
             error = None
-            if self._closed:
+            if self._closed or (self._closing and not closing_ok):
                 flow.close()
                 raise self._shutdown_error()
             try:
@@ -196,10 +214,10 @@ class Queue(QueueBase):
             self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
             self._watch_wake.clear()
 
-    def _ready(self) -> None:
+    def _ready(self, *, closing_ok: bool = False) -> None:
         if not self._started:
             self.start()
-        if self._closed:
+        if self._closed or (self._closing and not closing_ok):
             raise self._shutdown_error()
 
     # -- sender -------------------------------------------------------------------------------
@@ -212,6 +230,15 @@ class Queue(QueueBase):
         timeout_s: float | None = None,
     ) -> Response:
         """Enqueue `request` and wait for its response (an error response is returned)."""
+        return self._queue_and_wait(request, pickup_timeout_s, timeout_s)
+
+    def _queue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None = None,
+    ) -> Response:
         request, body = self._encode_request(request)
         self._ready()
         self._sending(request)
@@ -225,7 +252,7 @@ class Queue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(self._enqueued, request.endpoint),
+                    partial(self._enqueued, request.endpoint, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
                 )
                 response = self._run(flow, self._watch.epoch)
@@ -236,6 +263,53 @@ class Queue(QueueBase):
             self._watch.liveness.release(request.id)
         metrics.call_ended(request.endpoint, started, response, None)
         return response
+
+    def send(
+        self,
+        request: Request,
+        *,
+        on_response: OnResponse,
+        on_failure: OnFailure,
+        pickup_timeout_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> BlockingSendHandle:
+        """Enqueue `request` and return once it is in Redis; exactly one of
+        `on_response(response)` and `on_failure(error)` runs later (in a thread of its own,
+        which waits for the outcome), exactly once, unless `handle.withdraw()` withdraws the
+        request before pickup (then neither). See prq.send."""
+        request, _ = self._encode_request(request)  # a bad request raises here, not later
+        self._ready()
+        handle = BlockingSendHandle(self, SendState(request, on_response, on_failure))
+        thread = threading.Thread(
+            target=handle._run, args=(pickup_timeout_s, timeout_s), name="prq-send", daemon=True
+        )
+        handle._thread = thread
+        thread.start()
+        handle._enqueued.wait(self.settings.retry_budget_s + 30)  # bounded: the thread ends
+        return handle
+
+    def notify(
+        self,
+        endpoint: str,
+        method: str,
+        params: JsonValue = None,
+        *,
+        service: str = "",
+        priority: int = 0,
+        producer: str | None = None,
+        request_id: str | None = None,
+        delivery: Delivery = "at_most_once",
+        pickup_timeout_s: float | None = None,
+    ) -> str:
+        """Send a one-way message: queued like any request (idempotent by id), run by a
+        receiver, and no response kept. Returns the request id once it is in Redis."""
+        request = self.build_request(
+            endpoint, method, params, service=service, priority=priority, producer=producer,
+            request_id=request_id, delivery=delivery,
+        )  # fmt: skip
+        request, body = self._encode_request(request)
+        self._ready()
+        return self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     def call(
         self,
@@ -346,12 +420,13 @@ class Queue(QueueBase):
         return self._run(self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop))
 
     def apply_response(self, response: Response) -> None:
-        """Answer a request this node dequeued; the first response wins."""
-        self._ready()
+        """Answer a request this node dequeued; the first response wins (also while the queue
+        closes, until the shutdown timeout)."""
+        self._ready(closing_ok=True)
         flow = self._respond_flow(response)
         if flow is None:
             return
-        outcome = self._run(flow)
+        outcome = self._run(flow, closing_ok=True)
         self._after_respond(response.id, outcome)
 
     def serve(

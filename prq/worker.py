@@ -4,7 +4,8 @@ The loop takes as many requests as it has free slots (one take for several), run
 handler (a coroutine function on the loop, a plain function in a worker thread, so the loop and
 its heartbeats never wait on the handler's CPU), and answers. A handler exception becomes
 `Response.error`. A failing Redis never kills the loop: it backs off with jitter and goes on.
-On stop it takes nothing new and finishes what it holds.
+On stop it takes nothing new and finishes what it holds; when the queue closes, the handlers
+still running get the queue's shutdown timeout to answer (see `AsyncQueue.aclose`).
 """
 
 from __future__ import annotations
@@ -118,14 +119,18 @@ async def serve_async(
         return (stop is not None and stop.is_set()) or queue.closed
 
     async def handle(pending: PendingRequest) -> None:
+        queue._serving.add(pending.id)
         try:
-            response = build_response(pending.id, await run(pending))
-        except Exception as exc:
-            response = build_response(pending.id, exc=exc)
-        try:
-            await queue.apply_response(response)
-        except PrqError as exc:
-            logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+            try:
+                response = build_response(pending.id, await run(pending))
+            except Exception as exc:
+                response = build_response(pending.id, exc=exc)
+            try:
+                await queue.apply_response(response)
+            except PrqError as exc:
+                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+        finally:
+            queue._serving.discard(pending.id)
 
     failures = 0
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
@@ -245,11 +250,15 @@ def serve_sync(
 
 
 def _answer(queue: Queue, handler: Handler, pending: PendingRequest) -> None:
+    queue._serving.add(pending.id)
     try:
-        response = build_response(pending.id, _run_sync_handler(handler, pending))
-    except Exception as exc:
-        response = build_response(pending.id, exc=exc)
-    try:
-        queue.apply_response(response)
-    except PrqError as exc:
-        logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+        try:
+            response = build_response(pending.id, _run_sync_handler(handler, pending))
+        except Exception as exc:
+            response = build_response(pending.id, exc=exc)
+        try:
+            queue.apply_response(response)
+        except PrqError as exc:
+            logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+    finally:
+        queue._serving.discard(pending.id)

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
 
 from prq import AsyncQueue, Queue, QueueSettings, RedisSettings, RequestState
+from prq.send import BlockingSendHandle
 from tests.redis_servers import async_wait_until
 
 __all__ = [
@@ -114,6 +115,36 @@ class SyncQueueAdapter:
 
     async def set_limits(self, endpoint: str, **kwargs: Any) -> Any:
         return await self._run(self.raw.set_limits, endpoint, **kwargs)
+
+    async def notify(self, *args: Any, **kwargs: Any) -> str:
+        return await self._run(self.raw.notify, *args, **kwargs)
+
+    async def send(self, request: Any, **kwargs: Any) -> SyncSendHandleAdapter:
+        handle = await self._run(self.raw.send, request, **kwargs)
+        return SyncSendHandleAdapter(handle, self)
+
+
+class SyncSendHandleAdapter:
+    """`prq.send.BlockingSendHandle` with an awaitable `withdraw()`."""
+
+    def __init__(self, handle: BlockingSendHandle, queue: SyncQueueAdapter) -> None:
+        self.raw = handle
+        self._queue = queue
+
+    @property
+    def request_id(self) -> str:
+        return self.raw.request_id
+
+    @property
+    def done(self) -> bool:
+        return self.raw.done
+
+    @property
+    def finished(self) -> bool:
+        return self.raw.finished
+
+    async def withdraw(self) -> bool:
+        return await self._queue._run(self.raw.withdraw)
 
 
 AnyQueue: TypeAlias = AsyncQueue | SyncQueueAdapter

@@ -38,6 +38,7 @@ __all__ = [
     "cancel_call",
     "enqueue_call",
     "enqueue_many_call",
+    "hand_back_call",
     "parse_apply_response",
     "parse_beat",
     "parse_canary",
@@ -93,9 +94,10 @@ ENQUEUE_MANY: Final = Script.load("enqueue_many")
 DEAD_LETTER: Final = Script.load("dead_letter")
 REPLAY_DEAD: Final = Script.load("replay_dead")
 PURGE_DEAD: Final = Script.load("purge_dead")
+HAND_BACK: Final = Script.load("hand_back")
 ALL_SCRIPTS: Final = (
     ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
-    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD,
+    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD, HAND_BACK,
 )  # fmt: skip
 
 
@@ -212,12 +214,13 @@ def enqueue_many_call(
     priority: int = 0,
     producer: str = "",
     max_attempts: int = 0,
+    one_way: bool = False,
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
-    is above 0 (their bodies should say the same)."""
+    is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify)."""
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
-        priority, producer, max_attempts, pickup_deadline_ms - now_ms,
+        priority, producer, max_attempts, pickup_deadline_ms - now_ms, 1 if one_way else 0,
     ]  # fmt: skip
     for request_id, body in items:
         args += [request_id, body]
@@ -458,6 +461,19 @@ def cancel_call(
         (keys.request(request_id), keys.running, keys.levels, keys.level_prefix, keys.lease),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
+
+
+def hand_back_call(
+    keys: EndpointKeys, request_id: str, owner_token: str, redelivery: Redelivery
+) -> Call:
+    """Give back a held request on shutdown (hand_back.lua); the reply is its state after."""
+    return HAND_BACK.call(
+        (keys.request(request_id), keys.running, keys.lease, keys.levels, keys.level_prefix,
+         *keys.dead),
+        (request_id, owner_token, redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
+         redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
+         redelivery.node_channel_prefix),
+    )  # fmt: skip
 
 
 def presence_call(keys: EndpointKeys, node_id: str, stale_ms: int, ttl_ms: int) -> Call:

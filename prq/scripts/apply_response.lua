@@ -25,9 +25,10 @@ Reply (a status):
 Invariants:
 - only the owner of a taken request can answer it, and only once
 - value and TTL are written together; the request body is dropped with the answer
+- a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
 ]]
-local st, own, snd, watchers, ma = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd', 'w',
-  'ma'))
+local st, own, snd, watchers, ma, ow = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd',
+  'w', 'ma', 'ow'))
 if not st then return 'unknown' end
 if st == 'done' then
   if own == ARGV[2] then return 'replay' end
@@ -36,7 +37,11 @@ end
 if st ~= 'taken' then return 'stale' end
 if own ~= ARGV[2] then return 'fenced' end
 
-redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
+if ow then
+  redis.call('HSET', KEYS[1], 'st', 'done', 'dn', ARGV[5])
+else
+  redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
+end
 redis.call('HDEL', KEYS[1], 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])

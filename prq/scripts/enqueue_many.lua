@@ -19,7 +19,8 @@ ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
 ARGV[9]  max attempts: 0 for at_most_once; else the requests are at_least_once (enqueue.lua)
 ARGV[10] pickup window, ms (an at_least_once request handed out again gets it afresh)
-ARGV[11..] id1, body1, id2, body2, ...
+ARGV[11] 1: one-way messages (notify): their answers are not kept (apply_response.lua); else 0
+ARGV[12..] id1, body1, id2, body2, ...
 
 Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
@@ -49,7 +50,11 @@ if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local extra = {}
 if tonumber(ARGV[9]) > 0 then extra = {'ma', ARGV[9], 'pw', ARGV[10], 'pro', ARGV[8]} end
-for i = 11, #ARGV, 2 do
+if ARGV[11] == '1' then
+  extra[#extra + 1] = 'ow'
+  extra[#extra + 1] = '1'
+end
+for i = 12, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
   local st, bn
