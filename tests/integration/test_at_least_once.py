@@ -76,6 +76,14 @@ async def test_a_request_whose_receiver_dies_is_handed_out_again_with_the_same_h
     # And its answer is the caller's result
     await receiver.apply_response(Response(id=request.id, result="second"))
     assert (await call).result == "second"
+    # And sending the same id again returns the stored answer: nothing is queued or run again
+    again = await asyncio.wait_for(sender.queue_and_wait(request), 5)
+    assert again.result == "second"
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 0
+    assert (
+        redis_client.hget(KeySchema(key_prefix).endpoint(endpoint).request(request.id), "att")
+        == b"2"
+    )
 
 
 def delivery_hash_of(request: Request) -> str:
