@@ -41,6 +41,7 @@ import redis
 
 from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
+from prq.embedded import redis_url_or_embedded
 from prq.keys import EndpointKeys, KeySchema
 from prq.scripts import TAKE, Redelivery, take_call
 
@@ -317,21 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fifo-calls", type=int, default=10)
     parser.add_argument("--takes", type=int, default=20_000)
     args = parser.parse_args(argv)
-    url = os.environ.get("PRQ_REDIS_URL")
-    server = None
-    if not url:
-        from prq.embedded import EmbeddedRedis
-
-        server = EmbeddedRedis().start()
-        url = server.url
-    try:
+    with redis_url_or_embedded() as url:
         prefix = f"prq-bench-fair-{uuid.uuid4().hex[:6]}"
         print(latency_phase(url, prefix, args.backlog, args.calls, args.fifo_calls), flush=True)
         print()
         print(take_cost_phase(url, args.takes))
-    finally:
-        if server is not None:
-            server.cleanup()
     return 0
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import redis
 
+from prq.embedded import redis_url_or_embedded
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Rows per RPUSH of the baseline (the batch prq uses too).
 BATCH = 1000
@@ -192,18 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--call-rows", type=int, default=20_000)
     args = parser.parse_args(argv)
-    url = os.environ.get("PRQ_REDIS_URL")
-    server = None
-    if not url:
-        from prq.embedded import EmbeddedRedis
-
-        server = EmbeddedRedis().start()
-        url = server.url
-    try:
+    with redis_url_or_embedded() as url:
         results = run(url, args.rows, args.call_rows)
-    finally:
-        if server is not None:
-            server.cleanup()
     print(table(results))
     enqueue = next(r for r in results if r[0] == "prq-enqueue-arrow")
     ratio = (enqueue[1] / enqueue[2]) / (results[0][1] / results[0][2])

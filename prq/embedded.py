@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -29,12 +29,24 @@ from prq.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EmbeddedRedis", "find_server_binary", "free_port"]
+__all__ = ["EmbeddedRedis", "find_server_binary", "free_port", "redis_url_or_embedded"]
 
 #: How long start() waits for the server to answer PING.
 DEFAULT_START_TIMEOUT_S = 10.0
 #: How long stop() waits after SIGTERM before SIGKILL.
 DEFAULT_STOP_TIMEOUT_S = 5.0
+
+
+@contextlib.contextmanager
+def redis_url_or_embedded(url: str | None = None) -> Iterator[str]:
+    """`url`, else PRQ_REDIS_URL, else the URL of an embedded server started for the block
+    (and removed after it)."""
+    url = url or os.environ.get("PRQ_REDIS_URL")
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
 
 
 def find_server_binary() -> str:
