@@ -1,4 +1,5 @@
-"""What an endpoint has queued, read straight from Redis (independently of prq.levels).
+"""What an endpoint has queued, read straight from Redis (independently of prq.levels), and a
+take by a receiver that then dies (`silent_take`).
 
 Queued ids live in one sorted set per priority level (`prq:{e}:q:<p>`), listed in `prq:{e}:lv`;
 see prq/scripts/_queue.lua. Take order: highest level first, then by score within a level.
@@ -6,11 +7,15 @@ see prq/scripts/_queue.lua. Take order: highest level first, then by score withi
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import redis
 
-from prq.keys import EndpointKeys
+from prq import QueueSettings
+from prq.keys import EndpointKeys, KeySchema
+from prq.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
 
 
 def queued_ids(client: redis.Redis, keys: EndpointKeys) -> list[bytes]:
@@ -35,6 +40,20 @@ def _levels(client: redis.Redis, keys: EndpointKeys, *order: str) -> list[str]:
     return [p.decode() for p in _send(client, "ZRANGE", keys.levels, 0, -1, *order)]
 
 
-def _send(client: redis.Redis, *args: str | int) -> Any:
+def _send(client: redis.Redis, *args: str | int | bytes) -> Any:
     """A raw command (redis-py leaves execute_command untyped)."""
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenItem]:
+    """Take what is queued as a receiver that then never beats nor answers (a dead one)."""
+    client.script_load(TAKE.source)
+    keys = KeySchema(prefix).endpoint(endpoint)
+    settings = QueueSettings()
+    call = take_call(
+        keys, f"silent-{uuid.uuid4().hex}", "silent-node", int(time.time() * 1000), 10, 100,
+        int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
+        int(settings.receiver_timeout_s * 1000),
+        Redelivery.of(settings, KeySchema(prefix).node_channel_prefix),
+    )  # fmt: skip
+    return parse_take(_send(client, *call.args)).items

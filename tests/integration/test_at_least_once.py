@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-import uuid
 from typing import Any
 
 import pytest
@@ -23,9 +21,8 @@ from prq import (
 )
 from prq.bulk import BulkClient
 from prq.keys import KeySchema
-from prq.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
-from tests.queued import queue_depth
+from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,21 +33,6 @@ QUICK: dict[str, Any] = {
     "heartbeat_interval_s": 0.3,
     "heartbeat_initial_delay_s": 0.2,
 }
-
-
-def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenItem]:
-    """Take what is queued as a receiver that then never beats nor answers (a dead one)."""
-    client.script_load(TAKE.source)
-    keys = KeySchema(prefix).endpoint(endpoint)
-    settings = QueueSettings()
-    call = take_call(
-        keys, f"silent-{uuid.uuid4().hex}", "silent-node", int(time.time() * 1000), 10, 100,
-        int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
-        int(settings.receiver_timeout_s * 1000),
-        Redelivery.of(settings, KeySchema(prefix).node_channel_prefix),
-    )  # fmt: skip
-    reply = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
-    return parse_take(reply).items
 
 
 async def test_a_request_whose_receiver_dies_is_handed_out_again_with_the_same_hash(

@@ -24,6 +24,7 @@ from prq import (
 )
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, wait_for_state
+from tests.queued import silent_take
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -113,6 +114,23 @@ async def test_a_withdraw_after_pickup_is_refused_and_the_answer_still_comes(
     await receiver.apply_response(Response(id=request.id, result="late"))
     await async_wait_until(lambda: handle.finished, 10, 0.01, "outcome delivered")
     assert [(kind, value.result) for kind, value in outcomes.calls] == [("response", "late")]
+
+
+async def test_a_send_whose_receiver_dies_fails_once_with_receiver_lost(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    sender = make_queue(
+        pickup_timeout_s=30, receiver_timeout_s=1, heartbeat_interval_s=0.3,
+        heartbeat_initial_delay_s=0.2,
+    )  # fmt: skip
+    outcomes = Outcomes()
+    request = Request(endpoint="poll://send-receiver-dies", method="m")
+    handle = await sender.send(request, **outcomes.kw())
+    assert [i.request_id for i in silent_take(redis_client, key_prefix, request.endpoint)] == [
+        request.id
+    ]
+    await async_wait_until(lambda: handle.finished, 10, 0.02, "outcome delivered")
+    assert [type(value) for _, value in outcomes.calls] == [ReceiverLost]
 
 
 async def test_a_cancel_after_pickup_reaches_on_failure_once(make_queue: QueueFactory) -> None:
