@@ -126,19 +126,23 @@ class Queue(QueueBase):
             self._started = True
             logger.info("queue started node_id=%s prefix=%s", self.node_id, self.keys.prefix)
 
-    def close(self) -> None:
+    def close(self, *, shutdown_timeout_s: float | None = None) -> None:
         """Shut down: callers still waiting fail with QueueShutdown, and `serve` takes nothing
         new. Requests its `serve` handlers work on get up to `shutdown_timeout_s` to be
         answered (heartbeats go on meanwhile); what is left, and what was dequeued by hand and
         not answered, is given back (at_least_once: queued again for another receiver;
-        at_most_once: cancelled, its caller told). Then background work stops."""
+        at_most_once: cancelled, its caller told). Then background work stops.
+        `shutdown_timeout_s` overrides the setting (0: give everything back at once)."""
         with self._close_lock:
             if self._closing or self._closed:
                 return
             self._closing = True
         self._router.wake_all()
         if self._started:
-            deadline = time.monotonic() + self.settings.shutdown_timeout_s
+            timeout = self.settings.shutdown_timeout_s
+            deadline = time.monotonic() + (
+                timeout if shutdown_timeout_s is None else shutdown_timeout_s
+            )
             while self._serving_held() and time.monotonic() < deadline:
                 time.sleep(SHUTDOWN_POLL_S)  # bounded by the shutdown timeout
             try:

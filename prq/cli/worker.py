@@ -13,8 +13,8 @@ pool; Queue.serve runs a coroutine function to completion on each call).
 Lifecycle: import the handler (usage error if it does not import or is not callable) →
 connect → serve every endpoint on one node → the first SIGINT/SIGTERM stops taking requests
 and lets the held ones finish for up to `shutdown_timeout_s` → exit 0. A second signal, or
-the timeout, abandons what still runs (its callers see ReceiverLost once heartbeats stop) and
-exits 1 at once.
+the timeout, gives back what still runs (at_least_once requests are queued again, callers of
+at_most_once ones get ReceiverLost at once), abandons those handlers and exits 1.
 """
 
 from __future__ import annotations
@@ -313,8 +313,11 @@ def _stopping(config: WorkerConfig) -> None:
 
 def _abandon(config: WorkerConfig, reason: str) -> None:
     """Exit now, without waiting for handlers that still run (their threads cannot be
-    stopped from outside); the callers see ReceiverLost once heartbeats stop."""
-    _say(f"{reason}: abandoning the requests still running; their callers will see ReceiverLost")
+    stopped from outside); their requests were given back first (`_give_back`)."""
+    _say(
+        f"{reason}: abandoning the requests still running; they were given back "
+        "(at_least_once: queued again; at_most_once: their callers told ReceiverLost)"
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_FAILED)
@@ -358,6 +361,7 @@ async def _serve_async(config: WorkerConfig, handler: Handler) -> int:
             pending = {task for task in servers if not task.done()}
         forced.cancel()
         if pending:
+            await queue.aclose(shutdown_timeout_s=0)  # gives back what the handlers hold
             _abandon(config, "signalled again" if force.is_set() else "shutdown timeout")
         code = max(code, _failed_servers(servers))
     _say("stopped")
@@ -419,6 +423,7 @@ def _serve_threads(
             while thread.is_alive() and not force.is_set() and time.monotonic() < deadline:
                 thread.join(min(DEFAULT_SUPERVISE_S, max(0.0, deadline - time.monotonic())))
         if any(thread.is_alive() for thread in threads):
+            queue.close(shutdown_timeout_s=0)  # gives back what the handlers hold
             _abandon(config, "signalled again" if force.is_set() else "shutdown timeout")
     for exc in errors:
         _say(f"a serve loop failed: {error_line(exc)}")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prq import AsyncQueue, QueueSettings, Request, RequestState
+from prq import AsyncQueue, QueueSettings, ReceiverLost, Request, RequestState
 from prq.admin import Inspector
 from prq.embedded import free_port
 from tests.queue_facades import wait_for_state
@@ -306,7 +306,9 @@ async def test_a_worker_abandons_what_outlasts_its_shutdown_timeout(
         assert await asyncio.to_thread(worker.wait, 10) == 1
         assert time.monotonic() - stopping < 3.0
         worker.wait_for_line("abandoning the requests still running")
-        call.cancel()
+        # And it gave the request back first: the caller learns at once that it shut down
+        with pytest.raises(ReceiverLost, match="shut down"):
+            await asyncio.wait_for(call, 3)
 
 
 async def test_a_second_signal_stops_at_once(
