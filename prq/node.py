@@ -56,6 +56,7 @@ from prq.models import (
     validate_endpoint,
 )
 from prq.pulses import PulseRouter, PulsesBase
+from prq.ran import RanRequests
 from prq.redis_io import IOCounters
 from prq.scripts import (
     Redelivery,
@@ -64,7 +65,6 @@ from prq.scripts import (
     hand_back_call,
     parse_enqueue_many,
 )
-from prq.seen import SeenSequences
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -78,9 +78,6 @@ __all__ = ["SHUTDOWN_POLL_S", "QueueBase", "QueueStats"]
 DEFAULT_TAKEN_MEMORY = 100_000
 #: How often closing looks whether the held requests were answered (seconds).
 SHUTDOWN_POLL_S = 0.02
-#: How many responses of at_least_once requests a node keeps, to answer a redelivery of one
-#: it ran with the same answer.
-DEFAULT_RAN_RESPONSES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,14 +170,8 @@ class QueueBase:
         #: only come from a Redis that went back in time, and must not run again.
         self._taken: OrderedDict[str, int] = OrderedDict()
         self._taken_lock = threading.Lock()
-        #: at_least_once requests this node ran, per endpoint, by sequence number: a
-        #: redelivery of one of them is never run again here (prq.seen). Forgotten when Redis
-        #: loses data (sequence numbers start again).
-        self._ran: dict[str, SeenSequences] = {}
-        self._ran_epoch = 0
-        #: Responses of the at_least_once requests it ran, newest last, to answer such a
-        #: redelivery with: request id → response body.
-        self._ran_responses: OrderedDict[str, bytes] = OrderedDict()
+        #: at_least_once requests this node ran, and their answers (prq.ran).
+        self._ran = RanRequests()
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
@@ -306,15 +297,8 @@ class QueueBase:
     def _first_run(self, endpoint: str, item: TakenItem) -> bool:
         """Remember that this node runs an at_least_once request; False if it ran (or runs)
         the same one before: a redelivery (attempt 2 or later), not to be run again."""
-        with self._taken_lock:
-            if self._ran_epoch != self._watch.data_loss.events:
-                self._ran.clear()  # Redis lost data: its sequence numbers start again
-                self._ran_responses.clear()
-                self._ran_epoch = self._watch.data_loss.events
-            if item.sequence <= 0:
-                return True
-            first = self._ran.setdefault(endpoint, SeenSequences()).add(item.sequence)
-            return first or item.attempt <= 1  # a first attempt is never a redelivery
+        epoch = self._watch.data_loss.events
+        return self._ran.first_run(endpoint, item.sequence, item.attempt, epoch)
 
     def _ran_again(self, endpoint: str, token: str, item: TakenItem) -> Flow[None]:
         """A redelivery of an at_least_once request this node ran or runs: never run it again.
@@ -327,8 +311,7 @@ class QueueBase:
             running.owner_token = token
             self._watch.liveness.beat_soon(request_id, time.monotonic())
             return
-        with self._taken_lock:
-            body = self._ran_responses.get(request_id)
+        body = self._ran.response(request_id)
         if body is None:
             error = ServerError(
                 type="DuplicateDelivery",
@@ -435,10 +418,7 @@ class QueueBase:
             return None
         body = self._encode_response(response)
         if pending.request.delivery == "at_least_once":
-            with self._taken_lock:
-                self._ran_responses[response.id] = body
-                while len(self._ran_responses) > DEFAULT_RAN_RESPONSES:
-                    self._ran_responses.popitem(last=False)
+            self._ran.remember(response.id, body)
         return respond_flow(
             self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
         )
