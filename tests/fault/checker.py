@@ -13,6 +13,9 @@ Inputs are the jsonl records the nodes write (tests/fault/node_main.py): receive
 - cross-talk: an `ok` result whose tag is not the caller's tag, or an execution whose params'
   tag is not the tag its caller sent with that request id;
 - ok_not_executed: an `ok` call that no ledger shows executed (a response from nowhere);
+- repeated_outcomes: a call with more than one `end` line (a `send` whose callback ran twice,
+  or whose both callbacks ran: "exactly one callback, exactly once");
+- unfinished_handles: `send` handles a sender still saw running when it stopped;
 - keys_without_ttl: keys under the prefix whose PTTL is -1 (a final SCAN);
 plus outcome counts, success rate and latency percentiles of `ok` calls.
 
@@ -93,6 +96,8 @@ class CheckResult:
     unexpected_errors: list[str] = field(default_factory=list)
     keys_without_ttl: list[str] = field(default_factory=list)
     cancelled_seen: dict[str, str | None] = field(default_factory=dict)
+    repeated_outcomes: dict[str, int] = field(default_factory=dict)
+    unfinished_handles: int = 0
 
     @property
     def finished_calls(self) -> list[Call]:
@@ -141,7 +146,9 @@ class CheckResult:
             f"unknown_executions={len(self.unknown_executions)} "
             f"unexpected_errors={len(self.unexpected_errors)} "
             f"keys_without_ttl={len(self.keys_without_ttl)} "
-            f"cancelled_seen={len(self.cancelled_seen)}",
+            f"cancelled_seen={len(self.cancelled_seen)} "
+            f"repeated_outcomes={len(self.repeated_outcomes)} "
+            f"unfinished_handles={self.unfinished_handles}",
         ]
         for label, items in (
             ("hung", self.hung),
@@ -151,6 +158,7 @@ class CheckResult:
             ("ok_not_executed", self.ok_not_executed),
             ("unexpected_errors", self.unexpected_errors),
             ("keys_without_ttl", self.keys_without_ttl),
+            ("repeated_outcomes", list(self.repeated_outcomes)),
         ):
             if items:
                 lines.append(f"  {label} e.g.: {', '.join(map(str, items[:5]))}")
@@ -179,11 +187,15 @@ class CheckResult:
             "ok_not_executed": (self.ok_not_executed, max_ok_not_executed),
             "unexpected_errors": (self.unexpected_errors, max_unexpected_errors),
             "keys_without_ttl": (self.keys_without_ttl, max_keys_without_ttl),
+            "repeated_outcomes": (self.repeated_outcomes, 0),
         }
         checks: list[tuple[str, float, float, bool]] = [
             ("calls", len(self.calls), min_calls, len(self.calls) >= min_calls)
         ]
         checks += [(k, len(v), limit, len(v) <= limit) for k, (v, limit) in counts.items()]
+        checks.append(
+            ("unfinished_handles", self.unfinished_handles, 0, self.unfinished_handles == 0)
+        )
         failed = [f"{name}={value} (limit {limit})" for name, value, limit, ok in checks if not ok]
         if failed:
             raise AssertionError(f"fault checker: {'; '.join(failed)}\n{self.report()}")
@@ -198,12 +210,24 @@ def keys_without_ttl(client: redis.Redis, prefix: str) -> list[str]:
     return sorted(found)
 
 
+@dataclass
+class _Histories:
+    """What the senders' histories say: calls by id, `end` lines per id, per sender the time
+    it was observed until (its `stopped` line), and send handles unfinished at the stop."""
+
+    calls: dict[str, Call]
+    ends: Counter[str]
+    observed_until: dict[str, float]
+    unfinished_handles: int
+
+
 def _read_calls(
     histories: Iterable[Sequence[dict[str, Any]]],
     observed_until: dict[str, float],
-) -> tuple[dict[str, Call], dict[str, float]]:
-    """Calls by id, and per sender node the time it was observed until (its `stopped` line)."""
+) -> _Histories:
     calls: dict[str, Call] = {}
+    ends: Counter[str] = Counter()
+    unfinished_handles = 0
     for records in histories:
         for rec in records:
             event = rec.get("event")
@@ -216,7 +240,10 @@ def _read_calls(
                     deadline_s=rec.get("deadline_s", 60.0),
                 )
             elif event == "end" and rec["id"] in calls:
+                ends[rec["id"]] += 1
                 call = calls[rec["id"]]
+                if call.end is not None:
+                    continue  # the first outcome is the one the caller acted on
                 call.end = rec["t_mono"]
                 call.outcome = rec["outcome"]
                 call.maybe_executed = rec.get("maybe_executed")
@@ -226,7 +253,8 @@ def _read_calls(
                 call.message = rec.get("message", "")
             elif event == "stopped":
                 observed_until.setdefault(rec["node"], rec["t_mono"])
-    return calls, observed_until
+                unfinished_handles += rec.get("unfinished_handles", 0)
+    return _Histories(calls, ends, observed_until, unfinished_handles)
 
 
 def _read_ledgers(
@@ -266,7 +294,8 @@ def check(
     Keys without TTL are scanned when `redis_client` and `prefix` are given.
     """
     now = time.monotonic() if now is None else now
-    calls, until = _read_calls(histories, dict(observed_until or {}))
+    read = _read_calls(histories, dict(observed_until or {}))
+    calls, until = read.calls, read.observed_until
     executions, executed_tags, cancelled = _read_ledgers(ledgers)
     result = CheckResult(
         name=name,
@@ -276,6 +305,8 @@ def check(
         cancelled_seen=cancelled,
     )
     result.duplicates = {rid: n for rid, n in executions.items() if n > 1}
+    result.repeated_outcomes = {rid: n for rid, n in read.ends.items() if n > 1}
+    result.unfinished_handles = read.unfinished_handles
     result.unknown_executions = sorted(rid for rid in executions if rid not in calls)
     for call in result.calls:
         if not call.finished:

@@ -10,7 +10,9 @@ The config (`NodeConfig`, JSON; `@path` reads it from a file) makes the process 
   params={"tag": <unique>, ...}, request_id=<known up front>)` in a loop, appending to its
   HISTORY (jsonl) a `start` line before each call and an `end` line after it (outcome class,
   `maybe_executed`, `retryable`, whether the result's tag is the one sent), and a final `stopped`
-  line when it exits by itself.
+  line when it exits by itself. With `call_style="send"` the callers use `send(...)` instead: the
+  `end` line is written by the callback (`on_response` or `on_failure`), one line per callback
+  run, so a callback that ran twice, or both callbacks, shows as two `end` lines for one id.
 
 Both write `ready_path` once their queue is started, stop by themselves after `duration_s` (or
 `count` calls), stop gracefully on SIGTERM, and kill themselves if their parent disappears or
@@ -46,6 +48,7 @@ WATCH_INTERVAL_S = 0.01
 Role = Literal["receiver", "sender"]
 Facade = Literal["async", "sync"]
 HandlerKind = Literal["echo", "sleep", "block", "barrier"]
+CallStyle = Literal["call", "send"]
 
 
 @dataclass
@@ -81,6 +84,8 @@ class NodeConfig:
     honour_cancel: bool = True
     # -- sender
     history_path: str = ""
+    #: `call(...)` and wait, or `send(...)` and wait for its callback.
+    call_style: CallStyle = "call"
     #: Total calls over all callers (None: until `duration_s`).
     count: int | None = None
     #: Extra params sent with every call (besides the unique "tag").

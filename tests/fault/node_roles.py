@@ -25,9 +25,12 @@ from prq import (
     Queue,
     QueueSettings,
     RedisSettings,
+    RemoteError,
     Request,
+    Response,
     current_request,
 )
+from prq.send import BlockingSendHandle, SendHandle
 from tests.fault.node_main import (
     EXIT_UNFINISHED,
     WATCH_INTERVAL_S,
@@ -201,8 +204,17 @@ class Calls:
         )
         return request_id, tag, {**self.config.params, "tag": tag}
 
-    def record_end(self, request_id: str, tag: str, result: Any, exc: BaseException | None) -> None:
-        fields: dict[str, Any] = {"event": "end", "id": request_id, "tag": tag}
+    def record_end(
+        self,
+        request_id: str,
+        tag: str,
+        result: Any,
+        exc: BaseException | None,
+        via: str = "call",
+    ) -> None:
+        """An `end` line; `via` says what delivered the outcome: call, send (raised),
+        on_response or on_failure."""
+        fields: dict[str, Any] = {"event": "end", "id": request_id, "tag": tag, "via": via}
         if exc is None:
             result_tag = result.get("tag") if isinstance(result, dict) else None
             fields.update(outcome="ok", tag_ok=result_tag == tag, result_tag=result_tag)
@@ -216,13 +228,151 @@ class Calls:
             )
         self.history.write(stamp(node=self.config.name, **fields))
 
-    def record_stopped(self, unfinished: int) -> None:
-        self.history.write(stamp(event="stopped", node=self.config.name, unfinished=unfinished))
+    def record_response(self, request_id: str, tag: str, response: Response) -> None:
+        """What `send`'s on_response got: the echo, or the error the service raised (which
+        `call` would raise as RemoteError)."""
+        if response.error is None:
+            self.record_end(request_id, tag, response.result, None, via="on_response")
+            return
+        remote = RemoteError(response.error, request_id=request_id, endpoint=self.config.endpoint)
+        self.record_end(request_id, tag, None, remote, via="on_response")
+
+    def record_stopped(self, unfinished: int, unfinished_handles: int = 0) -> None:
+        self.history.write(
+            stamp(
+                event="stopped",
+                node=self.config.name,
+                unfinished=unfinished,
+                unfinished_handles=unfinished_handles,
+            )
+        )
 
 
 def _wait_for_go(config: NodeConfig) -> None:
     while config.go_path and not Path(config.go_path).exists():
         time.sleep(WATCH_INTERVAL_S)  # polls the go file; the watchdog bounds the wait
+
+
+def _outcome_wait_s(config: NodeConfig) -> float:
+    """How long a send-style caller waits for its callback before it moves on (the call then
+    stays unfinished, and the checker judges it hung)."""
+    return config.call_deadline_s + config.drain_timeout_s
+
+
+class _Outcome:
+    """The two callbacks of one `send`: each run writes an `end` line, then sets `fired`."""
+
+    def __init__(self, calls: Calls, request_id: str, tag: str, fired: Any) -> None:
+        self.calls, self.request_id, self.tag, self.fired = calls, request_id, tag, fired
+
+    def on_response(self, response: Response) -> None:
+        self.calls.record_response(self.request_id, self.tag, response)
+        self.fired.set()
+
+    def on_failure(self, error: PrqError) -> None:
+        self.calls.record_end(self.request_id, self.tag, None, error, via="on_failure")
+        self.fired.set()
+
+
+class _AsyncCaller:
+    """One call on the asyncio queue, by `call` or by `send` (config.call_style)."""
+
+    def __init__(self, queue: AsyncQueue, config: NodeConfig, calls: Calls) -> None:
+        self.queue, self.config, self.calls = queue, config, calls
+        self.handles: list[SendHandle] = []
+
+    async def one(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+        if self.config.call_style == "send":
+            await self._send(request_id, tag, params)
+            return
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = await self.queue.call(
+                self.config.endpoint,
+                "echo",
+                params,
+                request_id=request_id,
+                timeout_s=self.config.call_timeout_s,
+            )
+        except Exception as exc:
+            error = exc
+        self.calls.record_end(request_id, tag, result, error)
+
+    async def _send(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+        outcome = _Outcome(self.calls, request_id, tag, asyncio.Event())
+        request = self.queue.build_request(
+            self.config.endpoint, "echo", params, request_id=request_id
+        )
+        try:
+            handle = await self.queue.send(
+                request,
+                on_response=outcome.on_response,
+                on_failure=outcome.on_failure,
+                timeout_s=self.config.call_timeout_s,
+            )
+        except Exception as exc:  # send itself failed: no callback is due
+            self.calls.record_end(request_id, tag, None, exc, via="send")
+            return
+        self.handles.append(handle)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(outcome.fired.wait(), _outcome_wait_s(self.config))
+
+    async def unfinished_handles(self, until: float) -> int:
+        """Wait (until `until`, monotonic) for every send's outcome to be delivered."""
+        while any(not h.finished for h in self.handles) and time.monotonic() < until:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        return sum(not h.finished for h in self.handles)
+
+
+class _SyncCaller:
+    """One call on the blocking queue, by `call` or by `send` (config.call_style)."""
+
+    def __init__(self, queue: Queue, config: NodeConfig, calls: Calls) -> None:
+        self.queue, self.config, self.calls = queue, config, calls
+        self.handles: list[BlockingSendHandle] = []
+
+    def one(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+        if self.config.call_style == "send":
+            self._send(request_id, tag, params)
+            return
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self.queue.call(
+                self.config.endpoint,
+                "echo",
+                params,
+                request_id=request_id,
+                timeout_s=self.config.call_timeout_s,
+            )
+        except Exception as exc:
+            error = exc
+        self.calls.record_end(request_id, tag, result, error)
+
+    def _send(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+        outcome = _Outcome(self.calls, request_id, tag, threading.Event())
+        request = self.queue.build_request(
+            self.config.endpoint, "echo", params, request_id=request_id
+        )
+        try:
+            handle = self.queue.send(
+                request,
+                on_response=outcome.on_response,
+                on_failure=outcome.on_failure,
+                timeout_s=self.config.call_timeout_s,
+            )
+        except Exception as exc:  # send itself failed: no callback is due
+            self.calls.record_end(request_id, tag, None, exc, via="send")
+            return
+        self.handles.append(handle)
+        outcome.fired.wait(_outcome_wait_s(self.config))
+
+    def unfinished_handles(self, until: float) -> int:
+        """Wait (until `until`, monotonic) for every send's outcome to be delivered."""
+        while any(not h.finished for h in self.handles) and time.monotonic() < until:
+            time.sleep(WATCH_INTERVAL_S)  # polls the handles; bounded by `until`
+        return sum(not h.finished for h in self.handles)
 
 
 async def _sender_async(config: NodeConfig, calls: Calls) -> int:
@@ -234,26 +384,14 @@ async def _sender_async(config: NodeConfig, calls: Calls) -> int:
     await queue.start()
     write_ready(config)
     await loop.run_in_executor(None, _wait_for_go, config)
+    one = _AsyncCaller(queue, config, calls)
 
     async def caller(number: int) -> None:
         while not stop.is_set():
             call = calls.next_call(number)
             if call is None:
                 return
-            request_id, tag, params = call
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                result = await queue.call(
-                    config.endpoint,
-                    "echo",
-                    params,
-                    request_id=request_id,
-                    timeout_s=config.call_timeout_s,
-                )
-            except Exception as exc:
-                error = exc
-            calls.record_end(request_id, tag, result, error)
+            await one.one(*call)
             if config.think_ms:
                 await asyncio.sleep(config.think_ms / 1000.0)
 
@@ -265,8 +403,9 @@ async def _sender_async(config: NodeConfig, calls: Calls) -> int:
     )
     stop.set()
     stopped.cancel()
+    drain_end = time.monotonic() + config.drain_timeout_s
     _, pending = await asyncio.wait(callers, timeout=config.drain_timeout_s)
-    calls.record_stopped(len(pending))
+    calls.record_stopped(len(pending), await one.unfinished_handles(drain_end))
     if pending:
         os._exit(EXIT_UNFINISHED)  # calls still hang: leave without waiting for them
     await asyncio.wait_for(queue.aclose(), CLOSE_TIMEOUT_S)
@@ -281,26 +420,14 @@ def _sender_sync(config: NodeConfig, calls: Calls) -> int:
     queue.start()
     write_ready(config)
     _wait_for_go(config)
+    one = _SyncCaller(queue, config, calls)
 
     def caller(number: int) -> None:
         while not stop.is_set():
             call = calls.next_call(number)
             if call is None:
                 return
-            request_id, tag, params = call
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                result = queue.call(
-                    config.endpoint,
-                    "echo",
-                    params,
-                    request_id=request_id,
-                    timeout_s=config.call_timeout_s,
-                )
-            except Exception as exc:
-                error = exc
-            calls.record_end(request_id, tag, result, error)
+            one.one(*call)
             if config.think_ms:
                 stop.wait(config.think_ms / 1000.0)
 
@@ -320,7 +447,7 @@ def _sender_sync(config: NodeConfig, calls: Calls) -> int:
     for thread in threads:
         thread.join(max(0.0, drain_end - time.monotonic()))
     unfinished = sum(1 for t in threads if t.is_alive())
-    calls.record_stopped(unfinished)
+    calls.record_stopped(unfinished, one.unfinished_handles(drain_end))
     if unfinished:
         os._exit(EXIT_UNFINISHED)
     queue.close()

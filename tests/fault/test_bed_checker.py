@@ -120,3 +120,25 @@ def test_keys_without_ttl_are_scanned(fault_client: redis.Redis) -> None:
     fault_client.set("other:c", "1")
     result = check([], [], redis_client=fault_client, prefix="pfx")
     assert result.keys_without_ttl == ["pfx:b"]
+
+
+def test_a_second_outcome_for_one_call_is_detected() -> None:
+    # a send whose callback ran twice, and one whose both callbacks ran
+    history = [
+        start("twice", "twice", T0), end("twice", "twice", T0 + 1), end("twice", "twice", T0 + 2),
+        start("both", "both", T0),
+        end("both", "both", T0 + 1),
+        end("both", "both", T0 + 3, "ReceiverLost", maybe_executed=True),
+        start("once", "once", T0), end("once", "once", T0 + 1),
+        {"event": "stopped", "node": "s1", "t_mono": T0 + 5, "unfinished": 0,
+         "unfinished_handles": 1},
+    ]  # fmt: skip
+    ledger = [executed(rid, rid, T0 + 0.5) for rid in ("twice", "both", "once")]
+    result = check([ledger], [history], name="repeats", now=T0 + 100)
+    print(result.report())
+    assert result.repeated_outcomes == {"twice": 2, "both": 2}
+    assert result.unfinished_handles == 1
+    # the first outcome is the one the caller acted on
+    assert [c.outcome for c in result.calls] == ["ok", "ok", "ok"]
+    with pytest.raises(AssertionError, match=r"repeated_outcomes=2 .*unfinished_handles=1"):
+        result.assert_clean()

@@ -52,6 +52,27 @@ def test_node_pair_200_calls_through_proxies_is_clean(
     assert receiver.stop() == 0
 
 
+@pytest.mark.parametrize("facade", ["async", "sync"])
+def test_send_style_sender_gets_one_callback_per_call(
+    nodes: NodeFactory, fault_client: redis.Redis, fault_prefix: str, facade: str
+) -> None:
+    # Given a receiver, and a sender whose callers send(...) and wait for the callback
+    receiver = nodes.receiver("r1", concurrency=8)
+    sender = nodes.sender("s1", facade=facade, call_style="send", concurrency=8, count=100)
+    # When its 100 sends were answered
+    assert sender.wait(60) == 0
+    # Then every send got exactly one callback, on_response with its own echo
+    result = check_nodes(
+        nodes.nodes, name="bed-send", redis_client=fault_client, prefix=fault_prefix
+    )
+    print(result.report())
+    result.assert_clean(min_calls=100, min_success_rate=1.0)
+    assert sum(result.executions.values()) == 100
+    assert {r["via"] for r in sender.history() if r["event"] == "end"} == {"on_response"}
+    assert [r.get("unfinished_handles") for r in sender.history() if r["event"] == "stopped"] == [0]
+    assert receiver.stop() == 0
+
+
 def test_kill_pause_and_barrier_are_real(nodes: NodeFactory) -> None:
     # Given a receiver whose handler waits on a barrier, and one call in it
     receiver = nodes.receiver("r1", handler="barrier", concurrency=2)

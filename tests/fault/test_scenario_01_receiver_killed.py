@@ -1,5 +1,6 @@
 """Scenario 1: a receiver killed (kill -9) after pickup; its callers get ReceiverLost within the
-receiver timeout + 1 s, and the requests are fenced in Redis (cancelled, reason receiver_lost)."""
+receiver timeout + 1 s, and the requests are fenced in Redis (cancelled, reason receiver_lost).
+Half the callers wait in `call`, half `send` and wait for the one callback (on_failure)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.fault.scenarios import (
     POLL_DRIFT_S,
     RECEIVER_TIMEOUT_S,
     SLACK_S,
+    ends,
     figures,
     request_hash,
 )
@@ -41,24 +43,32 @@ def test_receiver_killed_after_pickup(
     receiver = nodes.receiver(
         "r1",
         handler="barrier",
-        concurrency=HELD,
+        concurrency=2 * HELD,
         facade=receiver_facade,
         redis_url=make_proxy().url,
     )
-    sender = nodes.sender(
-        "s1", count=HELD, concurrency=HELD, facade=sender_facade, call_deadline_s=30
-    )
-    receiver.wait_for("start", count=HELD)
+    # (HELD by call, HELD more by send: the callback must come once, as the call's outcome)
+    for name, style in (("s1", "call"), ("s2", "send")):
+        nodes.sender(
+            name,
+            count=HELD,
+            concurrency=HELD,
+            facade=sender_facade,
+            call_style=style,
+            call_deadline_s=30,
+        )
+    receiver.wait_for("start", count=2 * HELD)
 
     # When the receiver is killed with SIGKILL
     receiver.kill()
     assert receiver.killed_at is not None
 
     # Then every caller gets ReceiverLost within the receiver timeout + 1 s of the kill
-    assert sender.wait(RECEIVER_TIMEOUT_S + 15) == 0
+    for sender in nodes.senders:
+        assert sender.wait(RECEIVER_TIMEOUT_S + 15) == 0
     result = check_nodes(nodes.nodes, name="S01", redis_client=fault_client, prefix=fault_prefix)
     print(result.report())
-    result.assert_clean(min_calls=HELD)
+    result.assert_clean(min_calls=2 * HELD)
     after_kill = [call.end - receiver.killed_at for call in result.calls if call.end is not None]
     figures(
         "S01",
@@ -69,12 +79,14 @@ def test_receiver_killed_after_pickup(
         last_lost_after_kill_s=max(after_kill),
         bound_s=RECEIVER_TIMEOUT_S + SLACK_S,
     )
-    assert [call.outcome for call in result.calls] == ["ReceiverLost"] * HELD
+    assert [call.outcome for call in result.calls] == ["ReceiverLost"] * 2 * HELD
+    vias = sorted(r["via"] for sender in nodes.senders for r in ends(sender))
+    assert vias == ["call"] * HELD + ["on_failure"] * HELD
     assert all(call.maybe_executed and call.retryable for call in result.calls)
     # (the "+ 1 s" is one poll of the caller; see POLL_DRIFT_S for the few ms on top)
     assert max(after_kill) <= RECEIVER_TIMEOUT_S + SLACK_S + POLL_DRIFT_S
     # And each request ran once and is fenced: cancelled as receiver_lost, with no response
-    assert sorted(result.executions.values()) == [1] * HELD
+    assert sorted(result.executions.values()) == [1] * 2 * HELD
     for call in result.calls:
         fields = request_hash(fault_client, fault_prefix, call.id)
         assert (fields.get("st"), fields.get("why")) == ("cancelled", "receiver_lost"), fields

@@ -1,8 +1,9 @@
 """Scenario 3: a receiver loses Redis for good after pickup. Its caller gets ReceiverLost; and a
 request the cut-off receiver had already collected (handed to its parked take, so the receiver
 never saw it) is not failed by the pickup timeout either: it was picked up, so its caller gets
-ReceiverLost too. The callers' pickup timeout (3 s) is set BELOW the receiver timeout (5 s), so
-a caller that took a collected request for a queued one would get PickupTimeout first."""
+ReceiverLost too (by `call`, or by `send`'s on_failure). The callers' pickup timeout (3 s) is
+set BELOW the receiver timeout (5 s), so a caller that took a collected request for a queued one
+would get PickupTimeout first."""
 
 from __future__ import annotations
 
@@ -49,20 +50,23 @@ def _live_park_ms(client: redis.Redis, prefix: str, node: str) -> int:
     return max([0, *left])
 
 
+@pytest.mark.parametrize("style", ["call", "send"])
 def test_receiver_loses_redis_forever_after_pickup(
     nodes: NodeFactory,
     make_proxy: Callable[..., FaultProxy],
     fault_client: redis.Redis,
     fault_prefix: str,
+    style: str,
 ) -> None:
     # Given a receiver on its own link with two slots: one runs call A (waiting on a barrier),
     # the other is parked in a take
     link = make_proxy()
     receiver = nodes.receiver("r1", handler="barrier", concurrency=2, redis_url=link.url)
     pickup = {"pickup_timeout_s": PICKUP_S}
-    first = nodes.sender("s1", count=1, call_deadline_s=30, queue_settings=pickup)
+    first = nodes.sender("s1", count=1, call_deadline_s=30, queue_settings=pickup, call_style=style)
     second = nodes.sender(
         "s2",
+        call_style=style,
         count=1,
         call_deadline_s=30,
         queue_settings=pickup,
@@ -93,6 +97,7 @@ def test_receiver_loses_redis_forever_after_pickup(
     fields_b = request_hash(fault_client, fault_prefix, call_b.id)
     figures(
         "S03",
+        style=style,
         outcome_a=call_a.outcome,
         outcome_b=call_b.outcome,
         b_collected_by=fields_b.get("rcv"),

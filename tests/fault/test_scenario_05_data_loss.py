@@ -3,7 +3,8 @@ FLUSHALL; a restart from an older snapshot (time travel); a stale replica promot
 detected within the data-loss check interval + 1 s of the fault (the first DataLoss a caller
 gets, or the first held request cancelled with reason data_loss, whichever comes first); no
 caller hangs, no ghost; and after a rollback the receiver must not run a request twice (a
-request that ran after the snapshot comes back "queued" in the old data)."""
+request that ran after the snapshot comes back "queued" in the old data). A second sender
+`send`s: each of its sends gets exactly one callback."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.fault.redis_faults import (
     rollback_to_snapshot,
     snapshot,
 )
-from tests.fault.scenarios import CHECK_S, SLACK_S, events, figures
+from tests.fault.scenarios import CHECK_S, SLACK_S, ends, events, figures
 from tests.redis_servers import wait_until
 
 pytestmark = pytest.mark.fault
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.fault
 #: Receiver slots and callers: fewer slots than callers, so requests wait queued (a backlog the
 #: rollback cases bring back) while others are held by the handler.
 SLOTS, CALLERS = 4, 16
+#: Callers of the second sender, which `send`s and waits for the callback (sync facade).
+SEND_CALLERS = 4
 #: Handler time, ms (long enough that requests are held when the fault strikes).
 SERVICE_MS = 150.0
 #: Calls ok before the fault (steady load), and between a snapshot/freeze and the fault.
@@ -71,12 +74,22 @@ def test_data_loss_is_detected(
 ) -> None:
     with _maybe_replica(case, fault_redis) as stale:
         # Given a receiver and a sender under steady load, each on its own link to "the primary"
-        links = [make_proxy(), make_proxy()]
+        # (and a second sender whose callers `send` and wait for the callback)
+        links = [make_proxy(), make_proxy(), make_proxy()]
         receiver = nodes.receiver(
             "r1", concurrency=SLOTS, handler="sleep", handler_ms=SERVICE_MS, redis_url=links[0].url
         )
         sender = nodes.sender(
             "s1", concurrency=CALLERS, duration_s=60.0, call_deadline_s=20.0, redis_url=links[1].url
+        )
+        sending = nodes.sender(
+            "s2",
+            facade="sync",
+            call_style="send",
+            concurrency=SEND_CALLERS,
+            duration_s=60.0,
+            call_deadline_s=20.0,
+            redis_url=links[2].url,
         )
         wait_until(lambda: _ok_count(sender) >= WARM_OK, 30, 0.05, "steady load")
 
@@ -108,6 +121,7 @@ def test_data_loss_is_detected(
         # And the load goes on until new calls succeed again (no restart of any node)
         wait_until(lambda: _ok_count(sender, fault_at) >= AFTER_OK, 30, 0.05, "calls ok again")
         assert sender.stop() == 0
+        assert sending.stop() == 0
         assert receiver.stop() == 0
 
         # Then the loss was detected within the check interval + 1 s of the fault
@@ -143,3 +157,4 @@ def test_data_loss_is_detected(
         # And no caller hangs, nothing runs after its caller was told it did not, every key has
         # a TTL; and no request ran twice (after a rollback too)
         result.assert_clean(min_calls=WARM_OK)
+        assert ends(sending), "the sending node's sends got no callback"

@@ -1,6 +1,7 @@
 """Scenario 6: Redis paused (SIGSTOP). A pause inside the retry budget (5 s, budget 30 s) is ridden
 out: no call fails, nothing runs twice. A pause past the budget (10 s, budget 5 s) ends every
-affected call with QueueUnavailable within budget + socket timeout + 1 s, and no ghost."""
+affected call with QueueUnavailable within budget + socket timeout + 1 s, and no ghost. Some
+senders `send` instead of `call`: each send gets exactly one callback, with the same outcome."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ pytestmark = pytest.mark.fault
 
 #: Handler time, ms.
 SERVICE_MS = 20.0
+#: The senders: (facade, call style, callers); `send` callers wait for the one callback.
+SENDERS = (("async", "call", 8), ("sync", "call", 8), ("async", "send", 4), ("sync", "send", 4))
+#: The receiver's slots: one per caller.
+SLOTS = sum(callers for _, _, callers in SENDERS)
 #: Calls ok before the pause (steady load) and after it (the load goes on).
 WARM_OK, AFTER_OK = 50, 50
 
@@ -44,20 +49,22 @@ def test_redis_paused_within_the_budget_fails_nothing(
 ) -> None:
     pause_s, budget_s = 5.0, 30.0
     budget = {"retry_budget_s": budget_s}
-    # Given a receiver and two senders (one per facade) under steady load, retry budget 30 s
+    # Given a receiver and four senders (call and send, one per facade) under steady load,
+    # retry budget 30 s
     receiver = nodes.receiver(
-        "r1", concurrency=16, handler="sleep", handler_ms=SERVICE_MS, queue_settings=budget
+        "r1", concurrency=SLOTS, handler="sleep", handler_ms=SERVICE_MS, queue_settings=budget
     )
     senders = [
         nodes.sender(
             f"s{n}",
             facade=facade,
-            concurrency=8,
+            call_style=style,
+            concurrency=callers,
             duration_s=60.0,
             call_deadline_s=budget_s,
             queue_settings=budget,
         )
-        for n, facade in ((1, "async"), (2, "sync"))
+        for n, (facade, style, callers) in enumerate(SENDERS, start=1)
     ]
     wait_until(lambda: _ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
 
@@ -104,20 +111,21 @@ def test_redis_paused_past_the_budget_ends_calls_with_queue_unavailable(
     pause_s, budget_s = 10.0, 5.0
     bound_s = budget_s + SOCKET_TIMEOUT_S + SLACK_S
     budget = {"retry_budget_s": budget_s}
-    # Given a receiver and two senders (one per facade) under steady load
+    # Given a receiver and four senders (call and send, one per facade) under steady load
     receiver = nodes.receiver(
-        "r1", concurrency=16, handler="sleep", handler_ms=SERVICE_MS, queue_settings=budget
+        "r1", concurrency=SLOTS, handler="sleep", handler_ms=SERVICE_MS, queue_settings=budget
     )
     senders = [
         nodes.sender(
             f"s{n}",
             facade=facade,
-            concurrency=8,
+            call_style=style,
+            concurrency=callers,
             duration_s=60.0,
             call_deadline_s=bound_s + POLL_S,
             queue_settings=budget,
         )
-        for n, facade in ((1, "async"), (2, "sync"))
+        for n, (facade, style, callers) in enumerate(SENDERS, start=1)
     ]
     wait_until(lambda: _ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
 

@@ -1,5 +1,6 @@
 """Scenario 7: every node's connections to Redis are reset (RST) every 2-5 s while calls run: no
-call fails, nothing runs twice, no result reaches the wrong caller.
+call fails, nothing runs twice, no result reaches the wrong caller. Two of the senders `send`
+instead of `call`: each send gets exactly one callback.
 
 Resets go on for the issue's 60 s, every 2-5 s, so a run sees 12-30 resets of every link,
 each hitting calls in all their phases (enqueue, take, response, poll, pub/sub)."""
@@ -43,7 +44,7 @@ def test_connection_resets_every_few_seconds(
         links.append(make_proxy())
         return links[-1].url
 
-    for name, facade, slots in (("r1", "async", 16), ("r2", "sync", 8)):
+    for name, facade, slots in (("r1", "async", 16), ("r2", "sync", 16)):
         nodes.receiver(
             name,
             facade=facade,
@@ -52,16 +53,23 @@ def test_connection_resets_every_few_seconds(
             handler_ms=SERVICE_MS,
             redis_url=link(),
         )
+    # (and two more whose callers `send` and wait for the one callback)
     senders = [
         nodes.sender(
             name,
             facade=facade,
+            call_style=style,
             concurrency=callers,
             duration_s=RESETS_FOR_S + 60,
             call_deadline_s=30.0,
             redis_url=link(),
         )
-        for name, facade, callers in (("s1", "async", 16), ("s2", "sync", 8))
+        for name, facade, style, callers in (
+            ("s1", "async", "call", 16),
+            ("s2", "sync", "call", 8),
+            ("s3", "async", "send", 4),
+            ("s4", "sync", "send", 4),
+        )
     ]
     wait_until(lambda: all(events(s, "end") for s in senders), 20, 0.05, "calls flowing")
 

@@ -4,7 +4,8 @@ still gets its response.
 "Exactly when" is made deterministic: the sender's link is blackholed (nothing flows either way,
 nothing is reset) just before the handler returns, so the response is stored in Redis and its
 pulse is published while the sender cannot hear it; then the link is cut (RST: the held pulse
-and any held read are lost) and restored. The sender must find the response by itself."""
+and any held read are lost) and restored. The sender must find the response by itself: as
+`call`'s return, or as `send`'s one on_response."""
 
 from __future__ import annotations
 
@@ -29,18 +30,28 @@ CALLS = 3
 RECONNECT_S = 2.0
 
 
-@pytest.mark.parametrize("facade", ["async", "sync"])
+@pytest.mark.parametrize(
+    ("facade", "style"), [("async", "call"), ("sync", "call"), ("async", "send"), ("sync", "send")]
+)
 def test_sender_cut_when_the_response_is_applied(
     nodes: NodeFactory,
     make_proxy: Callable[..., FaultProxy],
     fault_client: redis.Redis,
     fault_prefix: str,
     facade: str,
+    style: str,
 ) -> None:
     # Given a sender on its own link, calling a receiver whose handler waits on a barrier
     link = make_proxy()
     receiver = nodes.receiver("r1", handler="barrier")
-    sender = nodes.sender("s1", facade=facade, count=CALLS, call_deadline_s=20, redis_url=link.url)
+    sender = nodes.sender(
+        "s1",
+        facade=facade,
+        call_style=style,
+        count=CALLS,
+        call_deadline_s=20,
+        redis_url=link.url,
+    )
     barrier = Path(receiver.config.barrier_path)
     recoveries = []
     for n in range(1, CALLS + 1):
@@ -68,6 +79,7 @@ def test_sender_cut_when_the_response_is_applied(
     figures(
         "S09",
         facade=facade,
+        style=style,
         calls=CALLS,
         connections_cut=[cut for _, cut in recoveries],
         response_after_restore_s=[round(seconds, 3) for seconds, _ in recoveries],
@@ -75,5 +87,6 @@ def test_sender_cut_when_the_response_is_applied(
     )
     result.assert_clean(min_calls=CALLS, min_success_rate=1.0)
     assert [r["outcome"] for r in ends(sender)] == ["ok"] * CALLS
+    assert {r["via"] for r in ends(sender)} == {"on_response" if style == "send" else "call"}
     # (it polls: the response comes within a reconnect and a poll interval of the restore)
     assert all(seconds <= RECONNECT_S + POLL_S + SLACK_S for seconds, _ in recoveries)

@@ -4,7 +4,8 @@ node (a `prq.Queue` straight to Redis) that knows nothing but the request id.
 
 - A cancel after pickup reaches the receiver within poll interval + 1 s, by pub/sub or, with
   every pub/sub message to the receiver dropped, by its polled marker; the caller gets
-  CancelledAfterPickup and the handler's late response is dropped.
+  CancelledAfterPickup (as `call`'s error, or `send`'s one on_failure) and the handler's late
+  response is dropped.
 - 500 calls, >= 100 of them cancelled while a receiver process dequeues: nothing raises
   unexpectedly, nothing runs after its caller was told it never would, and no key leaks (every
   key has a TTL throughout, and none outlives the traffic by more than the longest TTL).
@@ -126,7 +127,9 @@ def _cancel_while(
         return {request_id: future.result(30) for request_id, future in futures.items()}
 
 
-@pytest.mark.parametrize("path", ["pubsub", "polled"])
+@pytest.mark.parametrize(
+    ("path", "style"), [("pubsub", "call"), ("polled", "call"), ("pubsub", "send")]
+)
 def test_cancel_after_pickup_from_another_node(
     nodes: NodeFactory,
     make_proxy: Callable[..., FaultProxy],
@@ -134,6 +137,7 @@ def test_cancel_after_pickup_from_another_node(
     fault_prefix: str,
     canceller: Queue,
     path: str,
+    style: str,
 ) -> None:
     # Given a call picked up by a receiver whose handler waits (until released or cancelled);
     # in the "polled" case no pub/sub message reaches the receiver
@@ -141,7 +145,7 @@ def test_cancel_after_pickup_from_another_node(
     if path == "polled":
         link.drop_pubsub_messages(True)
     receiver = nodes.receiver("r1", handler="barrier", redis_url=link.url)
-    sender = nodes.sender("s1", count=1, call_deadline_s=20)
+    sender = nodes.sender("s1", count=1, call_deadline_s=20, call_style=style)
     request_id = receiver.wait_for("start")[0]["id"]
 
     # When a third node, knowing only the id, cancels it
@@ -160,6 +164,7 @@ def test_cancel_after_pickup_from_another_node(
     figures(
         "S10-signal",
         path=path,
+        style=style,
         receiver_signalled_after_s=signal["t_mono"] - cancelled_at,
         bound_s=POLL_S + SLACK_S,
         caller_outcome=end["outcome"],
@@ -170,6 +175,7 @@ def test_cancel_after_pickup_from_another_node(
     assert signal["reason"] == "cancelled"
     assert signal["t_mono"] - cancelled_at <= POLL_S + SLACK_S
     assert end["outcome"] == "CancelledAfterPickup"
+    assert end["via"] == ("on_failure" if style == "send" else "call")
     assert (fields.get("st"), fields.get("why")) == ("cancelled", "cancelled")
     assert "rsp" not in fields
     result = check_nodes(

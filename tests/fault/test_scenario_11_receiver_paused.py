@@ -1,6 +1,7 @@
 """Scenario 11: a receiver process frozen (SIGSTOP) while it holds requests, then thawed.
 
-- Frozen 2x its timeout: every caller gets exactly one outcome (ReceiverLost); the zombie wakes,
+- Frozen 2x its timeout: every caller gets exactly one outcome (ReceiverLost; by `call`, or by
+  `send`'s one on_failure when the receiver is the sync one); the zombie wakes,
   its handlers finish and answer, and those responses are NOT applied: Redis keeps each request
   cancelled as receiver_lost with no response, and the receiver logs each one as dropped.
   Afterwards it serves new calls normally.
@@ -47,7 +48,9 @@ def test_receiver_frozen_twice_its_timeout_cannot_apply_its_responses(
     freeze_s = 2 * RECEIVER_TIMEOUT_S
     # Given a receiver holding HELD requests in handlers that wait on a barrier
     receiver = nodes.receiver("r1", facade=facade, handler="barrier", concurrency=HELD)
-    sender = nodes.sender("s1", count=HELD, concurrency=HELD, call_deadline_s=30)
+    # (with the sync receiver, the callers `send` and wait for the one callback)
+    style = "send" if facade == "sync" else "call"
+    sender = nodes.sender("s1", count=HELD, concurrency=HELD, call_deadline_s=30, call_style=style)
     ids = {record["id"] for record in receiver.wait_for("start", count=HELD)}
 
     # When the receiver is frozen for 2x its timeout (its handlers may return the moment it
@@ -76,6 +79,7 @@ def test_receiver_frozen_twice_its_timeout_cannot_apply_its_responses(
     figures(
         "S11-2x",
         facade=facade,
+        style=style,
         frozen_s=resumed_at - paused_at,
         lost_after_freeze_s=[round(r["t_mono"] - paused_at, 3) for r in lost],
         drops=sorted(set(drops.values())),

@@ -7,7 +7,11 @@ connection count does not grow.
 
 The in-process version without a proxy is tests/integration/test_cancel_races.py::
 test_callers_cancelled_at_random_points_see_no_cross_talk; here the receiver is a separate node
-process with a ledger, and the round trips are slow enough to be cut in half."""
+process with a ledger, and the round trips are slow enough to be cut in half.
+
+The send variant: 64 tasks `send`, and withdraw 30% of their sends at random points through the
+same slow link. A send withdrawn in time gets no callback and never runs; every other one gets
+exactly one callback, with its own echo."""
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import redis
 
-from prq import AsyncQueue
+from prq import AsyncQueue, Response
 from prq.embedded import EmbeddedRedis
+from prq.send import SendHandle
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.proxy import FaultProxy
@@ -134,4 +140,97 @@ async def test_callers_cancelled_mid_round_trip_see_no_cross_talk(
     assert completed > 0 and cancelled > 0.2 * len(sent)
     assert node_links_after <= node_links_before
     assert server_clients_after <= server_clients_before
+    assert result.keys_without_ttl == []
+
+
+#: Sends per task in the send variant.
+SENDS_PER_TASK = 20
+#: Share of sends withdrawn, and how long after `send` returned (random, up to this many ms).
+WITHDRAW_SHARE, WITHDRAW_WITHIN_MS = 0.3, 6 * LATENCY_MS
+
+
+def _got_response(runs: list[object], response: Response) -> None:
+    runs.append(response.result)
+
+
+@pytest.mark.timeout(90)
+async def test_sends_withdrawn_mid_round_trip_get_one_callback_or_none(
+    nodes: NodeFactory,
+    make_proxy: Callable[..., FaultProxy],
+    fault_redis: EmbeddedRedis,
+    fault_client: redis.Redis,
+    fault_prefix: str,
+) -> None:
+    # Given a receiver process echoing each call's params, and a node whose link to Redis adds
+    # latency in both directions
+    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16)
+    link = make_proxy()
+    link.latency(LATENCY_MS)
+    node = AsyncQueue(
+        fault_redis_settings(link.url),
+        prefix=fault_prefix,
+        settings=fault_settings(),
+        node_id="senders",
+    )
+    rng = random.Random()
+    sent: dict[str, str] = {}  # request id -> tag
+    outcomes: dict[str, list[object]] = {}  # request id -> what each callback run got
+    withdrawn: dict[str, bool] = {}  # request id -> what withdraw() answered
+    handles: list[SendHandle] = []
+    async with node:
+
+        async def sender(task: int) -> None:
+            for n in range(SENDS_PER_TASK):
+                tag, request_id = f"{task}/{n}", uuid.uuid4().hex
+                sent[request_id] = tag
+                runs = outcomes.setdefault(request_id, [])
+                handle = await node.send(
+                    node.build_request(ENDPOINT, "echo", {"tag": tag}, request_id=request_id),
+                    on_response=partial(_got_response, runs),
+                    on_failure=runs.append,
+                )
+                handles.append(handle)
+                if rng.random() < WITHDRAW_SHARE:
+                    # a random point of the request's way: queued, taken, running, answered
+                    await asyncio.sleep(rng.uniform(0, WITHDRAW_WITHIN_MS) / 1000.0)
+                    withdrawn[request_id] = await handle.withdraw()
+
+        # When 30% of the sends are withdrawn at random points
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*(sender(t) for t in range(TASKS))), 75)
+        await async_wait_until(
+            lambda: all(h.finished for h in handles), 30, 0.01, "every outcome delivered"
+        )
+        took = time.monotonic() - started
+    await asyncio.to_thread(receiver.stop)
+
+    # Then a send withdrawn in time got no callback and never ran; every other send got exactly
+    # one callback, on_response with its own echo
+    executed = {r["id"] for r in starts(receiver)}
+    in_time = [rid for rid, mine in withdrawn.items() if mine]
+    late = [rid for rid, mine in withdrawn.items() if not mine]
+    wrong = {
+        rid: runs
+        for rid, runs in outcomes.items()
+        if runs != ([] if withdrawn.get(rid) else [{"tag": sent[rid]}])
+    }
+    result = check_nodes(
+        nodes.nodes, name="S12-send", redis_client=fault_client, prefix=fault_prefix
+    )
+    figures(
+        "S12-send",
+        tasks=TASKS,
+        sends=len(sent),
+        withdrawn_in_time=len(in_time),
+        withdraw_too_late=len(late),
+        executions=len(executed),
+        latency_ms=LATENCY_MS,
+        took_s=took,
+        wrong_outcomes=len(wrong),
+        keys_without_ttl=len(result.keys_without_ttl),
+    )
+    assert wrong == {}, list(wrong.items())[:5]
+    assert in_time, "no withdrawal came before pickup"
+    assert executed.isdisjoint(in_time)
+    assert executed == set(sent) - set(in_time)
     assert result.keys_without_ttl == []
