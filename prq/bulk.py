@@ -34,7 +34,7 @@ from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError, QueueFull
 from prq.keys import KeySchema, encode_endpoint
-from prq.models import Request, check_body_size, validate_endpoint
+from prq.models import Delivery, Request, check_body_size, validate_endpoint
 from prq.scripts import (
     Redelivery,
     RequestSnapshot,
@@ -180,9 +180,11 @@ class BulkClient:
         locators: bool = True,
         priority: int = 0,
         producer: str = BULK_PRODUCER,
+        delivery: Delivery = "at_most_once",
     ) -> BulkResult:
         """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
-        queued at `priority` in `producer`'s turns (the bodies should name the same).
+        queued at `priority` in `producer`'s turns with `delivery` (the bodies should name the
+        same).
 
         For encoders that write request JSON faster than `Request` models can (prq.spark).
         Each body must be the JSON of a `Request` with that id and endpoint, within
@@ -198,8 +200,12 @@ class BulkClient:
             raise ValueError(f"at most {MAX_BATCH_SIZE} items per call")
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         validate_endpoint(endpoint)
-        lane = (endpoint, priority, producer, 0)
+        lane = (endpoint, priority, producer, self._attempts(delivery))
         return self._send({lane: items}, pickup, nonce or uuid.uuid4().hex, locators)
+
+    def _attempts(self, delivery: Delivery) -> int:
+        """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
+        return self.settings.max_attempts if delivery == "at_least_once" else 0
 
     def _enqueue_batch(
         self, batch: Sequence[Request], pickup_timeout_s: float, nonce: str
@@ -212,7 +218,7 @@ class BulkClient:
             except PrqError as exc:
                 rejected.append(Rejected(request.id, exc))
                 continue
-            attempts = self.settings.max_attempts if request.delivery == "at_least_once" else 0
+            attempts = self._attempts(request.delivery)
             lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER, attempts)
             by_lane.setdefault(lane, []).append(encoded)
         result = self._send(by_lane, pickup_timeout_s, nonce, locators=True)

@@ -17,13 +17,14 @@ import enum
 import re
 import threading
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
 
 __all__ = [
+    "DELIVERY_MODES",
     "MAX_ENDPOINT_LENGTH",
     "MAX_PRIORITY",
     "MAX_PRODUCER_LENGTH",
@@ -53,6 +54,8 @@ REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 
 Delivery = Literal["at_most_once", "at_least_once"]
+#: The delivery modes, as text.
+DELIVERY_MODES: tuple[Delivery, ...] = get_args(Delivery)
 
 
 def validate_endpoint(endpoint: object) -> str:

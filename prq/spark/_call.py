@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prq.errors import PrqError
-from prq.models import decode_response
+from prq.outcomes import resolve
 from prq.scripts import RequestSnapshot
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks
@@ -20,30 +20,15 @@ if TYPE_CHECKING:
 
 __all__ = ["arrow_caller", "call_dataframe"]
 
-#: Error types for a request that ended without a response, by state and reason.
-_REASON_ERRORS = {
-    "pickup_timeout": "PickupTimeout",
-    "receiver_lost": "ReceiverLost",
-    "sender_lost": "SenderLost",
-    "call_timeout": "CallTimeout",
-    "data_loss": "DataLoss",
-}
 #: Requests whose outcomes one read asks for (see _Caller._read_outcomes).
 OUTCOME_WINDOW = 256
 _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
 _Answer = tuple[str, str | None, str | None, str | None]
 
 
-def _answer(rid: str, snapshot: RequestSnapshot) -> _Answer:
-    """A result row for a request in a final state."""
-    if snapshot.state == "done":
-        try:
-            response = decode_response(snapshot.response)
-        except PrqError as exc:
-            return rid, None, type(exc).__name__, str(exc)
-        if response.error is not None:
-            return rid, None, response.error.type, response.error.message
-        return rid, json.dumps(response.result), None, None
+def _answer(rid: str, snapshot: RequestSnapshot, endpoint: str) -> _Answer:
+    """A result row for a request in a final state: the result, or the error a waiting caller
+    would get (prq.outcomes), by its class name."""
     if snapshot.state in ("missing", "unknown"):
         return (
             rid,
@@ -54,14 +39,15 @@ def _answer(rid: str, snapshot: RequestSnapshot) -> _Answer:
                 "request TTL extra) or its response outlived the response TTL"
             ),
         )
-    reason = snapshot.reason or snapshot.state
-    if reason in _REASON_ERRORS:
-        error_type = _REASON_ERRORS[reason]
-    elif reason == "cancelled":
-        error_type = "CancelledBeforePickup" if snapshot.state == "withdrawn" else "Cancelled"
-    else:
-        error_type = "".join(part.capitalize() for part in reason.split("_")) or "Unknown"
-    return rid, None, error_type, f"request {snapshot.state} ({reason})"
+    try:
+        response = resolve(snapshot, rid, endpoint)
+    except PrqError as exc:
+        return rid, None, type(exc).__name__, str(exc)
+    if response is None:  # not final: _FINAL keeps these out
+        raise AssertionError(f"request {rid} is still {snapshot.state}")
+    if response.error is not None:
+        return rid, None, response.error.type, response.error.message
+    return rid, json.dumps(response.result), None, None
 
 
 def _refusals(chunk: Chunk, limit: int) -> list[_Answer]:
@@ -167,7 +153,7 @@ class _Caller:
             final = 0
             for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
                 if snapshot.state in _FINAL:
-                    answers.append(_answer(rid, snapshot))
+                    answers.append(_answer(rid, snapshot, self.cfg.endpoint))
                     del self.in_flight[rid]
                     final += 1
             if final < len(part):

@@ -9,10 +9,12 @@ from typing import Any
 
 from prq.bulk import BULK_PRODUCER, MAX_BATCH_SIZE
 from prq.models import (
+    DELIVERY_MODES,
     MAX_PRIORITY,
     MAX_PRODUCER_LENGTH,
     MIN_PRIORITY,
     REQUEST_ID_PATTERN,
+    Delivery,
     validate_endpoint,
 )
 
@@ -67,6 +69,9 @@ class SparkQueueConfig:
     #: Producer named in every request: producers take turns at one priority, so a bulk job
     #: does not hold up other producers' requests on the same endpoint.
     producer: str = BULK_PRODUCER
+    #: "at_most_once" (default), or "at_least_once": a request whose receiver dies is handed
+    #: out again, up to the executors' QueueSettings.max_attempts (see the README, "Delivery").
+    delivery: Delivery = "at_most_once"
     #: How long a request may wait for a receiver (None: the queue's default).
     pickup_timeout_s: float | None = None
     #: Write each request's id → endpoint locator. Off by default: locators would be most of
@@ -108,6 +113,8 @@ class SparkQueueConfig:
             raise ValueError(f"method must be 1-{MAX_METHOD_LENGTH} characters")
         if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be within {MIN_PRIORITY}..{MAX_PRIORITY}")
+        if self.delivery not in DELIVERY_MODES:
+            raise ValueError(f"delivery must be one of {', '.join(DELIVERY_MODES)}")
         if len(self.producer) > MAX_PRODUCER_LENGTH:
             raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
 

@@ -1,7 +1,8 @@
 """Rows to request bodies, without building a Request model per row.
 
-A row becomes the JSON of a detached Request: {"endpoint", "method", "priority", "producer", "id",
-"params": {column: value, ...}}, which `prq.models.decode_request` reads back on the receiver.
+A row becomes the JSON of a detached Request: {"endpoint", "method", "priority", "producer",
+["delivery",] "id", "params": {column: value, ...}}, which `prq.models.decode_request` reads
+back on the receiver.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
 
@@ -101,9 +102,10 @@ def _head(cfg: SparkQueueConfig) -> str:
     """The body's text up to the id's opening quote (the same for every row of a job)."""
     endpoint, method = json.dumps(cfg.endpoint), json.dumps(cfg.method)
     producer = json.dumps(cfg.producer)
+    delivery = f',"delivery":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
     return (
         f'{{"endpoint":{endpoint},"method":{method},"priority":{cfg.priority:d},'
-        f'"producer":{producer},"id":"'
+        f'"producer":{producer}{delivery},"id":"'
     )
 
 

@@ -142,6 +142,7 @@ class Enqueuer:
                     locators=self.cfg.locators,
                     priority=self.cfg.priority,
                     producer=self.cfg.producer,
+                    delivery=self.cfg.delivery,
                 )
             except QueueFull:
                 if time.monotonic() + delay > deadline:

@@ -8,6 +8,7 @@ fail with a ValueError.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 from prq import Request
@@ -24,3 +25,20 @@ async def record(request: Request) -> object:
     if isinstance(n, int) and n % 7 == 0:
         raise ValueError(f"{n} is a multiple of 7")
     return {"n": n, "squared": n * n if isinstance(n, int) else None}
+
+
+async def record_or_die(request: Request) -> object:
+    """`record`, except that the process running the row whose `n` is PRQ_TEST_DIE_AT kills
+    itself (SIGKILL) right after recording it, holding whatever else it runs, unless the file
+    PRQ_TEST_DIE_MARKER exists: the first to get that row creates the file, so one worker dies."""
+    params = request.params if isinstance(request.params, dict) else {}
+    if params.get("n") == int(os.environ["PRQ_TEST_DIE_AT"]):
+        try:
+            marker = os.open(os.environ["PRQ_TEST_DIE_MARKER"], os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return await record(request)
+        os.close(marker)
+        with _lock:
+            _ledger.write(request.id + "\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await record(request)

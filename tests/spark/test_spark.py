@@ -32,7 +32,7 @@ from prq.spark import (
     enqueue_partitions,
     foreach_batch,
 )
-from tests.integration.test_cli import Prq
+from tests.integration.test_cli import Prq, PrqRunner
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import wait_until
 
@@ -151,11 +151,20 @@ def test_rows_with_keys_that_make_no_request_id_are_rejected(
 def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    # Given rows enqueued by two jobs: one at the defaults, one at priority 4 as "nightly"
+    # Given rows enqueued by two jobs: one at the defaults, one at priority 4 as "nightly",
+    # at_least_once
     endpoint = "poll://spark-priority"
     df = spark.createDataFrame([(f"k{i}", i) for i in range(30)], "key string, n long")
     plain = config(redis_url, key_prefix, endpoint)
-    urgent = config(redis_url, key_prefix, endpoint, priority=4, producer="nightly")
+    urgent = config(
+        redis_url,
+        key_prefix,
+        endpoint,
+        priority=4,
+        producer="nightly",
+        delivery="at_least_once",
+        queue_settings={"max_attempts": 5},
+    )
     assert totals([tuple(r) for r in enqueue_dataframe(df, plain).collect()]) == (30, 0, 0)
     df.repartition(3).foreachPartition(enqueue_partitions(urgent))
 
@@ -163,10 +172,16 @@ def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
     keys = KeySchema(key_prefix).endpoint(endpoint)
     assert len(level_ids(redis_client, keys, 0)) == 30
     assert len(level_ids(redis_client, keys, 4)) == 30
-    body = json.loads(redis_client.hget(keys.request(f"{urgent.namespace}:k7"), "b") or b"{}")
+    stored = redis_client.hgetall(keys.request(f"{urgent.namespace}:k7"))
+    body = json.loads(stored[b"b"])
     assert (body["priority"], body["producer"], body["params"]) == (4, "nightly", {"n": 7})
     decoded = decode_request(json.dumps(body).encode())
     assert (decoded.priority, decoded.producer) == (4, "nightly")
+    # And the at_least_once job's requests may be handed out 5 times; the other's once
+    assert (decoded.delivery, stored.get(b"ma")) == ("at_least_once", b"5")
+    plain_stored = redis_client.hgetall(keys.request(f"{plain.namespace}:k7"))
+    assert json.loads(plain_stored[b"b"]).get("delivery", "at_most_once") == "at_most_once"
+    assert plain_stored.get(b"ma") in (None, b"0")
     # And a bad priority or producer is refused when the job is configured
     with pytest.raises(ValueError, match="priority"):
         config(redis_url, key_prefix, endpoint, priority=2**31)
@@ -277,6 +292,76 @@ def test_call_and_collect_runs_each_request_once_despite_a_failed_task(
         r.request_id: r.result_json for r in rows if r.error_type is None
     }
     assert len(ledger_lines(ledger)) == 20_000
+
+
+#: Receiver timeout of the delivery test (and the heartbeat that keeps live receivers in it).
+FAST_LOSS = {
+    "receiver_timeout_s": 2.0,
+    "heartbeat_interval_s": 0.3,
+    "heartbeat_initial_delay_s": 0.3,
+}
+
+
+@pytest.mark.parametrize("delivery", ["at_most_once", "at_least_once"])
+def test_call_with_at_least_once_outlives_a_receiver_killed_mid_job(
+    spark: SparkSession, redis_url: str, key_prefix: str, tmp_path: Path, delivery: str
+) -> None:
+    # Given two workers on one endpoint; the one that gets row n=300 kills itself (SIGKILL)
+    # while it holds that row and up to 15 others
+    endpoint, ledger = "poll://spark-delivery", tmp_path / "ledger.txt"
+    ledger.touch()
+    runner = PrqRunner(redis_url, key_prefix)
+    env = {f"PRQ_{name.upper()}": str(value) for name, value in FAST_LOSS.items()} | {
+        "PRQ_TEST_LEDGER": str(ledger),
+        "PRQ_TEST_DIE_AT": "300",
+        "PRQ_TEST_DIE_MARKER": str(tmp_path / "died"),
+    }
+    try:
+        workers = [
+            runner.start(
+                "worker", "tests.spark.ledger_handler:record_or_die", "-e", endpoint,
+                "--concurrency", "16", **env,
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        for worker in workers:
+            worker.wait_for_line("prq worker: serving")
+        cfg = config(
+            redis_url,
+            key_prefix,
+            endpoint,
+            delivery=delivery,
+            poll_interval_s=0.05,
+            queue_settings=FAST_LOSS,
+        )
+        df = spark.range(0, 2_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+
+        # When every row is called and the answers collected
+        rows = call_dataframe(df, cfg).collect()
+    finally:
+        runner.close()
+
+    # Then one worker died, holding requests it had started
+    assert (tmp_path / "died").exists()
+    runs = Counter(ledger_lines(ledger))
+    by_id = {r.request_id: r for r in rows}
+    assert len(rows) == len(by_id) == 2_000
+    lost = {rid for rid, r in by_id.items() if r.error_type == "ReceiverLost"}
+    rerun = {rid for rid, n in runs.items() if n > 1}
+    assert f"{cfg.namespace}:300" in lost | rerun
+    if delivery == "at_most_once":
+        # And at_most_once: what it held ends as ReceiverLost, and nothing runs twice
+        assert lost and rerun == set()
+        assert set(runs) <= set(by_id)  # (some it had taken never started)
+    else:
+        # And at_least_once: what it held ran again on the other worker, and every row has
+        # its answer: a result, or the handler's own error (multiples of 7)
+        assert lost == set()
+        assert rerun and max(runs.values()) == 2
+        assert {r.error_type for r in rows} == {None, "ValueError"}
+        answer = by_id[f"{cfg.namespace}:300"].result_json
+        assert json.loads(answer) == {"n": 300, "squared": 90_000}
+        assert set(runs) == set(by_id)
 
 
 def test_call_answers_invalid_keys_and_unanswered_requests_with_errors(

@@ -133,3 +133,21 @@ def test_float_and_binary_keys_make_no_ids() -> None:
     batch = pa.RecordBatch.from_pydict({"key": [1.5, 2.0], "v": [1, 2]})
     chunk = next(arrow_chunks(config(), [batch], LIMIT))
     assert chunk.ids == [] and len(chunk.invalid) == 2
+
+
+@pytest.mark.parametrize("delivery", ["at_most_once", "at_least_once"])
+def test_the_delivery_mode_travels_in_every_body(delivery: str) -> None:
+    cfg = config(delivery=delivery, priority=-3, producer="night")
+    rows = [Row(key=1, n=5), Row(key=2, n=6)]
+    chunks = [
+        *arrow_chunks(cfg, [pa.RecordBatch.from_pydict({"key": [1], "n": [5]})], LIMIT),
+        *row_chunks(cfg, rows, LIMIT),
+    ]
+    requests = [decode_request(body) for chunk in chunks for body in chunk.bodies]
+    assert len(requests) == 3
+    assert {(r.delivery, r.priority, r.producer) for r in requests} == {(delivery, -3, "night")}
+
+
+def test_an_unknown_delivery_mode_is_refused_when_the_job_is_configured() -> None:
+    with pytest.raises(ValueError, match="delivery must be one of at_most_once, at_least_once"):
+        config(delivery="exactly_once")
