@@ -1,7 +1,7 @@
 // The prq dashboard: health banner, endpoints table, throughput chart, one endpoint's queued
-// requests (with Cancel for admins), its capacity limits (with a form to set them, for admins)
-// and its dead letters (with Replay and Purge all, for admins). Everything refreshes every
-// REFRESH_MS.
+// requests (with Cancel for admins), its capacity limits (with a form to set them, for admins),
+// its waiting requests per priority, and its dead letters (with Replay and Purge all, for
+// admins). Everything refreshes every REFRESH_MS.
 //
 // States: signed out (the form shows) → signed in (role known from /api/whoami; data refreshes).
 // A 401 on any call signs out. Other errors show in the status line and the next refresh retries.
@@ -9,6 +9,7 @@
 import { api, clearToken, loadToken, saveToken, tokenFromFragment } from "./api.js";
 import { renderThroughput } from "./chart.js";
 import { el, formatAge, formatBytes, formatClock, formatCount, formatDateTime } from "./dom.js";
+import { renderPriorities, resetPriorities } from "./priorities.js";
 
 const REFRESH_MS = 2000;
 /** Most dead letters the panel lists (newest first). */
@@ -26,6 +27,8 @@ function setText(node, text) {
 const state = {
   role: null, // "admin" | "read" once signed in
   selected: null, // endpoint whose queued requests show
+  /** The latest endpoints listing, by name (the priorities panel shows the selected one's). */
+  endpoints: new Map(),
   timer: null,
   /** Latest call number per resource: an older answer arriving late is dropped. */
   seq: { endpoints: 0, throughput: 0, queued: 0, limits: 0, dead: 0 },
@@ -152,6 +155,8 @@ function renderEndpoints(endpoints) {
     }
   }
   $("endpoints-empty").hidden = endpoints.length > 0;
+  state.endpoints = new Map(endpoints.map((info) => [info.endpoint, info]));
+  if (state.selected !== null) renderPriorities(state.endpoints.get(state.selected));
 }
 
 async function refreshEndpoints() {
@@ -465,6 +470,7 @@ function select(endpoint) {
     resetQueued();
     resetLimits();
     resetDead();
+    renderPriorities(state.endpoints.get(endpoint));
   }
   $("queued").hidden = false;
   $("queued").querySelector("[data-testid=queued-endpoint]").textContent = endpoint;
@@ -486,6 +492,7 @@ function unselect() {
   resetQueued();
   resetLimits();
   resetDead();
+  resetPriorities();
   for (const row of endpointRows.values()) {
     row.classList.remove("selected");
     row.querySelector("button").removeAttribute("aria-current");

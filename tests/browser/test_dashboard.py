@@ -2,7 +2,8 @@
 
 Requests wait in queues nobody serves; the page must show them, escape what the endpoint name
 holds, cancel one for an admin (its caller gets CancelledBeforePickup), and offer no Cancel to a
-read-only token. An endpoint's limits panel shows its capacity limits, with a form to set them
+read-only token. An endpoint's priorities panel shows what waits at each priority, highest
+first. Its limits panel shows its capacity limits, with a form to set them
 for an admin only; its dead-letter panel lists them as text, with Replay and a confirmed Purge
 all for an admin only. Screenshots land in test-output/ (dashboard.png, and
 dashboard-dead-letters.png) for people to look at.
@@ -362,3 +363,48 @@ def test_read_only_token_sees_dead_letters_without_buttons(
     expect(page.get_by_role("button", name=re.compile("Replay"))).to_have_count(0)
     expect(page.get_by_test_id("dead-purge")).to_be_hidden()
     assert [d.id for d in callers.queue.dead_letters(endpoint)] == [request_id]
+
+
+def test_the_priorities_panel_shows_what_waits_at_each_priority(
+    page: Page, admin_service: AdminService, callers: Callers
+) -> None:
+    # Given requests waiting on one endpoint at priorities 5 (1), 0 (3) and -2 (2)
+    endpoint = "poll://dash/levels"
+    for priority, count in ((0, 3), (-2, 2), (5, 1)):
+        for _ in range(count):
+            callers.call(endpoint, "work", producer="levels", priority=priority)
+
+    # When a read-only user opens the dashboard and selects the endpoint
+    open_dashboard(page, admin_service, admin_service.read_token)
+    row = endpoint_row(page, endpoint)
+    expect(row.get_by_test_id("endpoint-depth")).to_have_text("6", timeout=EXPECT_MS)
+    row.get_by_test_id("endpoint-link").click()
+
+    # Then the panel lists the levels highest first, with their counts and shares
+    panel = page.get_by_test_id("priorities")
+    levels = panel.get_by_test_id("priority-row")
+    expect(levels).to_have_count(3, timeout=EXPECT_MS)
+    assert levels.get_by_test_id("priority-level").all_inner_texts() == ["5", "0", "-2"]
+    assert levels.get_by_test_id("priority-depth").all_inner_texts() == ["1", "3", "2"]
+    assert levels.get_by_test_id("priority-share").all_inner_texts() == ["17%", "50%", "33%"]
+    meters = levels.locator("meter")
+    assert [float(m.get_attribute("value") or "nan") for m in meters.all()] == pytest.approx(
+        [1 / 6, 3 / 6, 2 / 6]
+    )
+    expect(panel.get_by_test_id("priorities-empty")).to_be_hidden()
+    expect(panel.get_by_test_id("priorities-more")).to_be_hidden()
+
+    # When a request arrives at priority 9, it heads the panel at the next refresh
+    top = callers.call(endpoint, "work", producer="levels", priority=9)
+    expect(levels).to_have_count(4, timeout=EXPECT_MS)
+    expect(levels.first.get_by_test_id("priority-level")).to_have_text("9")
+
+    # When it is cancelled (through the API, by an admin)
+    headers = {"Authorization": f"Bearer {admin_service.admin_token}"}
+    with httpx.Client(base_url=admin_service.url, headers=headers, timeout=10) as client:
+        answer = client.post(f"/api/requests/{top}/cancel")
+    assert answer.status_code == 200, answer.text
+
+    # Then its level leaves the panel at the next refresh
+    expect(levels).to_have_count(3, timeout=EXPECT_MS)
+    expect(levels.first.get_by_test_id("priority-level")).to_have_text("5")
