@@ -64,6 +64,8 @@ from prq.scripts import (
     enqueue_many_call,
     hand_back_call,
     parse_enqueue_many,
+    parse_unpark,
+    unpark_call,
 )
 from prq.watch import NodeWatch
 
@@ -175,6 +177,10 @@ class QueueBase:
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
+        #: Take tokens that may be parked, or hold hand-offs this node never collected: token
+        #: → endpoint, from the take's start until it returns (a take cut short by shutdown
+        #: stays here, and closing withdraws its park and gives back what it was handed).
+        self._taking: dict[str, str] = {}
 
         self._closed = False
         #: Closing began: new calls and takes are refused, answers still go out.
@@ -340,6 +346,7 @@ class QueueBase:
                 self._watch.wake()
             token = self._take_token(endpoint)
             floor = self._watch.data_loss.counters.get(endpoint, 0)
+            self._taking[token] = endpoint
             try:
                 with self._router.watch_take(channel, token) as signal:
                     result = yield from take_flow(
@@ -349,6 +356,7 @@ class QueueBase:
             except PrqError:
                 self._take_failed(endpoint, token)
                 raise
+            self._taking.pop(token, None)
             if result.redelivered:
                 metrics.REDELIVERED.labels(endpoint).inc(result.redelivered)
             good: list[PendingRequest] = []
@@ -463,27 +471,50 @@ class QueueBase:
     def _hand_back_flow(self) -> Flow[int]:
         """On shutdown, give back every request still held: at_least_once ones are queued
         again for another receiver, at_most_once ones cancelled ("receiver_shutdown", their
-        callers told at once). Their PendingRequests are cancelled ("shutdown"). How many."""
+        callers told at once). Their PendingRequests are cancelled ("shutdown"). The same for
+        what was handed to a take cut short by the shutdown (its park is withdrawn first, so
+        nothing more comes). How many."""
+        uncollected = yield from self._unpark_flow()
         held = list(self._held.values())
-        if not held:
+        if not held and not uncollected:
             return 0
         redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
+        given = [(p.request.endpoint, p.id, p.owner_token) for p in held] + uncollected
         calls = tuple(
-            hand_back_call(self.keys.endpoint(p.request.endpoint), p.id, p.owner_token, redelivery)
-            for p in held
+            hand_back_call(self.keys.endpoint(endpoint), request_id, token, redelivery)
+            for endpoint, request_id, token in given
         )
         replies = yield Exec(calls)
         assert isinstance(replies, list)
-        for pending, reply in zip(held, replies, strict=True):
+        for (_, request_id, _), reply in zip(given, replies, strict=True):
             state = reply.decode() if isinstance(reply, bytes) else str(reply)
+            pending = self._held.pop(request_id, None)
             logger.warning(
-                "held request given back on shutdown request_id=%s delivery=%s state=%s",
-                pending.id, pending.request.delivery, state,
+                "held request given back on shutdown request_id=%s collected=%s state=%s",
+                request_id, pending is not None, state,
             )  # fmt: skip
-            pending.mark_cancelled("shutdown")
-            self._held.pop(pending.id, None)
-            self._watch.liveness.release(pending.id)
-        return len(held)
+            if pending is not None:
+                pending.mark_cancelled("shutdown")
+            self._watch.liveness.release(request_id)
+        return len(given)
+
+    def _unpark_flow(self) -> Flow[list[tuple[str, str, str]]]:
+        """Withdraw the parks of takes cut short, in one round trip: (endpoint, request id,
+        token) of what was handed to them and never collected."""
+        taking = list(self._taking.items())
+        self._taking.clear()
+        if not taking:
+            return []
+        calls = tuple(
+            unpark_call(self.keys.endpoint(endpoint), token) for token, endpoint in taking
+        )
+        replies = yield Exec(calls)
+        assert isinstance(replies, list)
+        return [
+            (endpoint, request_id, token)
+            for (token, endpoint), reply in zip(taking, replies, strict=True)
+            for request_id in parse_unpark(reply)
+        ]
 
     def _after_respond(self, request_id: str, outcome: str) -> None:
         pending = self._held.pop(request_id, None)

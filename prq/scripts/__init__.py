@@ -46,11 +46,13 @@ __all__ = [
     "parse_enqueue_many",
     "parse_snapshot",
     "parse_take",
+    "parse_unpark",
     "parse_withdraw",
     "presence_call",
     "read_response_call",
     "script_load_calls",
     "take_call",
+    "unpark_call",
     "withdraw_call",
 ]
 
@@ -95,9 +97,10 @@ DEAD_LETTER: Final = Script.load("dead_letter")
 REPLAY_DEAD: Final = Script.load("replay_dead")
 PURGE_DEAD: Final = Script.load("purge_dead")
 HAND_BACK: Final = Script.load("hand_back")
+UNPARK: Final = Script.load("unpark")
 ALL_SCRIPTS: Final = (
     ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
-    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD, HAND_BACK,
+    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD, HAND_BACK, UNPARK,
 )  # fmt: skip
 
 
@@ -474,6 +477,19 @@ def hand_back_call(
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
          redelivery.node_channel_prefix),
     )  # fmt: skip
+
+
+def unpark_call(keys: EndpointKeys, owner_token: str) -> Call:
+    """Withdraw a take token's park on shutdown (unpark.lua); the reply lists the ids handed
+    to the token that it still owns."""
+    return UNPARK.call(
+        (keys.parked, keys.parks, keys.take_receipt(owner_token), keys.request_prefix),
+        (owner_token,),
+    )
+
+
+def parse_unpark(reply: Reply) -> list[str]:
+    return [_text(item) for item in _array(reply, "unpark")]
 
 
 def presence_call(keys: EndpointKeys, node_id: str, stale_ms: int, ttl_ms: int) -> Call:
