@@ -10,7 +10,10 @@ Example:
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Where to connect when neither an argument nor PRQ_REDIS_URL says otherwise.
@@ -56,6 +59,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 MAX_ATTEMPTS_LIMIT = 1000
 #: How long closing a queue waits for the requests it holds to be answered.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+#: Allowed difference between the nodes' clocks when a signature's expiry is checked.
+DEFAULT_SIGNING_CLOCK_SKEW_S = 60.0
+#: Shortest signing key accepted (characters).
+MIN_SIGNING_KEY_LENGTH = 32
 #: Per-attempt socket timeout; bounds how long one hung Redis call can block.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 #: Connect timeout for a new Redis connection.
@@ -73,6 +80,39 @@ class RedisSettings(BaseSettings):
     socket_timeout_s: float = Field(DEFAULT_SOCKET_TIMEOUT_S, gt=0)
     connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=2)
+    #: TLS, with a `rediss://` URL: the CA bundle that signed the server's certificate (None:
+    #: the system's trusted CAs).
+    ssl_ca_file: str | None = None
+    #: The client's certificate (PEM; may hold the key too), for a server that requires one
+    #: (`tls-auth-clients yes`), and its key.
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    #: Check that the server's certificate names the URL's host.
+    ssl_check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> RedisSettings:
+        options = {
+            "ssl_ca_file": self.ssl_ca_file,
+            "ssl_cert_file": self.ssl_cert_file,
+            "ssl_key_file": self.ssl_key_file,
+        }
+        given = [name for name, value in options.items() if value]
+        if given and not self.tls:
+            raise ValueError(
+                f"{', '.join(given)} set, but the URL does not ask for TLS: use rediss://"
+            )
+        if self.ssl_key_file and not self.ssl_cert_file:
+            raise ValueError("ssl_key_file set without ssl_cert_file")
+        for name, value in options.items():
+            if value and not Path(value).is_file():
+                raise ValueError(f"{name}: no such file {value!r}")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection is TLS (a `rediss://` URL)."""
+        return self.url.lower().startswith("rediss://")
 
     @classmethod
     def from_url(cls, url: str | None = None, **overrides: float | int) -> RedisSettings:
@@ -113,11 +153,21 @@ class QueueSettings(BaseSettings):
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     #: Closing waits this long for held requests to be answered, then gives back the rest.
     shutdown_timeout_s: float = Field(DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0)
+    #: Signed envelopes (prq.signing): with a key, every request and response this node
+    #: writes is signed, and every one it reads must be. Never stored in Redis; give every
+    #: node of a deployment the same key (at least 32 characters, e.g. `openssl rand -hex 32`).
+    signing_key: SecretStr | None = None
+    #: The key before a rotation: it still verifies until `signing_key_previous_until`.
+    signing_key_previous: SecretStr | None = None
+    signing_key_previous_until: datetime | None = None
+    #: How far the nodes' clocks may differ, for signature expiry, seconds.
+    signing_clock_skew_s: float = Field(DEFAULT_SIGNING_CLOCK_SKEW_S, ge=0)
 
     @model_validator(mode="after")
     def _check_limits(self) -> QueueSettings:
         if self.inline_limit_bytes > self.max_body_bytes:
             raise ValueError("inline_limit_bytes must not exceed max_body_bytes")
+        self._check_signing()
         # A live node must get its first beat, and every next one, in before the other side's
         # timeout, or it is declared dead while it works.
         timeout = min(self.receiver_timeout_s, self.sender_timeout_s)
@@ -128,6 +178,28 @@ class QueueSettings(BaseSettings):
                     f"timeouts ({timeout:g} s): a live node would be declared dead"
                 )
         return self
+
+    def _check_signing(self) -> None:
+        keys = {"signing_key": self.signing_key, "signing_key_previous": self.signing_key_previous}
+        for name, key in keys.items():
+            if key is not None and len(key.get_secret_value()) < MIN_SIGNING_KEY_LENGTH:
+                raise ValueError(f"{name} must be at least {MIN_SIGNING_KEY_LENGTH} characters")
+        if self.signing_key_previous is not None and self.signing_key is None:
+            raise ValueError("signing_key_previous needs a current signing_key")
+        if (self.signing_key_previous is None) != (self.signing_key_previous_until is None):
+            raise ValueError(
+                "signing_key_previous and signing_key_previous_until go together: the previous "
+                "key verifies until that time"
+            )
+        until = self.signing_key_previous_until
+        if until is not None and until.tzinfo is None:
+            raise ValueError("signing_key_previous_until needs a time zone (e.g. ...Z)")
+
+    def signature_ttl_s(self, pickup_timeout_s: float, attempts: int) -> float:
+        """How long a signed request stays valid: as long as a legitimate delivery can still
+        be taken (each attempt's pickup window, and a receiver timeout before each
+        redelivery)."""
+        return attempts * pickup_timeout_s + (attempts - 1) * self.receiver_timeout_s
 
     def request_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a queued request: its pickup timeout plus the extra."""

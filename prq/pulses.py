@@ -260,7 +260,8 @@ class _Subscriber(Generic[S]):
         self.recovering = True
         self.router.wake_all()  # pulses may have been lost: every wait polls now
         self._last_seen = time.monotonic()
-        return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * random.random())
+        jitter = random.random()  # noqa: S311 (backoff jitter, not a secret)
+        return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * jitter)
 
 
 class PulsesBase:

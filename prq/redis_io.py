@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -78,8 +79,14 @@ def translate_errors() -> Iterator[None]:
             f"the Redis user lacks a permission prq needs: {exc}; see redis-conf/users.acl"
         ) from exc
     except (redis.ConnectionError, redis.TimeoutError, BusyLoadingError, ReadOnlyError) as exc:
+        tls = tls_failure(exc)
+        if tls is not None:
+            raise _tls_configuration_error(tls) from exc
         raise RedisUnavailable(str(exc)) from exc
-    except (ConnectionError, TimeoutError) as exc:  # the builtins, raised by sockets
+    except (ConnectionError, TimeoutError, ssl.SSLError) as exc:  # raised by sockets
+        tls = tls_failure(exc)
+        if tls is not None:
+            raise _tls_configuration_error(tls) from exc
         raise RedisUnavailable(str(exc)) from exc
     except NoScriptError:
         raise
@@ -112,7 +119,7 @@ def _retry_kwargs(budget_s: float) -> dict[str, Any]:
 
 
 def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
-    return {
+    kwargs: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "max_connections": settings.max_connections,
@@ -121,6 +128,50 @@ def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
         "socket_keepalive": True,
         "decode_responses": False,
     }
+    if settings.tls:
+        kwargs |= {
+            "ssl_cert_reqs": "required",
+            "ssl_ca_certs": settings.ssl_ca_file,
+            "ssl_certfile": settings.ssl_cert_file,
+            "ssl_keyfile": settings.ssl_key_file,
+            "ssl_check_hostname": settings.ssl_check_hostname,
+            "ssl_min_version": ssl.TLSVersion.TLSv1_2,
+        }
+    return kwargs
+
+
+#: TLS failures that a retry cannot mend: the certificate chain or name does not verify, or the
+#: server refused the handshake (no or a wrong client certificate, plaintext server, versions).
+#: An EOF or reset in the middle of a handshake is not among them: a restart can cause those.
+_TLS_TRANSIENT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError)
+
+
+def tls_failure(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a connection failure, if it is one a retry cannot mend."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLError) and not isinstance(cause, _TLS_TRANSIENT):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _tls_configuration_error(error: ssl.SSLError) -> ConfigurationError:
+    if isinstance(error, ssl.SSLCertVerificationError):
+        what = (
+            f"the server's certificate did not verify ({error.verify_message}): check "
+            "ssl_ca_file (the CA that signed it) and that the URL's host is a name the "
+            "certificate holds"
+        )
+    else:
+        what = (
+            f"the TLS handshake failed ({error.reason or error}): check the client "
+            "certificate (ssl_cert_file, ssl_key_file) if the server requires one, and that "
+            "the server speaks TLS on that port"
+        )
+    return ConfigurationError(f"cannot connect to Redis over TLS: {what}")
 
 
 def _closed_error(cause: BaseException | None = None) -> QueueShutdown:

@@ -79,7 +79,8 @@ def _is_async(handler: Handler) -> bool:
 
 
 def _backoff_s(failures: int) -> float:
-    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * random.random())
+    jitter = random.random()  # noqa: S311 (backoff jitter, not a secret)
+    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * jitter)
 
 
 def _run_sync_handler(handler: Handler, pending: PendingRequest) -> object:

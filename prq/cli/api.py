@@ -29,7 +29,7 @@ __all__ = ["DEFAULT_GRACEFUL_SHUTDOWN_S", "api", "dashboard_url"]
 #: How long uvicorn lets open requests finish after SIGINT/SIGTERM.
 DEFAULT_GRACEFUL_SHUTDOWN_S = 10.0
 #: Hosts that mean "every interface": the URL printed for them names the loopback instead.
-_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 (names, not a bind)
 
 
 def api(

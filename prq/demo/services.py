@@ -36,7 +36,7 @@ def compute(request: Request) -> JsonValue:
     if request.method == "sleep":
         return {"slept_ms": params.get("ms", 0)}
     if request.method == "flaky":
-        if random.random() < DEFAULT_FLAKY_FAILURE_RATE:
+        if random.random() < DEFAULT_FLAKY_FAILURE_RATE:  # noqa: S311 (a demo's failure rate)
             raise SimulatedFailure(f"simulated failure in {request.endpoint} (flaky on purpose)")
         return "ok"
     raise ValueError(f"unknown method {request.method!r}")

@@ -68,7 +68,7 @@ class LatencySample:
         self.size = size
         self.seen = 0
         self.values: list[float] = []
-        self._rng = random.Random(seed)
+        self._rng = random.Random(seed)  # noqa: S311 (a sample, not a secret)
 
     def add(self, value: float) -> None:
         self.seen += 1

@@ -77,7 +77,7 @@ class Script:
         source = _INCLUDE.sub(
             lambda m: files.joinpath(f"{m.group(1)}.lua").read_text("utf-8"), source
         )
-        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+        return cls(name, source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
 
     def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:
         return Call(("EVALSHA", self.sha, len(keys), *keys, *args), self)
