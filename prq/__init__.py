@@ -24,6 +24,7 @@ from prq.errors import (
     RemoteError,
     RequestError,
     SerializationError,
+    SignatureError,
 )
 from prq.limits import EndpointLimits
 from prq.models import (
@@ -76,6 +77,7 @@ __all__ = [
     "SendHandle",
     "SerializationError",
     "ServerError",
+    "SignatureError",
     "__version__",
     "current_request",
 ]

@@ -45,6 +45,7 @@ from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
+from prq.signing import unwrap
 
 __all__ = [
     "EndpointInfo",
@@ -420,7 +421,7 @@ def _queued_item(
     created_ms = int(_text(created) or 0)
     age_s = max(0.0, (now_ms - created_ms) / 1000) if created_ms else 0.0
     try:
-        request = decode_request(body)
+        request = decode_request(unwrap(body))
     except SerializationError as exc:
         return QueuedItem(
             id=request_id, method="", service="", priority=0, producer=None,

@@ -45,6 +45,7 @@ from prq.scripts import (
     read_response_call,
     withdraw_call,
 )
+from prq.signing import Signer
 from prq.sync_io import SyncRedisIO
 
 __all__ = ["DEFAULT_BATCH_SIZE", "BatchRefused", "BulkClient", "BulkResult", "Rejected"]
@@ -120,6 +121,8 @@ class BulkClient:
         self.settings = settings or QueueSettings()
         self.keys = KeySchema(prefix)
         self._io = SyncRedisIO(redis_settings, self.settings)
+        #: Signs the requests and checks the responses (None: no signing key; prq.signing).
+        self.signer = Signer.from_settings(self.settings)
 
     @classmethod
     def from_url(
@@ -243,6 +246,9 @@ class BulkClient:
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
         for (endpoint, priority, producer, attempts), items in by_lane.items():
+            if self.signer is not None:
+                valid_ms = int(settings.signature_ttl_s(pickup_timeout_s, max(1, attempts)) * 1000)
+                items = self._signed(endpoint, items, now_ms + valid_ms)
             calls.append(
                 enqueue_many_call(
                     self.keys.endpoint(endpoint),
@@ -283,6 +289,17 @@ class BulkClient:
         if refused:
             raise BatchRefused(result, refused)
         return result
+
+    def _signed(
+        self, endpoint: str, items: Sequence[tuple[str, str | bytes]], expiry_ms: int
+    ) -> list[tuple[str, str | bytes]]:
+        signer = self.signer
+        assert signer is not None
+        return [
+            (rid, signer.sign("request", rid, endpoint,
+                              body.encode() if isinstance(body, str) else body, expiry_ms))
+            for rid, body in items
+        ]  # fmt: skip
 
     def _encode(self, request: Request) -> tuple[str, str | bytes]:
         validate_endpoint(request.endpoint)

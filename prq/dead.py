@@ -21,6 +21,7 @@ from prq.errors import SerializationError
 from prq.flows import Context
 from prq.models import validate_endpoint
 from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
+from prq.signing import unwrap
 
 __all__ = [
     "DeadLetter",
@@ -118,7 +119,7 @@ def dead_letters_flow(
                 attempts=_int(info.get("attempts")),
                 dead_at_ms=_int(info.get("at")),
                 body_bytes=len(data),
-                body_preview=data[:PREVIEW_BYTES].decode("utf-8", errors="replace"),
+                body_preview=unwrap(data)[:PREVIEW_BYTES].decode("utf-8", errors="replace"),
             )
         )
     return letters

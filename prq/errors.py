@@ -5,6 +5,7 @@ PrqError                      every error has .retryable and .maybe_executed
 ├── InvalidEndpoint           (also ValueError) caught before anything is written
 ├── PayloadTooLarge           (also ValueError) caught before anything is written
 ├── SerializationError        bytes that are not a valid prq message
+│   └── SignatureError        a message whose signature is missing, wrong or expired
 ├── ConfigurationError        wrong URL, credentials or TLS set-up; not retried
 ├── QueueUnavailable          Redis unreachable past the retry budget
 ├── QueueFull                 Redis (or the endpoint) refuses more requests
@@ -47,6 +48,7 @@ __all__ = [
     "RemoteError",
     "RequestError",
     "SerializationError",
+    "SignatureError",
 ]
 
 
@@ -74,6 +76,20 @@ class PayloadTooLarge(PrqError, ValueError):
 
 class SerializationError(PrqError):
     """Bytes read from Redis (or given by a caller) are not a valid prq message."""
+
+
+class SignatureError(SerializationError):
+    """With a signing key configured, a message that does not carry a valid signature: `reason`
+    is "unsigned", "malformed", "unknown_key" (signed with a key this node does not hold, or a
+    previous key past its grace window), "mismatch" (forged or tampered with) or "expired".
+
+    A caller gets it for a response that fails the check: the request may have run."""
+
+    maybe_executed = True
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ConfigurationError(PrqError):

@@ -35,7 +35,7 @@ from prq.models import (
     decode_response,
     validate_endpoint,
 )
-from prq.outcomes import resolve
+from prq.outcomes import open_response, resolve
 from prq.scripts import (
     Redelivery,
     RequestSnapshot,
@@ -52,6 +52,7 @@ from prq.scripts import (
     take_call,
     withdraw_call,
 )
+from prq.signing import Signer
 
 __all__ = [
     "Context",
@@ -82,13 +83,15 @@ def _ms(seconds: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What flows need to know about the node: its keys, settings, id and clocks."""
+    """What flows need to know about the node: its keys, settings, id, clocks and signer."""
 
     keys: KeySchema
     settings: QueueSettings
     node_id: str
     wall_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
     monotonic: Callable[[], float] = time.monotonic
+    #: Signs what this node writes and checks what it reads (None: no signing key).
+    signer: Signer | None = None
 
 
 def new_token() -> str:
@@ -117,6 +120,11 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
     now_ms = ctx.wall_ms()
     request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
     locator_ttl_s = settings.locator_ttl_s(pickup_timeout_s)
+    attempts = settings.max_attempts if request.delivery == "at_least_once" else 0
+    if ctx.signer is not None:
+        valid_s = settings.signature_ttl_s(pickup_timeout_s, max(1, attempts))
+        body = ctx.signer.sign("request", request.id, request.endpoint, body,
+                               now_ms + _ms(valid_s))  # fmt: skip
     return _exec(
         enqueue_call(
             keys,
@@ -134,22 +142,23 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             _ms(settings.receiver_timeout_s),
             request.priority,
             request.producer or ctx.node_id,
-            settings.max_attempts if request.delivery == "at_least_once" else 0,
+            attempts,
         ),
         Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
     )
 
 
-def _pulse_response(signal: Waitable, request_id: str) -> Response | None:
+def _pulse_response(ctx: Context, signal: Waitable, request: Request) -> Response | None:
     """The response carried by the last pulse, if it is this request's (else read Redis)."""
     payload = signal.payload
     if not payload:
         return None
     try:
-        response = decode_response(payload)
+        response = decode_response(open_response(ctx.signer, request.id, request.endpoint,
+                                                 payload))  # fmt: skip
     except SerializationError:
         return None  # a garbled or forged pulse: the read that follows is authoritative
-    return response if response.id == request_id else None
+    return response if response.id == request.id else None
 
 
 @dataclass(slots=True)
@@ -253,7 +262,7 @@ def _await_outcome(
     if on_counter is not None:
         on_counter(outcome.counter)
     if outcome.known is not None:
-        known = resolve(outcome.known, request.id, request.endpoint)
+        known = resolve(outcome.known, request.id, request.endpoint, ctx.signer)
         if known is not None:
             return known
         clock.picked_up = outcome.known.state == RequestState.TAKEN
@@ -263,7 +272,7 @@ def _await_outcome(
         yield _wait(signal, seen, clock.wake_at(now) - now)
         if signal.generation != seen:
             seen = signal.generation
-            response = _pulse_response(signal, request.id)
+            response = _pulse_response(ctx, signal, request)
             if response is not None:
                 return response
 
@@ -278,7 +287,7 @@ def _await_outcome(
         clock.last_contact = ctx.monotonic()
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)
-        result = resolve(snapshot, request.id, request.endpoint)
+        result = resolve(snapshot, request.id, request.endpoint, ctx.signer)
         if clock.picked_up and snapshot.state == RequestState.QUEUED:
             # handed out again (at_least_once): it waits for a pickup afresh
             clock.picked_up, clock.redelivered = False, True
@@ -298,13 +307,15 @@ def _past_deadlines(
     if not clock.picked_up and now >= clock.pickup_deadline:
         why = "redelivery_timeout" if clock.redelivered else "pickup_timeout"
         snapshot = yield from withdraw_flow(ctx, request, why)
-        result = resolve(snapshot, request.id, request.endpoint)
+        result = resolve(snapshot, request.id, request.endpoint, ctx.signer)
         if result is not None:
             return result
         clock.picked_up = True  # taken just before the deadline: it keeps waiting
     if clock.call_deadline is not None and now >= clock.call_deadline:
         snapshot, _mine = yield from _cancel(ctx, request.endpoint, request.id, "call_timeout")
-        return resolve(snapshot, request.id, request.endpoint)  # raises unless it was answered
+        return resolve(
+            snapshot, request.id, request.endpoint, ctx.signer
+        )  # raises unless it was answered
     return None
 
 
@@ -473,7 +484,11 @@ def take_flow(
 def respond_flow(
     ctx: Context, endpoint: str, request_id: str, owner_token: str, response: bytes
 ) -> Flow[str]:
-    """Store a response as the request's owner; returns the script's outcome."""
+    """Store a response as the request's owner (signed, with a signing key); returns the
+    script's outcome."""
+    if ctx.signer is not None:
+        expiry_ms = ctx.wall_ms() + _ms(ctx.settings.response_ttl_s)
+        response = ctx.signer.sign("response", request_id, endpoint, response, expiry_ms)
     replies = yield _exec(
         apply_response_call(
             ctx.keys.endpoint(endpoint),

@@ -33,6 +33,7 @@ from prq.errors import (
     QueueShutdown,
     RemoteError,
     SerializationError,
+    SignatureError,
 )
 from prq.flows import (
     Context,
@@ -67,6 +68,7 @@ from prq.scripts import (
     parse_unpark,
     unpark_call,
 )
+from prq.signing import Signer, unwrap
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -165,7 +167,9 @@ class QueueBase:
         self.keys = KeySchema(prefix)
         self.node_id = node_id or uuid.uuid4().hex[:16]
         self.datastreams = datastreams
-        self.ctx = Context(self.keys, self.settings, self.node_id)
+        self.ctx = Context(
+            self.keys, self.settings, self.node_id, signer=Signer.from_settings(self.settings)
+        )
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
         self._held: dict[str, PendingRequest] = {}
         #: Ids (and attempt) this node took lately: a second delivery of the same attempt can
@@ -266,7 +270,7 @@ class QueueBase:
         ran: list[TakenItem] = []
         for item in items:
             try:
-                request = decode_request(item.body)
+                request = decode_request(self._open_request(endpoint, item))
                 if request.id != item.request_id or request.endpoint != endpoint:
                     raise SerializationError(
                         f"stored request {item.request_id} names another id or endpoint"
@@ -372,7 +376,7 @@ class QueueBase:
                     yield Exec((
                         dead_letter_call(
                             self.ctx, endpoint, item.request_id, item.body,
-                            f"undecodable: {exc}", item.attempt,
+                            self._dead_reason(exc), item.attempt,
                         ),
                     ))  # fmt: skip
                     metrics.DEAD_LETTERED.labels(endpoint).inc()
@@ -440,6 +444,10 @@ class QueueBase:
         pickup_s = self._pickup_timeout(pickup_timeout_s)
         now_ms = int(time.time() * 1000)
         attempts = settings.max_attempts if request.delivery == "at_least_once" else 0
+        if self.ctx.signer is not None:
+            valid_s = settings.signature_ttl_s(pickup_s, max(1, attempts))
+            body = self.ctx.signer.sign("request", request.id, request.endpoint, body,
+                                        now_ms + int(valid_s * 1000))  # fmt: skip
         call = enqueue_many_call(
             self.keys.endpoint(request.endpoint), uuid.uuid4().hex, [(request.id, body)], now_ms,
             now_ms + int(pickup_s * 1000), int(settings.request_ttl_s(pickup_s) * 1000),
@@ -524,9 +532,24 @@ class QueueBase:
         if outcome not in ("ok", "replay"):
             logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
 
+    def _open_request(self, endpoint: str, item: TakenItem) -> bytes:
+        """A taken request's JSON: its signature checked (SignatureError when it fails) with
+        a signing key, its envelope dropped without one."""
+        signer = self.ctx.signer
+        if signer is None:
+            return unwrap(item.body)
+        return signer.open("request", item.request_id, endpoint, item.body)
+
+    @staticmethod
+    def _dead_reason(exc: SerializationError) -> str:
+        """Why an item that must not run is dead-lettered."""
+        if isinstance(exc, SignatureError):
+            return f"signature {exc.reason}: {exc}"
+        return f"undecodable: {exc}"
+
     @staticmethod
     def _bad_item_response(item: TakenItem, exc: SerializationError) -> bytes:
-        error = ServerError(type="SerializationError", message=str(exc)[:500])
+        error = ServerError(type=type(exc).__name__, message=str(exc)[:500])
         return Response(id=item.request_id, error=error).model_dump_json().encode()
 
     @staticmethod

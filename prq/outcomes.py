@@ -20,15 +20,28 @@ from prq.errors import (
 )
 from prq.models import RequestState, Response, decode_response
 from prq.scripts import RequestSnapshot
+from prq.signing import Signer, unwrap
 
-__all__ = ["resolve"]
+__all__ = ["open_response", "resolve"]
 
 
-def resolve(snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Response | None:
-    """Turn a final state into its outcome: a Response, or the matching error; None if open."""
+def open_response(signer: Signer | None, request_id: str, endpoint: str, data: bytes) -> bytes:
+    """A stored response's JSON: its signature checked with a signer (SignatureError when it
+    fails), its envelope dropped without one."""
+    if signer is None:
+        return unwrap(data)
+    return signer.open("response", request_id, endpoint, data)
+
+
+def resolve(
+    snapshot: RequestSnapshot, request_id: str, endpoint: str, signer: Signer | None = None
+) -> Response | None:
+    """Turn a final state into its outcome: a Response, or the matching error; None if open.
+    With a signer, a response whose signature does not verify raises SignatureError."""
     state = snapshot.state
     if state == RequestState.DONE:
-        response = decode_response(snapshot.response)
+        response = decode_response(open_response(signer, request_id, endpoint,
+                                                 snapshot.response))  # fmt: skip
         if response.id != request_id:
             raise SerializationError(
                 f"stored response for {request_id} names another request ({response.id})"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from prq.errors import PrqError
 from prq.outcomes import resolve
 from prq.scripts import RequestSnapshot
+from prq.signing import Signer
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks
 from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity
@@ -26,7 +27,9 @@ _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
 _Answer = tuple[str, str | None, str | None, str | None]
 
 
-def _answer(rid: str, snapshot: RequestSnapshot, endpoint: str) -> _Answer:
+def _answer(
+    rid: str, snapshot: RequestSnapshot, endpoint: str, signer: Signer | None = None
+) -> _Answer:
     """A result row for a request in a final state: the result, or the error a waiting caller
     would get (prq.outcomes), by its class name."""
     if snapshot.state in ("missing", "unknown"):
@@ -40,7 +43,7 @@ def _answer(rid: str, snapshot: RequestSnapshot, endpoint: str) -> _Answer:
             ),
         )
     try:
-        response = resolve(snapshot, rid, endpoint)
+        response = resolve(snapshot, rid, endpoint, signer)
     except PrqError as exc:
         return rid, None, type(exc).__name__, str(exc)
     if response is None:  # not final: _FINAL keeps these out
@@ -153,7 +156,9 @@ class _Caller:
             final = 0
             for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
                 if snapshot.state in _FINAL:
-                    answers.append(_answer(rid, snapshot, self.cfg.endpoint))
+                    answers.append(
+                        _answer(rid, snapshot, self.cfg.endpoint, self.enqueuer.bulk.signer)
+                    )
                     del self.in_flight[rid]
                     final += 1
             if final < len(part):

@@ -23,6 +23,7 @@ from prq.admin import EndpointInfo, Inspector
 from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
 from prq.models import decode_request
+from prq.signing import ENVELOPE_MAGIC
 from prq.spark import (
     PartitionCounts,
     SparkQueueConfig,
@@ -362,6 +363,43 @@ def test_call_with_at_least_once_outlives_a_receiver_killed_mid_job(
         answer = by_id[f"{cfg.namespace}:300"].result_json
         assert json.loads(answer) == {"n": 300, "squared": 90_000}
         assert set(runs) == set(by_id)
+
+
+#: The signing key of the signed call test (prq.signing).
+SIGNING_KEY = "spark-signing-key-" + "s" * 20
+
+
+def test_a_signed_job_is_answered_by_a_worker_with_the_key(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given a worker that requires signatures, and a job with the same key
+    endpoint = "poll://spark-signed"
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        worker = runner.start(
+            "worker", "tests.spark.ledger_handler:record", "-e", endpoint,
+            PRQ_SIGNING_KEY=SIGNING_KEY, PRQ_TEST_LEDGER="/dev/null",
+        )  # fmt: skip
+        worker.wait_for_line("prq worker: serving")
+        cfg = config(redis_url, key_prefix, endpoint,
+                     queue_settings={"signing_key": SIGNING_KEY})  # fmt: skip
+        df = spark.range(0, 500, numPartitions=2).selectExpr("id AS key", "id AS n")
+
+        # When its rows are called and the answers collected
+        rows = call_dataframe(df, cfg).collect()
+    finally:
+        runner.close()
+
+    # Then every row was answered (the worker accepted the signed bodies, and the job the
+    # signed answers), and Redis holds both in envelopes
+    by_id = {r.request_id: r for r in rows}
+    assert len(by_id) == 500
+    assert {r.error_type for r in rows} == {None, "ValueError"}
+    assert json.loads(by_id[f"{cfg.namespace}:12"].result_json) == {"n": 12, "squared": 144}
+    stored = redis_client.hget(
+        KeySchema(key_prefix).endpoint(endpoint).request(f"{cfg.namespace}:12"), "rsp"
+    )
+    assert isinstance(stored, bytes) and stored.startswith(ENVELOPE_MAGIC)
 
 
 def test_call_answers_invalid_keys_and_unanswered_requests_with_errors(

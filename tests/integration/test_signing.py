@@ -1,0 +1,217 @@
+"""Signed envelopes (prq.signing) on real Redis, both facades.
+
+An attacker is anyone who can write prq's keys: here the tests' own superuser client, which
+edits stored bodies, moves them between requests, and stores envelopes signed with another key
+or already expired. None of them reaches a service: each is dead-lettered with the reason. A
+response written by a node without the key never reaches the caller either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from pydantic import SecretStr
+
+from prq import RemoteError, RequestState, Response, SignatureError
+from prq.keys import KeySchema
+from prq.signing import ENVELOPE_MAGIC, Signer, unwrap
+from tests.queue_facades import AnyQueue, QueueFactory, run_all, wait_for_state
+
+pytestmark = pytest.mark.integration
+
+KEY = "k" * 16 + "0123456789abcdef"
+OTHER_KEY = "attacker-key-" + "x" * 24
+NEW_KEY = "n" * 40
+ENDPOINT = "poll://signed"
+
+
+def signed(**extra: Any) -> dict[str, Any]:
+    """QueueSettings overrides with the deployment's key (and `extra`)."""
+    return {"signing_key": SecretStr(KEY), **extra}
+
+
+async def serve_one(receiver: AnyQueue, timeout_s: float = 10) -> str | None:
+    """Take one request and answer it with its params; the id, or None if none came."""
+    pending = await receiver.dequeue(ENDPOINT, timeout_s=timeout_s)
+    if pending is None:
+        return None
+    await receiver.apply_response(Response(id=pending.id, result=pending.request.params))
+    return str(pending.id)
+
+
+async def test_signed_calls_go_through_and_are_stored_signed(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a caller and a receiver that share the key
+    caller, receiver = make_queue(**signed()), make_queue(**signed())
+    stored = KeySchema(key_prefix).endpoint(ENDPOINT).request("signed-1")
+    kid = Signer(KEY.encode()).key_id.encode()
+
+    # When a call is made, Redis holds its request in an envelope of the key
+    call = asyncio.create_task(caller.call(ENDPOINT, "echo", {"n": 1}, request_id="signed-1"))
+    await wait_for_state(caller, "signed-1", RequestState.QUEUED)
+    body = redis_client.hget(stored, "b")
+    assert isinstance(body, bytes) and body.startswith(ENVELOPE_MAGIC + kid)
+
+    # Then it is answered, and the response is kept in an envelope too
+    assert await serve_one(receiver) == "signed-1"
+    assert await asyncio.wait_for(call, 10) == {"n": 1}
+    response = redis_client.hget(stored, "rsp")
+    assert isinstance(response, bytes) and response.startswith(ENVELOPE_MAGIC + kid)
+
+
+def _tamper(data: bytes) -> bytes:
+    return data.replace(b'"n":1', b'"n":2')
+
+
+@pytest.mark.parametrize("case", ["unsigned", "other_key", "tampered", "moved", "expired"])
+async def test_a_forged_tampered_or_replayed_request_never_reaches_the_service(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str, case: str
+) -> None:
+    keys = KeySchema(key_prefix).endpoint(ENDPOINT)
+    # Given a request stored the way an attacker who can write Redis would leave it
+    if case == "unsigned":
+        sender = make_queue()
+    elif case == "other_key":
+        sender = make_queue(signing_key=SecretStr(OTHER_KEY))
+    else:
+        sender = make_queue(**signed())
+    victim = await sender.notify(ENDPOINT, "work", {"n": 1}, request_id=f"victim-{case}")
+    if case == "tampered":
+        body = redis_client.hget(keys.request(victim), "b")
+        assert isinstance(body, bytes)
+        redis_client.hset(keys.request(victim), "b", _tamper(body))
+    elif case == "moved":
+        # (a valid envelope of another request, copied over the victim's)
+        other = await sender.notify(ENDPOINT, "work", {"n": 1}, request_id="donor")
+        donor = redis_client.hget(keys.request(other), "b")
+        assert isinstance(donor, bytes)
+        redis_client.hset(keys.request(victim), "b", donor)
+        await sender.cancel(other)
+    elif case == "expired":
+        stored = redis_client.hget(keys.request(victim), "b")
+        assert isinstance(stored, bytes)
+        body = unwrap(stored)
+        past_ms = int(time.time() * 1000) - 3_600_000  # beyond the clock skew allowed
+        replay = Signer(KEY.encode()).sign("request", victim, ENDPOINT, body, past_ms)
+        redis_client.hset(keys.request(victim), "b", replay)
+
+    # When a receiver with the key serves the endpoint
+    receiver = make_queue(**signed())
+    ran = await serve_one(receiver, timeout_s=1.0)
+
+    # Then the service never got it: it is dead-lettered with the reason
+    assert ran is None
+    [letter] = [d for d in await receiver.dead_letters(ENDPOINT) if d.id == victim]
+    reason = {
+        "unsigned": "unsigned",
+        "other_key": "unknown_key",
+        "tampered": "mismatch",
+        "moved": "mismatch",
+        "expired": "expired",
+    }[case]
+    assert letter.reason.startswith(f"signature {reason}:"), letter.reason
+    # ... and the request is answered with a SignatureError (for a caller waiting on it)
+    status = await receiver.status(victim)
+    assert status.state == "done"
+
+
+async def test_an_unsigned_callers_request_is_refused_with_a_clear_error(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a caller without the key, and a receiver that requires signatures
+    caller, receiver = make_queue(), make_queue(**signed())
+
+    # When the caller calls
+    async def call() -> None:
+        with pytest.raises(RemoteError) as raised:
+            await caller.call(ENDPOINT, "echo", {"n": 1}, timeout_s=10)
+        assert raised.value.error.type == "SignatureError"
+        assert "not signed" in raised.value.error.message
+
+    # Then it is told, and the service never ran the request
+    _, ran = await run_all([call(), serve_one(receiver, timeout_s=3)], 20)
+    assert ran is None
+
+
+async def test_a_response_that_is_not_signed_never_reaches_the_caller(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a caller with the key, and a receiver without it (the attacker's node, or one
+    # left unconfigured), which answers with a result of its own
+    caller, impostor = make_queue(**signed()), make_queue()
+
+    async def answer_falsely() -> None:
+        pending = await impostor.dequeue(ENDPOINT, timeout_s=10)
+        assert pending is not None
+        await impostor.apply_response(Response(id=pending.id, result={"pay": "attacker"}))
+
+    async def call() -> None:
+        with pytest.raises(SignatureError) as raised:
+            await caller.call(ENDPOINT, "echo", {"n": 1}, timeout_s=10)
+        assert raised.value.reason == "unsigned"
+
+    # Then the caller raises SignatureError instead of returning what it wrote
+    await run_all([call(), answer_falsely()], 20)
+
+
+async def test_rotation_accepts_the_previous_key_until_its_grace_window_ends(
+    make_queue: QueueFactory,
+) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    earlier = datetime.now(UTC) - timedelta(seconds=1)
+    # Given a node still signing with the old key that already accepts the new one, and a
+    # node that signs with the new key and accepts the old one for an hour
+    old = make_queue(
+        signing_key=SecretStr(KEY),
+        signing_key_previous=SecretStr(NEW_KEY),
+        signing_key_previous_until=later,
+    )
+    new = make_queue(
+        signing_key=SecretStr(NEW_KEY),
+        signing_key_previous=SecretStr(KEY),
+        signing_key_previous_until=later,
+    )
+    # Then calls go both ways
+    answer, _ = await run_all([old.call(ENDPOINT, "echo", 1), serve_one(new)], 20)
+    assert answer == 1
+    answer, _ = await run_all([new.call(ENDPOINT, "echo", 2), serve_one(old)], 20)
+    assert answer == 2
+
+    # And once the old key's grace window is over, its envelopes are refused
+    strict = make_queue(
+        signing_key=SecretStr(NEW_KEY),
+        signing_key_previous=SecretStr(KEY),
+        signing_key_previous_until=earlier,
+    )
+    victim = await old.notify(ENDPOINT, "work", 3, request_id="after-grace")
+    assert await serve_one(strict, timeout_s=1.0) is None
+    [letter] = [d for d in await strict.dead_letters(ENDPOINT) if d.id == victim]
+    assert letter.reason.startswith("signature unknown_key:")
+
+
+def test_signing_settings_are_checked() -> None:
+    from prq import QueueSettings
+
+    with pytest.raises(ValueError, match="at least 32 characters"):
+        QueueSettings(signing_key=SecretStr("short"))
+    with pytest.raises(ValueError, match="go together"):
+        QueueSettings(signing_key=SecretStr(KEY), signing_key_previous=SecretStr(NEW_KEY))
+    with pytest.raises(ValueError, match="needs a current signing_key"):
+        QueueSettings(
+            signing_key_previous=SecretStr(NEW_KEY),
+            signing_key_previous_until=datetime.now(UTC),
+        )
+    with pytest.raises(ValueError, match="time zone"):
+        QueueSettings(
+            signing_key=SecretStr(KEY),
+            signing_key_previous=SecretStr(NEW_KEY),
+            signing_key_previous_until=datetime(2030, 1, 1),  # no time zone: refused
+        )
+    # The key never shows in the settings' text
+    assert KEY not in repr(QueueSettings(signing_key=SecretStr(KEY)))
