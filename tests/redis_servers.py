@@ -1,7 +1,10 @@
 """Redis servers for the suite, and the bounded waits every test uses instead of sleeps.
 
-- `shared_server_url()` picks the one server a session shares: `PRQ_TEST_REDIS_URL` if set, else
-  a private `EmbeddedRedis` on a free loopback port (never 127.0.0.1:6379).
+- The session shares one server: `PRQ_TEST_REDIS_URL` if set, else a private `EmbeddedRedis` on a
+  free loopback port (never 127.0.0.1:6379) started with the shipped `redis-conf/users.acl`
+  (`acl_server`): prq's nodes then log in as its least-privilege `prq` user, and the tests' own
+  reads and clean-ups as a superuser of the test's own. Key prefixes are `prq:t-<hex>`, inside
+  the `prq:*` keys the ACL grants.
 - `wait_until` / `async_wait_until` poll a predicate until it holds or a deadline passes (then
   fail the test); `async_stays_false` asserts that something does NOT happen inside a window.
 - `scan_keys` lists the keys of one prefix; `CommandMonitor` records the commands clients send
@@ -12,17 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
+import shutil
+import subprocess
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import redis
 
+from prq.embedded import EmbeddedRedis, find_server_binary
+
 __all__ = [
+    "PRQ_USER",
     "CommandMonitor",
+    "acl_server",
     "async_stays_false",
     "async_wait_until",
     "new_prefix",
@@ -32,6 +43,11 @@ __all__ = [
 
 #: Environment variable naming an existing Redis for the shared server (optional).
 TEST_REDIS_URL_ENV = "PRQ_TEST_REDIS_URL"
+#: The shipped ACL, and the user prq's nodes run as under it.
+USERS_ACL = Path(__file__).resolve().parents[1] / "redis-conf" / "users.acl"
+PRQ_USER = "prq"
+#: The tests' own superuser on a server started with the shipped ACL (never shipped).
+TEST_ROOT_USER, TEST_ROOT_PASSWORD = "prq-test-root", "prq-test-root-password"
 #: Default bound of a wait, seconds.
 DEFAULT_WAIT_S = 10.0
 #: Default interval between two checks of a predicate, seconds.
@@ -39,8 +55,67 @@ DEFAULT_INTERVAL_S = 0.01
 
 
 def new_prefix() -> str:
-    """A fresh key prefix, so tests sharing a server never see each other's keys."""
-    return f"prq-t-{uuid.uuid4().hex[:8]}"
+    """A fresh key prefix, so tests sharing a server never see each other's keys (inside the
+    `prq:*` keys and channels the shipped ACL grants its `prq` user)."""
+    return f"prq:t-{uuid.uuid4().hex[:8]}"
+
+
+def server_version(binary: str) -> tuple[int, int]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    found = re.search(r"v=(\d+)\.(\d+)", out.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def redis7_binary() -> tuple[str, tuple[int, int]]:
+    """A redis-server of version 7 or later (ACL selectors like %R~ need 7.0)."""
+    candidates = [find_server_binary(), "/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+    candidates += [
+        found for name in ("redis-server", "valkey-server") if (found := shutil.which(name))
+    ]
+    for binary in dict.fromkeys(candidates):
+        if Path(binary).is_file() and (version := server_version(binary)) >= (7, 0):
+            return binary, version
+    raise AssertionError(
+        "the suite needs redis-server 7 or later (apt-get install redis-server, or set "
+        f"PRQ_REDIS_SERVER); found only {candidates}"
+    )
+
+
+def adapt_acl(acl: str, version: tuple[int, int]) -> str:
+    """The shipped ACL as a server of `version` accepts it: CLIENT SETINFO came with Redis 7.2,
+    and an older server refuses a rule naming it (it never receives the command either:
+    redis-py's SETINFO is an unknown command there, and ignored)."""
+    return acl.replace(" +client|setinfo", "") if version < (7, 2) else acl
+
+
+def acl_password(user: str) -> str:
+    """The password the shipped users.acl gives `user` (its `>password` rule)."""
+    for line in USERS_ACL.read_text().splitlines():
+        words = line.split()
+        if words[:2] == ["user", user]:
+            found = re.search(r"(?:^|\s)>(\S+)", line)
+            if found:
+                return found.group(1)
+    raise AssertionError(f"{USERS_ACL} gives {user!r} no password")
+
+
+def acl_server(folder: Path) -> EmbeddedRedis:
+    """A server that loads the shipped users.acl (its lines untouched) plus the tests' own
+    superuser, written to `folder`; its `url` logs in as that superuser, and
+    `url_for(PRQ_USER, acl_password(PRQ_USER))` as the least-privilege user."""
+    binary, version = redis7_binary()
+    acl = folder / "users.acl"
+    acl.write_text(
+        adapt_acl(USERS_ACL.read_text(), version).rstrip("\n")
+        + f"\nuser {TEST_ROOT_USER} on >{TEST_ROOT_PASSWORD} ~* &* +@all\n"
+    )
+    return EmbeddedRedis(
+        binary=binary,
+        extra_args=["--aclfile", str(acl)],
+        data_dir=folder,
+        username=TEST_ROOT_USER,
+        password=TEST_ROOT_PASSWORD,
+    )
 
 
 def wait_until(

@@ -50,7 +50,7 @@ READ_TOKEN = "dash-read-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def admin_service(redis_url: str) -> Iterator[AdminService]:
+def admin_service(redis_url: str, redis_admin_url: str) -> Iterator[AdminService]:
     """The real admin app on a fresh prefix, sampling throughput often (the chart fills fast)."""
     prefix = new_prefix()
     settings = ApiSettings(
@@ -63,7 +63,7 @@ def admin_service(redis_url: str) -> Iterator[AdminService]:
         with ApiServer(app) as server:
             yield AdminService(server.url, prefix, ADMIN_TOKEN, READ_TOKEN)
     finally:
-        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
         try:
             delete_prefix(client, prefix)
         finally:

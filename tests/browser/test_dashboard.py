@@ -177,9 +177,9 @@ def test_sign_in_form_rejects_a_bad_token_and_keeps_a_good_one(
     assert page.evaluate(f"sessionStorage.getItem('{TOKEN_KEY}')") is None
 
 
-def stored_limits(redis_url: str, service: AdminService, endpoint: str) -> dict[str, str]:
+def stored_limits(redis_admin_url: str, service: AdminService, endpoint: str) -> dict[str, str]:
     """The endpoint's limits hash as Redis holds it, decoded."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
     try:
         raw: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
             KeySchema(service.prefix).endpoint(endpoint).limits
@@ -190,7 +190,7 @@ def stored_limits(redis_url: str, service: AdminService, endpoint: str) -> dict[
 
 
 def test_admin_sets_the_limits_of_an_endpoint(
-    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+    page: Page, admin_service: AdminService, callers: Callers, redis_admin_url: str
 ) -> None:
     # Given a waiting request on an endpoint without limits
     endpoint = "poll://dash/limited"
@@ -210,7 +210,7 @@ def test_admin_sets_the_limits_of_an_endpoint(
     page.get_by_test_id("limit-max-in-flight-input").fill("0")
     page.get_by_role("button", name="Set limits").click()
     expect(page.get_by_test_id("status")).to_contain_text("whole numbers", timeout=EXPECT_MS)
-    assert stored_limits(redis_url, admin_service, endpoint) == {}
+    assert stored_limits(redis_admin_url, admin_service, endpoint) == {}
 
     # When the admin sets max in flight to 3 and leaves max pending empty
     page.get_by_label("Max in flight").fill("3")
@@ -224,7 +224,7 @@ def test_admin_sets_the_limits_of_an_endpoint(
     expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("3", timeout=EXPECT_MS)
     expect(limits.get_by_test_id("limit-max-pending")).to_have_text("none")
     # ... and Redis holds it, for every node to apply
-    assert stored_limits(redis_url, admin_service, endpoint) == {"mif": "3"}
+    assert stored_limits(redis_admin_url, admin_service, endpoint) == {"mif": "3"}
 
     # When the page is reloaded and the endpoint opened again
     page.reload()
@@ -238,7 +238,7 @@ def test_admin_sets_the_limits_of_an_endpoint(
 
 
 def test_read_only_token_sees_the_limits_without_the_form(
-    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+    page: Page, admin_service: AdminService, callers: Callers, redis_admin_url: str
 ) -> None:
     # Given an endpoint whose max pending an admin set through the API
     endpoint = "poll://dash/limited-read"
@@ -261,7 +261,7 @@ def test_read_only_token_sees_the_limits_without_the_form(
     expect(limits.get_by_test_id("limit-max-in-flight")).to_have_text("none")
     expect(page.get_by_test_id("limits-form")).to_be_hidden()
     expect(page.get_by_role("button", name="Set limits")).to_have_count(0)
-    assert stored_limits(redis_url, admin_service, endpoint) == {"mp": "5"}
+    assert stored_limits(redis_admin_url, admin_service, endpoint) == {"mp": "5"}
 
 
 def dead_row(page: Page, request_id: str) -> Locator:

@@ -29,7 +29,7 @@ from prq import AsyncQueue, Response
 from prq.embedded import EmbeddedRedis
 from prq.send import SendHandle
 from tests.fault.checker import check_nodes
-from tests.fault.nodes import NodeFactory
+from tests.fault.nodes import NodeFactory, NodeProcess
 from tests.fault.proxy import FaultProxy
 from tests.fault.scenarios import ENDPOINT, figures, starts
 from tests.fault.timings import fault_redis_settings, fault_settings
@@ -47,6 +47,19 @@ LATENCY_MS = 5.0
 CANCEL_WITHIN_MS = 6 * LATENCY_MS
 
 
+async def _slow_node(
+    nodes: NodeFactory, make_proxy: Callable[..., FaultProxy], prefix: str, node_id: str
+) -> tuple[NodeProcess, FaultProxy, AsyncQueue]:
+    """A receiver process echoing each call's params, and a node (not started) whose link to
+    Redis adds LATENCY_MS in both directions."""
+    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16)
+    link = make_proxy()
+    link.latency(LATENCY_MS)
+    settings = fault_redis_settings(link.url)
+    node = AsyncQueue(settings, prefix=prefix, settings=fault_settings(), node_id=node_id)
+    return receiver, link, node
+
+
 @pytest.mark.timeout(90)
 async def test_callers_cancelled_mid_round_trip_see_no_cross_talk(
     nodes: NodeFactory,
@@ -57,15 +70,7 @@ async def test_callers_cancelled_mid_round_trip_see_no_cross_talk(
 ) -> None:
     # Given a receiver process echoing each call's params, and a node whose link to Redis adds
     # latency in both directions
-    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16)
-    link = make_proxy()
-    link.latency(LATENCY_MS)
-    node = AsyncQueue(
-        fault_redis_settings(link.url),
-        prefix=fault_prefix,
-        settings=fault_settings(),
-        node_id="callers",
-    )
+    receiver, link, node = await _slow_node(nodes, make_proxy, fault_prefix, "callers")
     rng = random.Random()
     sent: dict[str, str] = {}  # request id -> tag
     crosstalk: list[tuple[str, object]] = []
@@ -163,15 +168,7 @@ async def test_sends_withdrawn_mid_round_trip_get_one_callback_or_none(
 ) -> None:
     # Given a receiver process echoing each call's params, and a node whose link to Redis adds
     # latency in both directions
-    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16)
-    link = make_proxy()
-    link.latency(LATENCY_MS)
-    node = AsyncQueue(
-        fault_redis_settings(link.url),
-        prefix=fault_prefix,
-        settings=fault_settings(),
-        node_id="senders",
-    )
+    receiver, _, node = await _slow_node(nodes, make_proxy, fault_prefix, "senders")
     rng = random.Random()
     sent: dict[str, str] = {}  # request id -> tag
     outcomes: dict[str, list[object]] = {}  # request id -> what each callback run got

@@ -10,7 +10,6 @@ shows up there even when the caller swallows the error.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import subprocess
 import tempfile
@@ -36,10 +35,10 @@ from prq import (
 )
 from prq.admin import Inspector
 from prq.bulk import BulkClient
-from prq.embedded import find_server_binary, free_port
+from prq.embedded import free_port
 from prq.keys import KeySchema, encode_endpoint
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
-from tests.redis_servers import async_wait_until, wait_until
+from tests.redis_servers import adapt_acl, async_wait_until, redis7_binary, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -76,27 +75,6 @@ LOST = "poll://acl-lost"
 # -- the server -----------------------------------------------------------------------------------
 
 
-def _version(binary: str) -> tuple[int, int]:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
-    found = re.search(r"v=(\d+)\.(\d+)", out.stdout)
-    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
-
-
-def redis7_binary() -> tuple[str, tuple[int, int]]:
-    """A redis-server of version 7 or later (ACL selectors like %R~ need 7.0)."""
-    candidates = [find_server_binary(), "/usr/bin/redis-server", "/usr/local/bin/redis-server"]
-    candidates += [
-        found for name in ("redis-server", "valkey-server") if (found := shutil.which(name))
-    ]
-    for binary in dict.fromkeys(candidates):
-        if Path(binary).is_file() and (version := _version(binary)) >= (7, 0):
-            return binary, version
-    pytest.fail(
-        "the ACL test needs redis-server 7 or later (apt-get install redis-server, or set "
-        f"PRQ_REDIS_SERVER); found only {candidates}"
-    )
-
-
 def acl_user(name: str) -> tuple[str, str]:
     """A user's line in users.acl and its password."""
     for line in ACL.read_text().splitlines():
@@ -113,11 +91,7 @@ class AclServer:
         self.binary, version = redis7_binary()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="prq-acl-"))
-        acl = ACL.read_text()
-        if version < (7, 2):
-            # CLIENT SETINFO came with Redis 7.2; an older server refuses a rule naming it (and
-            # never receives the command: redis-py's SETINFO is an unknown command there).
-            acl = acl.replace(" +client|setinfo", "")
+        acl = adapt_acl(ACL.read_text(), version)
         acl += f"user {ROOT_USER} on >{ROOT_PASSWORD} ~* &* +@all\n"
         (self.dir / "users.acl").write_text(acl)
         self.process = subprocess.Popen(

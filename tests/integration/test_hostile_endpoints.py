@@ -1,8 +1,10 @@
-"""Hostile endpoint names: 1,000 distinct names never share a key; invalid names write nothing."""
+"""Hostile endpoint names: 1,000 distinct names never share a key; invalid names write nothing;
+no name reaches a glob command (KEYS, SCAN MATCH, PSUBSCRIBE) or splits a log line."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import unicodedata
 
@@ -13,7 +15,7 @@ from prq import InvalidEndpoint, Request, RequestState, Response
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.queued import queue_depth
-from tests.redis_servers import async_wait_until, request_keys
+from tests.redis_servers import CommandMonitor, async_wait_until, request_keys
 
 pytestmark = pytest.mark.integration
 
@@ -169,3 +171,38 @@ async def test_serve_refuses_an_invalid_endpoint_at_once(make_queue: QueueFactor
     with pytest.raises(InvalidEndpoint):
         await serving.stop()
     assert time.monotonic() - started < 5
+
+
+async def test_names_never_reach_a_glob_command_nor_split_a_log_line(
+    make_queue: QueueFactory, redis_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given hostile endpoint names, and producers and methods with line breaks in them
+    names = hostile_names()[:20]
+    caplog.set_level(logging.DEBUG, logger="prq")
+    with CommandMonitor(redis_admin_url) as monitor:
+        sender, receiver = make_queue(pickup_timeout_s=30), make_queue()
+        # When requests go through each name, one with a forged log line in its producer and
+        # method, and a request for a name with a line break is refused
+        for name in names:
+            request = Request(
+                endpoint=name,
+                method="m\r\nERROR prq: forged line",
+                params=name,
+                producer="p\nINFO prq: forged",
+            )
+            call = asyncio.create_task(sender.queue_and_wait(request))
+            pending = await receiver.dequeue(name, timeout_s=5)
+            assert pending is not None and pending.request.endpoint == name
+            await receiver.apply_response(Response(id=pending.id, result="ok"))
+            assert (await asyncio.wait_for(call, 10)).result == "ok"
+        with pytest.raises(InvalidEndpoint):
+            await sender.call("poll://a\r\nERROR prq: forged", "m")
+
+    # Then no KEYS, SCAN or PSUBSCRIBE was sent at all (by a client or a script)
+    sent = set(monitor.client) | set(monitor.lua)
+    assert not sent & {"KEYS", "SCAN", "PSUBSCRIBE"}, sent
+    assert "EVALSHA" in sent  # (the monitor saw the traffic)
+    # And every log line prq wrote is one line
+    assert caplog.records
+    split = [r.getMessage() for r in caplog.records if {"\r", "\n"} & set(r.getMessage())]
+    assert split == []

@@ -42,8 +42,8 @@ TTL_MS = 60_000
 
 
 @pytest.fixture
-def client(redis_url: str) -> redis.Redis:
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+def client(redis_admin_url: str) -> redis.Redis:
+    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
     for script in ALL_SCRIPTS:
         client.script_load(script.source)
     return client
