@@ -32,7 +32,7 @@ from typing import Self
 
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError, QueueFull
+from prq.errors import PrqError, QueueFull, SerializationError
 from prq.keys import KeySchema, encode_endpoint
 from prq.models import Delivery, Request, check_body_size, validate_endpoint
 from prq.scripts import (
@@ -303,6 +303,11 @@ class BulkClient:
 
     def _encode(self, request: Request) -> tuple[str, str | bytes]:
         validate_endpoint(request.endpoint)
+        if any(not stream.stored for stream in request.streams.values()):
+            raise SerializationError(
+                f"request {request.id} carries DataStreams: the bulk client does not store "
+                "them; send it through a queue given a DataStreamStore"
+            )
         if request.producer is None:
             request = request.model_copy(update={"producer": BULK_PRODUCER})
         body = request.model_dump_json().encode()

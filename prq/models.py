@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
+from prq.datastreams import DataStream
 from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
 
 __all__ = [
@@ -54,6 +55,14 @@ REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 
 Delivery = Literal["at_most_once", "at_least_once"]
+
+
+def _empty(value: object) -> bool:
+    return not value
+
+
+#: The name of a DataStream in a message.
+StreamName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 #: The delivery modes, as text.
 DELIVERY_MODES: tuple[Delivery, ...] = get_args(Delivery)
 
@@ -107,6 +116,9 @@ class Request(BaseModel):
     producer: Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)] | None = None
     delivery: Delivery = "at_most_once"
     headers: dict[str, str] = Field(default_factory=dict)
+    #: Binary payloads kept beside Redis, by name (prq.datastreams); left out of the JSON
+    #: when there are none.
+    streams: dict[StreamName, DataStream] = Field(default_factory=dict, exclude_if=_empty)
 
     def __init__(self, **data: Any) -> None:
         # Raise the typed error (not a pydantic ValidationError) for a bad endpoint.
@@ -128,6 +140,9 @@ class Response(BaseModel):
     id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
     result: JsonValue = None
     error: ServerError | None = None
+    #: Binary payloads kept beside Redis, by name (prq.datastreams); left out of the JSON
+    #: when there are none.
+    streams: dict[StreamName, DataStream] = Field(default_factory=dict, exclude_if=_empty)
 
 
 class RequestState(enum.StrEnum):

@@ -26,7 +26,6 @@ from prq.config import QueueSettings, RedisSettings
 from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
 from prq.errors import (
-    ConfigurationError,
     DataLoss,
     PrqError,
     QueueFull,
@@ -69,6 +68,7 @@ from prq.scripts import (
     unpark_call,
 )
 from prq.signing import Signer, unwrap
+from prq.stream_keeper import StreamKeeper
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -191,11 +191,8 @@ class QueueBase:
         self._closing = False
         #: Ids of held requests a `serve` handler is working on (closing waits for these).
         self._serving: set[str] = set()
-        if datastreams is not None:
-            raise ConfigurationError(
-                "a DataStreamStore was given, but large payloads beside Redis are not supported "
-                "by this version; bodies up to max_body_bytes are kept inline"
-            )
+        #: The DataStreams of what this node sends and receives (prq.stream_keeper).
+        self._streams = StreamKeeper(datastreams, self.settings)
 
     # -- checking the server at start --------------------------------------------------------
 
@@ -275,6 +272,7 @@ class QueueBase:
                     raise SerializationError(
                         f"stored request {item.request_id} names another id or endpoint"
                     )
+                self._streams.bind(request.streams, delete_after_read=False)
             except SerializationError as exc:
                 logger.warning(
                     "undecodable request skipped endpoint=%r request_id=%s error=%s",
@@ -527,6 +525,8 @@ class QueueBase:
     def _after_respond(self, request_id: str, outcome: str) -> None:
         pending = self._held.pop(request_id, None)
         self._watch.liveness.release(request_id)
+        if pending is not None and pending.request.streams:
+            self._streams.delete(pending.request.streams)
         if outcome == "ok" and pending is not None:
             metrics.RESPONDED.labels(pending.request.endpoint).inc()
         if outcome not in ("ok", "replay"):

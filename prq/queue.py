@@ -225,6 +225,8 @@ class AsyncQueue(QueueBase):
                     logger.debug("watch turn failed error=%s", exc)
                 else:
                     self._watch.settle(plan, results, time.monotonic())
+            if self._streams.sweep_due(time.monotonic()):
+                await asyncio.to_thread(self._streams.sweep)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._watch.wait_s(time.monotonic())):
                     await self._watch_wake.wait()
@@ -255,6 +257,7 @@ class AsyncQueue(QueueBase):
         timeout_s: float | None,
         on_enqueued: Callable[[], None] | None = None,
     ) -> Response:
+        request = await self._with_stored_streams(request, pickup_timeout_s)
         request, body = self._encode_request(request)
         await self._ready()
         self._sending(request)
@@ -280,6 +283,7 @@ class AsyncQueue(QueueBase):
         finally:
             self._watch.liveness.release(request.id)
         metrics.call_ended(request.endpoint, started, response, None)
+        self._streams.bind(response.streams, delete_after_read=True)
         return response
 
     async def send(
@@ -294,6 +298,7 @@ class AsyncQueue(QueueBase):
         """Enqueue `request` and return once it is in Redis; exactly one of
         `on_response(response)` and `on_failure(error)` runs later, exactly once, unless
         `handle.withdraw()` withdraws the request before pickup (then neither). See prq.send."""
+        request = await self._with_stored_streams(request, pickup_timeout_s)
         request, _ = self._encode_request(request)  # a bad request raises here, not later
         await self._ready()
         handle = SendHandle(self, SendState(request, on_response, on_failure))
@@ -328,6 +333,15 @@ class AsyncQueue(QueueBase):
         request, body = self._encode_request(request)
         await self._ready()
         return await self._run(self._notify_flow(request, body, pickup_timeout_s))
+
+    async def _with_stored_streams(
+        self, request: Request, pickup_timeout_s: float | None
+    ) -> Request:
+        """`request` with its DataStreams copied into the store (in a thread: file I/O)."""
+        if not self._streams.unstored(request):
+            return request
+        pickup = self._pickup_timeout(pickup_timeout_s)
+        return await asyncio.to_thread(self._streams.store_request, request, pickup)
 
     def _withdraw_in_background(self, request: Request) -> None:
         """The caller gave up: cancel the request (withdrawn, or its receiver told)."""
@@ -464,6 +478,8 @@ class AsyncQueue(QueueBase):
         """Answer a request this node dequeued; the first response wins (also while the queue
         closes, until the shutdown timeout)."""
         await self._ready(closing_ok=True)
+        if self._streams.unstored(response):
+            response = await asyncio.to_thread(self._streams.store_response, response)
         flow = self._respond_flow(response)
         if flow is None:
             return

@@ -215,6 +215,8 @@ class Queue(QueueBase):
                     logger.debug("watch turn failed error=%s", exc)
                 else:
                     self._watch.settle(plan, results, time.monotonic())
+            if self._streams.sweep_due(time.monotonic()):
+                self._streams.sweep()
             self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
             self._watch_wake.clear()
 
@@ -243,6 +245,7 @@ class Queue(QueueBase):
         timeout_s: float | None,
         on_enqueued: Callable[[], None] | None = None,
     ) -> Response:
+        request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, body = self._encode_request(request)
         self._ready()
         self._sending(request)
@@ -266,6 +269,7 @@ class Queue(QueueBase):
         finally:
             self._watch.liveness.release(request.id)
         metrics.call_ended(request.endpoint, started, response, None)
+        self._streams.bind(response.streams, delete_after_read=True)
         return response
 
     def send(
@@ -281,6 +285,7 @@ class Queue(QueueBase):
         `on_response(response)` and `on_failure(error)` runs later (in a thread of its own,
         which waits for the outcome), exactly once, unless `handle.withdraw()` withdraws the
         request before pickup (then neither). See prq.send."""
+        request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, _ = self._encode_request(request)  # a bad request raises here, not later
         self._ready()
         handle = BlockingSendHandle(self, SendState(request, on_response, on_failure))
@@ -427,6 +432,7 @@ class Queue(QueueBase):
         """Answer a request this node dequeued; the first response wins (also while the queue
         closes, until the shutdown timeout)."""
         self._ready(closing_ok=True)
+        response = self._streams.store_response(response)
         flow = self._respond_flow(response)
         if flow is None:
             return

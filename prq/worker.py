@@ -50,7 +50,8 @@ def current_request() -> PendingRequest | None:
 def build_response(
     request_id: str, result: object = None, exc: BaseException | None = None
 ) -> Response:
-    """The response for a handler's result or exception (a non-JSON result is an error)."""
+    """The response for a handler's result or exception (a non-JSON result is an error; a
+    Response is sent as it is, under the request's id)."""
     if exc is not None:
         return Response(
             id=request_id,
@@ -60,6 +61,8 @@ def build_response(
                 retryable=bool(getattr(exc, "retryable", False)),
             ),
         )
+    if isinstance(result, Response):  # the handler built it (e.g. to send DataStreams)
+        return result.model_copy(update={"id": request_id})
     try:
         return Response(id=request_id, result=cast(JsonValue, result))
     except ValidationError as error:

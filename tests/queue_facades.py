@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
 
 from prq import AsyncQueue, Queue, QueueSettings, RedisSettings, RequestState
+from prq.datastreams import DataStreamStore
 from prq.send import BlockingSendHandle
 from tests.redis_servers import async_wait_until
 
@@ -222,6 +223,7 @@ class QueueFactory:
         prefix: str | None = None,
         node_id: str | None = None,
         redis_settings: RedisSettings | None = None,
+        datastreams: DataStreamStore | None = None,
         **overrides: Any,
     ) -> AnyQueue:
         """A new queue (a new node) with FAST_SETTINGS updated by `overrides`."""
@@ -230,6 +232,7 @@ class QueueFactory:
             "prefix": prefix or self.prefix,
             "settings": self.settings(**overrides),
             "node_id": node_id,
+            "datastreams": datastreams,
         }
         queue: AnyQueue
         if self.facade == "async":

@@ -1,0 +1,110 @@
+"""What a node does with the DataStreams of the messages it sends and receives (prq.datastreams).
+
+- Sending: unstored streams are copied into the store before the message is encoded (blocking
+  I/O: the asyncio queue runs it in a thread), each with an expiry: a request's lasts as long
+  as the request can be queued, run and answered; a response's as long as it is kept.
+- Receiving: the streams of a taken request and of a returned response are bound to the store,
+  so the handler or the caller can `open()` them. A response's streams are deleted once the
+  caller closes what it read; a request's once the node answered it.
+- Sweeping: every data-loss check interval, data past its expiry is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prq.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from prq.config import QueueSettings
+    from prq.datastreams import DataStream, DataStreamStore
+    from prq.models import Request, Response
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StreamKeeper"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StreamKeeper:
+    """A node's DataStream chores (see the module docstring); `store` None means no store."""
+
+    def __init__(self, store: DataStreamStore | None, settings: QueueSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self._next_sweep = 0.0
+
+    @staticmethod
+    def unstored(message: Request | Response) -> bool:
+        """Whether the message has streams that must be stored before it is sent."""
+        return any(not stream.stored for stream in message.streams.values())
+
+    def _stored(
+        self, streams: dict[str, DataStream], expires_at_ms: int, what: str
+    ) -> dict[str, DataStream]:
+        if self.store is None:
+            raise ConfigurationError(
+                f"{what} carries DataStreams, but this queue has no DataStreamStore: pass "
+                "datastreams=FileSystemStore(<a directory every node shares>)"
+            )
+        store = self.store
+        return {
+            name: stream if stream.stored else stream.store_in(store, expires_at_ms)
+            for name, stream in streams.items()
+        }
+
+    def store_request(self, request: Request, pickup_timeout_s: float) -> Request:
+        """`request` with its streams in the store (blocking)."""
+        if not self.unstored(request):
+            return request
+        expires = _now_ms() + int(self.settings.locator_ttl_s(pickup_timeout_s) * 1000)
+        streams = self._stored(request.streams, expires, f"request {request.id}")
+        return request.model_copy(update={"streams": streams})
+
+    def store_response(self, response: Response) -> Response:
+        """`response` with its streams in the store (blocking)."""
+        if not self.unstored(response):
+            return response
+        expires = _now_ms() + int(self.settings.response_ttl_s * 1000)
+        streams = self._stored(response.streams, expires, f"the response to {response.id}")
+        return response.model_copy(update={"streams": streams})
+
+    def bind(self, streams: dict[str, DataStream], *, delete_after_read: bool) -> None:
+        """Let the streams be opened from the store (no-op without one: open() says so)."""
+        if self.store is not None:
+            for stream in streams.values():
+                stream.bind(self.store, delete_after_read=delete_after_read)
+
+    def delete(self, streams: dict[str, DataStream]) -> None:
+        """Remove the streams' data (a request this node answered)."""
+        if self.store is None:
+            return
+        for stream in streams.values():
+            if stream.reference is None:
+                continue
+            try:
+                self.store.delete(stream.reference)
+            except Exception as exc:  # the sweep removes it after its expiry
+                logger.warning("could not delete stream ref=%r error=%s", stream.reference, exc)
+
+    def sweep_due(self, now: float) -> bool:
+        return self.store is not None and now >= self._next_sweep
+
+    def sweep(self) -> int:
+        """Remove expired data (blocking); how many pieces."""
+        self._next_sweep = time.monotonic() + self.settings.data_loss_check_interval_s
+        if self.store is None:
+            return 0
+        try:
+            removed = self.store.cleanup(_now_ms())
+        except Exception as exc:
+            logger.warning("stream store cleanup failed error=%s", exc)
+            return 0
+        if removed:
+            logger.info("expired streams removed count=%d", removed)
+        return removed
