@@ -18,6 +18,7 @@ facade's watch loop sends `due()`'s calls in one round trip and hands the replie
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prq._types import Call, Reply
@@ -51,9 +52,31 @@ class Lease:
     #: The owner token the last holder's beat was sent with (a redelivery adopted by this node
     #: changes the pending's token: a "fenced" reply to the old one is then out of date).
     beat_token: str = ""
+    #: Sender side: called with (bytes read, bytes in all) when the receiver's beats report
+    #: new progress on the request's DataStreams.
+    on_progress: Callable[[int, int], None] | None = None
+    progress: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.last_look = self.since
+
+
+def _progress(pending: PendingRequest) -> str:
+    """How far a held request's DataStreams were read, as beats carry it ("" for none)."""
+    streams = pending.request.streams
+    if not streams:
+        return ""
+    total = sum(stream.length or 0 for stream in streams.values())
+    return f"{sum(stream.bytes_read for stream in streams.values())}/{total}"
+
+
+def _report(lease: Lease, progress: tuple[int, int]) -> None:
+    if lease.on_progress is None:
+        return
+    try:
+        lease.on_progress(*progress)
+    except Exception:
+        logger.exception("on_progress raised request_id=%s", lease.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +100,14 @@ class Liveness:
         #: if it was itself in touch a moment ago (after a pause, everyone gets a turn first).
         self.last_contact = 0.0
 
-    def send(self, request_id: str, endpoint: str, now: float) -> None:
-        self.sent[request_id] = Lease(request_id, endpoint, now)
+    def send(
+        self,
+        request_id: str,
+        endpoint: str,
+        now: float,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.sent[request_id] = Lease(request_id, endpoint, now, on_progress=on_progress)
 
     def hold(self, pending: PendingRequest, now: float) -> None:
         self.held[pending.id] = Lease(pending.id, pending.request.endpoint, now, pending)
@@ -132,6 +161,7 @@ class Liveness:
                 keys.endpoint(lease.endpoint), lease.request_id, "r",
                 lease.pending.owner_token, record, sender_timeout_ms,
                 in_flight_ttl_ms, keys.node_channel_prefix, list_ttl_ms,
+                _progress(lease.pending),
             )  # fmt: skip
             calls.append((lease, call))
         self.beats_sent += len(calls)
@@ -144,12 +174,15 @@ class Liveness:
             if isinstance(reply, Exception):
                 continue
             try:
-                state, reason = parse_beat(reply)
+                state, reason, progress = parse_beat(reply)
             except PrqError as exc:
                 logger.warning(
                     "unreadable beat reply request_id=%s error=%s", lease.request_id, exc
                 )
                 continue
+            if progress is not None and progress != lease.progress:
+                lease.progress = progress
+                _report(lease, progress)
             if state in ("taken", "queued"):
                 continue
             if state == "missing":

@@ -584,8 +584,10 @@ class QueueBase:
         if state == "cancelled":
             metrics.DEAD_LETTERED.labels(endpoint).inc()
 
-    def _sending(self, request: Request) -> None:
-        self._watch.liveness.send(request.id, request.endpoint, time.monotonic())
+    def _sending(
+        self, request: Request, on_progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        self._watch.liveness.send(request.id, request.endpoint, time.monotonic(), on_progress)
 
     def _sent_endpoint(self, request_id: str) -> str | None:
         lease = self._watch.liveness.sent.get(request_id)

@@ -246,9 +246,15 @@ class AsyncQueue(QueueBase):
         *,
         pickup_timeout_s: float | None = None,
         timeout_s: float | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
-        """Enqueue `request` and wait for its response (an error response is returned)."""
-        return await self._queue_and_wait(request, pickup_timeout_s, timeout_s)
+        """Enqueue `request` and wait for its response (an error response is returned).
+        `on_progress(bytes_read, bytes_in_all)` reports, from the receiver's heartbeats, how
+        far it has read the request's DataStreams (keep it short: it runs on the node's
+        heartbeat turn)."""
+        return await self._queue_and_wait(
+            request, pickup_timeout_s, timeout_s, on_progress=on_progress
+        )
 
     async def _queue_and_wait(
         self,
@@ -256,11 +262,12 @@ class AsyncQueue(QueueBase):
         pickup_timeout_s: float | None,
         timeout_s: float | None,
         on_enqueued: Callable[[], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
         request = await self._with_stored_streams(request, pickup_timeout_s)
         request, body = self._encode_request(request)
         await self._ready()
-        self._sending(request)
+        self._sending(request, on_progress)
         started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:

@@ -234,9 +234,13 @@ class Queue(QueueBase):
         *,
         pickup_timeout_s: float | None = None,
         timeout_s: float | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
-        """Enqueue `request` and wait for its response (an error response is returned)."""
-        return self._queue_and_wait(request, pickup_timeout_s, timeout_s)
+        """Enqueue `request` and wait for its response (an error response is returned).
+        `on_progress(bytes_read, bytes_in_all)` reports, from the receiver's heartbeats, how
+        far it has read the request's DataStreams (keep it short: it runs on the node's
+        heartbeat turn)."""
+        return self._queue_and_wait(request, pickup_timeout_s, timeout_s, on_progress=on_progress)
 
     def _queue_and_wait(
         self,
@@ -244,11 +248,12 @@ class Queue(QueueBase):
         pickup_timeout_s: float | None,
         timeout_s: float | None,
         on_enqueued: Callable[[], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
         request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, body = self._encode_request(request)
         self._ready()
-        self._sending(request)
+        self._sending(request, on_progress)
         started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:

@@ -436,20 +436,25 @@ def beat_call(
     in_flight_ttl_ms: int,
     node_channel_prefix: str,
     list_ttl_ms: int,
+    progress: str = "",
 ) -> Call:
     return BEAT.call(
         (keys.request(request_id), keys.running, keys.lease),
         (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
-         node_channel_prefix, request_id, list_ttl_ms),
+         node_channel_prefix, request_id, list_ttl_ms, progress),
     )  # fmt: skip
 
 
-def parse_beat(reply: Reply) -> tuple[str, str]:
-    """Return (state, reason) as a beat saw them."""
+def parse_beat(reply: Reply) -> tuple[str, str, tuple[int, int] | None]:
+    """Return (state, reason, progress) as a beat saw them; progress is the receiver's last
+    (bytes read, bytes in all) of the request's DataStreams, None when not reported (or
+    unreadable: it is advisory)."""
     items = _array(reply, "beat")
-    if len(items) != 2:
+    if len(items) != 3:
         raise SerializationError(f"unexpected beat reply from Redis: {reply!r:.200}")
-    return _text(items[0]), _text(items[1])
+    done, _, total = _text(items[2]).partition("/")
+    progress = (int(done), int(total)) if done.isdigit() and total.isdigit() else None
+    return _text(items[0]), _text(items[1]), progress
 
 
 def cancel_call(

@@ -12,8 +12,11 @@ ARGV[5]  TTL of an in-flight request, ms (a beat extends it)
 ARGV[6]  node channel prefix   prq:node:
 ARGV[7]  request id
 ARGV[8]  TTL of the in-flight set, ms (a receiver's beat keeps it alive under a long call)
+ARGV[9]  receiver role: how far its DataStreams were read, "<bytes read>/<bytes in all>"
+         ("" when it has none); kept in the request for the sender's beats
 
-Reply: {state, reason}
+Reply: {state, reason, progress}; progress (sender role) is the receiver's last reported
+"<bytes read>/<bytes in all>", or ""
   state = "taken"       still in flight (for the receiver: and still its own)
           "fenced"      receiver role: another owner holds it now; stop working on it
           "queued", "done", "withdrawn", "cancelled"   as stored (reason for cancelled ones:
@@ -27,10 +30,10 @@ Invariants:
 - the sender side is judged by its last beat "hs", or before its first beat by "tk"; a detached
   request (no "snd") has no sender to judge
 ]]
-local st, why, own, hs, tk, snd = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own', 'hs',
-  'tk', 'snd'))
-if not st then return {'missing', ''} end
-if st ~= 'taken' then return {st, why or ''} end
+local st, why, own, hs, tk, snd, pg = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own',
+  'hs', 'tk', 'snd', 'pg'))
+if not st then return {'missing', '', ''} end
+if st ~= 'taken' then return {st, why or '', ''} end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -40,10 +43,10 @@ if ARGV[1] == 's' then
     redis.call('HSET', KEYS[1], 'hs', now)
     redis.call('PEXPIRE', KEYS[1], ARGV[5])
   end
-  return {'taken', ''}
+  return {'taken', '', pg or ''}
 end
 
-if own ~= ARGV[2] then return {'fenced', ''} end
+if own ~= ARGV[2] then return {'fenced', '', ''} end
 local last = math.max(tonumber(hs) or 0, tonumber(tk) or 0)
 -- a detached request (bulk enqueue) names no sender: nobody's silence can cancel it
 if snd and now - last > tonumber(ARGV[4]) then
@@ -53,13 +56,14 @@ if snd and now - last > tonumber(ARGV[4]) then
   if snd then
     redis.call('PUBLISH', ARGV[6] .. snd, 'r|' .. ARGV[7] .. '|')
   end
-  return {'cancelled', 'sender_lost'}
+  return {'cancelled', 'sender_lost', ''}
 end
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'hr', now)
+  if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'pg', ARGV[9]) end
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('ZADD', KEYS[2], 'XX', now, ARGV[7])
   redis.call('PEXPIRE', KEYS[2], ARGV[8])
   redis.call('ZADD', KEYS[3], 'XX', now, ARGV[7])
 end
-return {'taken', ''}
+return {'taken', '', ''}

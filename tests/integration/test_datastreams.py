@@ -11,7 +11,9 @@ import asyncio
 import os
 import time
 import tracemalloc
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -165,3 +167,47 @@ def test_the_file_store_opens_only_its_own_references(tmp_path: Path) -> None:
             store.delete(forged)
     with pytest.raises(SerializationError, match="is not in"):
         store.rehydrate("1-" + "a" * 32)
+
+
+async def test_the_sender_sees_the_receivers_progress_through_heartbeats(
+    make_queue: QueueFactory, tmp_path: Path
+) -> None:
+    # Given fast heartbeats, and a 4 MiB stream
+    beats: dict[str, Any] = {"heartbeat_interval_s": 0.1, "heartbeat_initial_delay_s": 0.05}
+    store = FileSystemStore(tmp_path / "streams")
+    caller = make_queue(datastreams=store, **beats)
+    receiver = make_queue(datastreams=store, **beats)
+    size = 4 * MIB
+    request = Request(
+        endpoint=ENDPOINT, method="m", streams={"f": DataStream.from_bytes(os.urandom(size))}
+    )
+    seen: list[tuple[int, int]] = []
+
+    def heard(done: int) -> bool:
+        return bool(seen) and seen[-1][0] >= done
+
+    async def serve() -> None:
+        pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
+        assert pending is not None
+        stream = pending.request.streams["f"]
+        # When the receiver reads it a MiB at a time, each time until the sender heard of it
+        with stream.open() as data:
+            while chunk := data.read(MIB):
+                done = stream.bytes_read
+                await async_wait_until(
+                    partial(heard, done), 10, 0.01, f"the sender told of {done} bytes read"
+                )
+                assert len(chunk) == MIB
+        await receiver.apply_response(Response(id=pending.id, result="read"))
+
+    response, _ = await run_all(
+        [caller.queue_and_wait(request, timeout_s=30, on_progress=lambda *p: seen.append(p)),
+         serve()],
+        40,
+    )  # fmt: skip
+
+    # Then it heard every step, in order, against the stream's whole length
+    assert response.result == "read"
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert {total for _, total in seen} == {size}
+    assert {MIB, 2 * MIB, 3 * MIB, 4 * MIB} <= {done for done, _ in seen}

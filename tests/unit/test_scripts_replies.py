@@ -86,3 +86,13 @@ def test_parse_snapshot() -> None:
             parse_snapshot(malformed)  # type: ignore[arg-type]
     with pytest.raises(SerializationError):
         parse_enqueue([b"surprise"])
+
+
+def test_parse_beat_reads_the_progress_and_ignores_junk_in_it() -> None:
+    from prq.scripts import parse_beat
+
+    assert parse_beat([b"taken", b"", b"5/10"]) == ("taken", "", (5, 10))
+    assert parse_beat([b"taken", b"", b""]) == ("taken", "", None)
+    assert parse_beat([b"cancelled", b"sender_lost", b"x/-1"]) == ("cancelled", "sender_lost", None)
+    with pytest.raises(SerializationError):
+        parse_beat([b"taken", b""])
