@@ -35,7 +35,17 @@ from pydantic_core import core_schema
 
 from prq.errors import SerializationError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "DataStream", "DataStreamStore", "FileSystemStore"]
+__all__ = [
+    "DATASTREAMS_DIR_ENV",
+    "DEFAULT_CHUNK_BYTES",
+    "DataStream",
+    "DataStreamStore",
+    "FileSystemStore",
+    "store_from_env",
+]
+
+#: Environment variable naming the shared directory of `prq worker`'s DataStreams.
+DATASTREAMS_DIR_ENV = "PRQ_DATASTREAMS_DIR"
 
 #: Bytes per chunk when a stream is copied.
 DEFAULT_CHUNK_BYTES = 1024 * 1024
@@ -305,3 +315,9 @@ class FileSystemStore:
                 Path(entry.path).unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def store_from_env() -> FileSystemStore | None:
+    """A FileSystemStore on `PRQ_DATASTREAMS_DIR`, or None when it is not set."""
+    directory = os.environ.get(DATASTREAMS_DIR_ENV)
+    return FileSystemStore(directory) if directory else None

@@ -50,6 +50,7 @@ from prq.cli.options import (
     require_url,
 )
 from prq.config import QueueSettings, RedisSettings
+from prq.datastreams import store_from_env
 from prq.errors import InvalidEndpoint, PrqError
 from prq.models import validate_endpoint
 from prq.queue import AsyncQueue
@@ -334,7 +335,10 @@ async def _serve_async(config: WorkerConfig, handler: Handler) -> int:
     for sig in _SIGNALS:
         loop.add_signal_handler(sig, on_signal)
     redis_settings = RedisSettings.from_url(config.url)
-    async with AsyncQueue(redis_settings, prefix=config.prefix, settings=config.settings) as queue:
+    async with AsyncQueue(
+        redis_settings, prefix=config.prefix, settings=config.settings,
+        datastreams=store_from_env(),
+    ) as queue:  # fmt: skip
         servers = [
             asyncio.create_task(
                 queue.serve(e, handler, concurrency=config.concurrency, stop=stop),
@@ -406,7 +410,10 @@ def _serve_threads(
             stop.set()
 
     redis_settings = RedisSettings.from_url(config.url)
-    with Queue(redis_settings, prefix=config.prefix, settings=config.settings) as queue:
+    with Queue(
+        redis_settings, prefix=config.prefix, settings=config.settings,
+        datastreams=store_from_env(),
+    ) as queue:  # fmt: skip
         threads = [
             threading.Thread(target=serve, args=(queue, e), name=f"prq-serve-{e}", daemon=True)
             for e in config.endpoints

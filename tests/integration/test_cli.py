@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prq import AsyncQueue, QueueSettings, ReceiverLost, Request, RequestState
 from prq.admin import Inspector
+from prq.datastreams import DataStream, FileSystemStore
 from prq.embedded import free_port
 from tests.queue_facades import wait_for_state
 from tests.redis_servers import async_wait_until
@@ -44,6 +45,11 @@ async def double(request: Request) -> object:
     if request.method == "fail":
         raise ValueError("asked to fail")
     return {"doubled": request.params * 2 if isinstance(request.params, int) else None}
+
+
+def stream_length(request: Request) -> object:
+    """The length of the request's stream "f", read from the worker's store."""
+    return len(request.streams["f"].read())
 
 
 def blocking_double(request: Request) -> object:
@@ -260,6 +266,31 @@ def test_call_with_a_count_prints_a_summary(prq: PrqRunner) -> None:
     summary = json.loads(many.stdout)
     assert (summary["calls"], summary["ok"], summary["failed"]) == (40, 40, 0)
     assert summary["p50_ms"] is not None and summary["calls_per_s"] > 0
+
+
+@pytest.mark.parametrize("facade", ["--sync", "--async"])
+async def test_a_worker_reads_datastreams_from_its_directory(
+    prq: PrqRunner, redis_url: str, key_prefix: str, tmp_path: Path, facade: str
+) -> None:
+    # Given a worker whose DataStreams directory is set in the environment
+    directory = tmp_path / "streams"
+    worker = prq.start(
+        "worker", "tests.integration.test_cli:stream_length", "-e", "poll://cli-streams",
+        facade, PRQ_DATASTREAMS_DIR=str(directory),
+    )  # fmt: skip
+    worker.wait_for_line("prq worker: serving")
+    # When a caller sharing the directory sends it a 2 MiB stream
+    store = FileSystemStore(directory)
+    async with AsyncQueue.from_url(redis_url, prefix=key_prefix, datastreams=store) as caller:
+        data = DataStream.from_bytes(b"x" * (2 * 1024 * 1024))
+        request = Request(endpoint="poll://cli-streams", method="len", streams={"f": data})
+        response = await asyncio.wait_for(caller.queue_and_wait(request), 20)
+    # Then the worker read it all, and deletes its data once it answered
+    assert response.result == 2 * 1024 * 1024
+    await async_wait_until(
+        lambda: [p for p in directory.iterdir() if not p.name.startswith(".")] == [],
+        10, 0.02, "the stream's data deleted",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("facade", ["--sync", "--async"])
