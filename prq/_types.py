@@ -76,7 +76,16 @@ class Wait:
     timeout_s: float
 
 
-Effect: TypeAlias = Exec | Wait
+@dataclass(frozen=True, slots=True)
+class Offload:
+    """Effect: run `work` (blocking I/O: the DataStream store's files) where it cannot stall
+    the event loop (a thread, for AsyncQueue); yields what it returns. A PrqError it raises is
+    thrown into the flow."""
+
+    work: Callable[[], object]
+
+
+Effect: TypeAlias = Exec | Wait | Offload
 #: A protocol flow: a generator that yields effects, receives their results, returns T.
 Flow: TypeAlias = Generator[Effect, object, T]
 

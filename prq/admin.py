@@ -33,6 +33,7 @@ import redis.asyncio
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from prq import bodies
 from prq._types import Call, Exec, Flow
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import DeadLetter, dead_letters_flow
@@ -420,18 +421,22 @@ def _queued_item(
 ) -> QueuedItem:
     created_ms = int(_text(created) or 0)
     age_s = max(0.0, (now_ms - created_ms) / 1000) if created_ms else 0.0
+    size = len(body)
     try:
-        request = decode_request(unwrap(body))
+        data = unwrap(body)
+        request = decode_request(bodies.stub(data))
+        if bodies.is_spilled(data):  # kept beside Redis (prq.bodies): its size is the body's
+            size = bodies.parse(data).length
     except SerializationError as exc:
         return QueuedItem(
             id=request_id, method="", service="", priority=0, producer=None,
-            created_ms=created_ms, age_s=age_s, body_bytes=len(body), error=str(exc)[:200],
+            created_ms=created_ms, age_s=age_s, body_bytes=size, error=str(exc)[:200],
         )  # fmt: skip
     error = None if request.endpoint == endpoint else "stored request names another endpoint"
     return QueuedItem(
         id=request_id, method=request.method, service=request.service,
         priority=request.priority, producer=request.producer, created_ms=created_ms,
-        age_s=age_s, body_bytes=len(body), error=error,
+        age_s=age_s, body_bytes=size, error=error,
     )  # fmt: skip
 
 

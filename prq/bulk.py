@@ -28,13 +28,22 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
+from prq import bodies
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError, QueueFull, SerializationError
 from prq.keys import KeySchema, encode_endpoint
-from prq.models import Delivery, Request, check_body_size, validate_endpoint
+from prq.models import (
+    Delivery,
+    Request,
+    Response,
+    check_body_size,
+    decode_request,
+    validate_endpoint,
+)
+from prq.outcomes import open_response, resolve, response_of
 from prq.scripts import (
     Redelivery,
     RequestSnapshot,
@@ -46,7 +55,11 @@ from prq.scripts import (
     withdraw_call,
 )
 from prq.signing import Signer
+from prq.stream_keeper import StreamKeeper
 from prq.sync_io import SyncRedisIO
+
+if TYPE_CHECKING:
+    from prq.datastreams import DataStreamStore
 
 __all__ = ["DEFAULT_BATCH_SIZE", "BatchRefused", "BulkClient", "BulkResult", "Rejected"]
 
@@ -117,12 +130,15 @@ class BulkClient:
         *,
         prefix: str = "prq",
         settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
     ) -> None:
         self.settings = settings or QueueSettings()
         self.keys = KeySchema(prefix)
         self._io = SyncRedisIO(redis_settings, self.settings)
         #: Signs the requests and checks the responses (None: no signing key; prq.signing).
         self.signer = Signer.from_settings(self.settings)
+        #: Keeps bodies over inline_limit_bytes beside Redis, and reads them back (prq.bodies).
+        self.streams = StreamKeeper(datastreams, self.settings)
 
     @classmethod
     def from_url(
@@ -131,9 +147,12 @@ class BulkClient:
         *,
         prefix: str = "prq",
         settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
     ) -> Self:
         """A client for `url` (else `PRQ_REDIS_URL`)."""
-        return cls(RedisSettings.from_url(url), prefix=prefix, settings=settings)
+        return cls(
+            RedisSettings.from_url(url), prefix=prefix, settings=settings, datastreams=datastreams
+        )
 
     def close(self) -> None:
         self._io.close()
@@ -246,6 +265,7 @@ class BulkClient:
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
         for (endpoint, priority, producer, attempts), items in by_lane.items():
+            items = self._spilled(items, pickup_timeout_s)
             if self.signer is not None:
                 valid_ms = int(settings.signature_ttl_s(pickup_timeout_s, max(1, attempts)) * 1000)
                 items = self._signed(endpoint, items, now_ms + valid_ms)
@@ -289,6 +309,27 @@ class BulkClient:
         if refused:
             raise BatchRefused(result, refused)
         return result
+
+    def _spilled(
+        self, items: Sequence[tuple[str, str | bytes]], pickup_timeout_s: float
+    ) -> Sequence[tuple[str, str | bytes]]:
+        """`items`, with the bodies over inline_limit_bytes written to the DataStreamStore and
+        a marker in their place (none without a store; prq.bodies). A body that is not a
+        request's JSON goes as it is (its receiver dead-letters it)."""
+        if self.streams.store is None:
+            return items
+        spilled: list[tuple[str, str | bytes]] = []
+        for request_id, body in items:
+            data = body.encode() if isinstance(body, str) else body
+            if self.streams.spills(data):
+                try:
+                    request = decode_request(data)
+                except SerializationError:
+                    pass
+                else:
+                    data = self.streams.spill_request(request, data, pickup_timeout_s)
+            spilled.append((request_id, data))
+        return spilled
 
     def _signed(
         self, endpoint: str, items: Sequence[tuple[str, str | bytes]], expiry_ms: int
@@ -355,6 +396,20 @@ class BulkClient:
             for request_id, reply in zip(overdue, self._io.execute(withdraws), strict=True):
                 found[request_id] = parse_withdraw(reply)[0]
         return found
+
+    def resolve(self, snapshot: RequestSnapshot, request_id: str, endpoint: str) -> Response | None:
+        """What a final state means to a caller (prq.outcomes.resolve), with a response kept
+        beside Redis read back from the store (blocking)."""
+        if snapshot.state != "done":
+            return resolve(snapshot, request_id, endpoint, self.signer)
+        data = open_response(self.signer, request_id, endpoint, snapshot.response)
+        if bodies.is_spilled(data):
+            try:
+                data = self.streams.load_body(data, f"the response to {request_id}")
+            except PrqError as exc:
+                exc.maybe_executed = True
+                raise
+        return response_of(data, request_id)
 
 
 def _chunks(items: Iterator[Request], size: int) -> Iterator[list[Request]]:

@@ -304,17 +304,25 @@ class FileSystemStore:
     def cleanup(self, now_ms: int | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
-        for entry in os.scandir(self.directory):
-            name = entry.name
-            found = self._NAME.match(name)
-            expired = found is not None and int(found.group(1)) < now
-            stale = name.endswith(".part") and entry.stat().st_mtime * 1000 < (
-                now - self.STALE_PART_S * 1000
-            )
-            if expired or stale:
-                Path(entry.path).unlink(missing_ok=True)
-                removed += 1
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if self._due(entry, now):
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
         return removed
+
+    def _due(self, entry: os.DirEntry[str], now_ms: int) -> bool:
+        """Whether cleanup removes this file: expired, or a writer's leftover."""
+        found = self._NAME.match(entry.name)
+        if found is not None:
+            return int(found.group(1)) < now_ms
+        if not entry.name.endswith(".part"):
+            return False
+        try:
+            modified_ms = entry.stat().st_mtime * 1000
+        except FileNotFoundError:  # renamed or removed by its writer meanwhile
+            return False
+        return modified_ms < now_ms - self.STALE_PART_S * 1000
 
 
 def store_from_env() -> FileSystemStore | None:

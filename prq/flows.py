@@ -1,7 +1,8 @@
 """The protocol, written once: each operation is a generator of effects (sans I/O).
 
-A flow yields `Exec` (send these calls in one round trip; receive the replies) and `Wait` (wait
-for a pulse signal or a timeout), and returns its result. `AsyncQueue` drives flows with
+A flow yields `Exec` (send these calls in one round trip; receive the replies), `Wait` (wait
+for a pulse signal or a timeout) and `Offload` (blocking file I/O: reading back a body kept
+beside Redis, prq.bodies), and returns its result. `AsyncQueue` drives flows with
 `await`, `Queue` drives the same flows with blocking calls; nothing else differs between them.
 
 Sender life of one call (`call_flow`):
@@ -18,8 +19,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
-from prq._types import Call, Exec, Flow, Reply, Wait, Waitable
+from prq import bodies
+from prq._types import Call, Exec, Flow, Offload, Reply, Wait, Waitable
 from prq.config import QueueSettings
 from prq.errors import (
     PrqError,
@@ -35,7 +39,7 @@ from prq.models import (
     decode_response,
     validate_endpoint,
 )
-from prq.outcomes import open_response, resolve
+from prq.outcomes import open_response, resolve, response_of
 from prq.scripts import (
     Redelivery,
     RequestSnapshot,
@@ -53,6 +57,9 @@ from prq.scripts import (
     withdraw_call,
 )
 from prq.signing import Signer
+
+if TYPE_CHECKING:
+    from prq.stream_keeper import StreamKeeper
 
 __all__ = [
     "Context",
@@ -92,6 +99,8 @@ class Context:
     monotonic: Callable[[], float] = time.monotonic
     #: Signs what this node writes and checks what it reads (None: no signing key).
     signer: Signer | None = None
+    #: Reads back bodies kept beside Redis (prq.bodies); None: such a body is an error.
+    bodies: StreamKeeper | None = None
 
 
 def new_token() -> str:
@@ -148,17 +157,45 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
     )
 
 
-def _pulse_response(ctx: Context, signal: Waitable, request: Request) -> Response | None:
+def _pulse_response(ctx: Context, signal: Waitable, request: Request) -> Flow[Response | None]:
     """The response carried by the last pulse, if it is this request's (else read Redis)."""
     payload = signal.payload
     if not payload:
         return None
     try:
-        response = decode_response(open_response(ctx.signer, request.id, request.endpoint,
-                                                 payload))  # fmt: skip
+        data = open_response(ctx.signer, request.id, request.endpoint, payload)
+        response = decode_response(bodies.stub(data))
     except SerializationError:
         return None  # a garbled or forged pulse: the read that follows is authoritative
-    return response if response.id == request.id else None
+    if response.id != request.id:
+        return None
+    if not bodies.is_spilled(data):
+        return response
+    return (yield from _read_response(ctx, request, data))
+
+
+def _read_response(ctx: Context, request: Request, data: bytes) -> Flow[Response]:
+    """An opened response's JSON as a Response; a body kept beside Redis is read back from
+    the store first, off the event loop (it may have run: maybe_executed)."""
+    if bodies.is_spilled(data) and ctx.bodies is not None:
+        try:
+            loaded = yield Offload(
+                partial(ctx.bodies.load_body, data, f"the response to {request.id}")
+            )
+        except PrqError as exc:
+            exc.maybe_executed = True
+            raise
+        assert isinstance(loaded, bytes)
+        data = loaded
+    return response_of(data, request.id)
+
+
+def _outcome(ctx: Context, snapshot: RequestSnapshot, request: Request) -> Flow[Response | None]:
+    """resolve(), reading a response kept beside Redis back from the store."""
+    if snapshot.state != RequestState.DONE:
+        return resolve(snapshot, request.id, request.endpoint, ctx.signer)
+    data = open_response(ctx.signer, request.id, request.endpoint, snapshot.response)
+    return (yield from _read_response(ctx, request, data))
 
 
 @dataclass(slots=True)
@@ -262,7 +299,7 @@ def _await_outcome(
     if on_counter is not None:
         on_counter(outcome.counter)
     if outcome.known is not None:
-        known = resolve(outcome.known, request.id, request.endpoint, ctx.signer)
+        known = yield from _outcome(ctx, outcome.known, request)
         if known is not None:
             return known
         clock.picked_up = outcome.known.state == RequestState.TAKEN
@@ -272,7 +309,7 @@ def _await_outcome(
         yield _wait(signal, seen, clock.wake_at(now) - now)
         if signal.generation != seen:
             seen = signal.generation
-            response = _pulse_response(ctx, signal, request)
+            response = yield from _pulse_response(ctx, signal, request)
             if response is not None:
                 return response
 
@@ -287,7 +324,7 @@ def _await_outcome(
         clock.last_contact = ctx.monotonic()
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)
-        result = resolve(snapshot, request.id, request.endpoint, ctx.signer)
+        result = yield from _outcome(ctx, snapshot, request)
         if clock.picked_up and snapshot.state == RequestState.QUEUED:
             # handed out again (at_least_once): it waits for a pickup afresh
             clock.picked_up, clock.redelivered = False, True
@@ -307,15 +344,13 @@ def _past_deadlines(
     if not clock.picked_up and now >= clock.pickup_deadline:
         why = "redelivery_timeout" if clock.redelivered else "pickup_timeout"
         snapshot = yield from withdraw_flow(ctx, request, why)
-        result = resolve(snapshot, request.id, request.endpoint, ctx.signer)
+        result = yield from _outcome(ctx, snapshot, request)
         if result is not None:
             return result
         clock.picked_up = True  # taken just before the deadline: it keeps waiting
     if clock.call_deadline is not None and now >= clock.call_deadline:
         snapshot, _mine = yield from _cancel(ctx, request.endpoint, request.id, "call_timeout")
-        return resolve(
-            snapshot, request.id, request.endpoint, ctx.signer
-        )  # raises unless it was answered
+        return (yield from _outcome(ctx, snapshot, request))  # raises unless it was answered
     return None
 
 

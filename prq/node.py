@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Call, Exec, Flow, Reply
+from prq._types import Call, Exec, Flow, Offload, Reply
+from prq.bodies import is_spilled
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
@@ -30,6 +31,7 @@ from prq.errors import (
     PrqError,
     QueueFull,
     QueueShutdown,
+    QueueUnavailable,
     RemoteError,
     SerializationError,
     SignatureError,
@@ -167,9 +169,18 @@ class QueueBase:
         self.keys = KeySchema(prefix)
         self.node_id = node_id or uuid.uuid4().hex[:16]
         self.datastreams = datastreams
+        #: The DataStreams and large bodies of what this node sends and receives
+        #: (prq.stream_keeper).
+        self._streams = StreamKeeper(datastreams, self.settings)
         self.ctx = Context(
-            self.keys, self.settings, self.node_id, signer=Signer.from_settings(self.settings)
+            self.keys,
+            self.settings,
+            self.node_id,
+            signer=Signer.from_settings(self.settings),
+            bodies=self._streams,
         )
+        #: Markers of the large bodies (prq.bodies) of held requests: deleted once answered.
+        self._held_bodies: dict[str, bytes] = {}
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
         self._held: dict[str, PendingRequest] = {}
         #: Ids (and attempt) this node took lately: a second delivery of the same attempt can
@@ -191,8 +202,6 @@ class QueueBase:
         self._closing = False
         #: Ids of held requests a `serve` handler is working on (closing waits for these).
         self._serving: set[str] = set()
-        #: The DataStreams of what this node sends and receives (prq.stream_keeper).
-        self._streams = StreamKeeper(datastreams, self.settings)
 
     # -- checking the server at start --------------------------------------------------------
 
@@ -251,13 +260,56 @@ class QueueBase:
         self._check_size(body, "response", response.id)
         return body
 
+    @staticmethod
+    def _body_spent(body: bytes, error: BaseException | None) -> bool:
+        """Whether a finished call's large request body (prq.bodies) can be deleted by its
+        caller: only when the request never ran and never will (withdrawn, refused). A
+        receiver deletes it once it answered; a dead-lettered request keeps it for a replay
+        until its expiry, and the sweep removes whatever is left then."""
+        return (
+            is_spilled(body)
+            and isinstance(error, PrqError)
+            and not error.maybe_executed
+            and not isinstance(error, (QueueUnavailable, QueueShutdown))
+        )
+
     def _check_size(self, body: bytes, what: str, request_id: str) -> None:
         check_body_size(body, self.settings.max_body_bytes, what, request_id)
 
     def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
         return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
 
-    def _adopt(self, endpoint: str, token: str, items: list[TakenItem]) -> Adopted:
+    def _open_items(
+        self, endpoint: str, items: list[TakenItem]
+    ) -> Flow[tuple[dict[str, bytes | SerializationError], dict[str, bytes]]]:
+        """Taken items' request JSON by id, or why it cannot be had: the signature checked
+        (with a signing key), and bodies kept beside Redis read back off the event loop; and
+        the markers of those (prq.bodies), by id."""
+        opened: dict[str, bytes | SerializationError] = {}
+        spilled: list[tuple[str, bytes]] = []
+        for item in items:
+            try:
+                data = self._open_request(endpoint, item)
+            except SerializationError as exc:
+                opened[item.request_id] = exc
+                continue
+            if is_spilled(data):
+                spilled.append((item.request_id, data))
+            else:
+                opened[item.request_id] = data
+        if spilled:
+            loaded = yield Offload(partial(self._streams.load_request_bodies, spilled))
+            assert isinstance(loaded, dict)
+            opened.update(loaded)
+        return opened, dict(spilled)
+
+    def _adopt(
+        self,
+        endpoint: str,
+        token: str,
+        items: list[TakenItem],
+        opened: dict[str, bytes | SerializationError],
+    ) -> Adopted:
         """Turn taken items into PendingRequests; set apart the undecodable ones, the ids of
         ones delivered a second time (to be cancelled, not run), and redeliveries of
         at_least_once requests this node ran already (never run twice)."""
@@ -267,7 +319,10 @@ class QueueBase:
         ran: list[TakenItem] = []
         for item in items:
             try:
-                request = decode_request(self._open_request(endpoint, item))
+                data = opened[item.request_id]
+                if isinstance(data, SerializationError):
+                    raise data
+                request = decode_request(data)
                 if request.id != item.request_id or request.endpoint != endpoint:
                     raise SerializationError(
                         f"stored request {item.request_id} names another id or endpoint"
@@ -365,7 +420,11 @@ class QueueBase:
             if self._rolled_back(endpoint, floor, result):
                 refused = [item.request_id for item in result.items]
             else:
-                adopted = self._adopt(endpoint, result.token, result.items)
+                opened, markers = yield from self._open_items(endpoint, result.items)
+                adopted = self._adopt(endpoint, result.token, result.items, opened)
+                for pending in adopted.good:
+                    if pending.id in markers:
+                        self._held_bodies[pending.id] = markers[pending.id]
                 good, refused = adopted.good, adopted.refused
                 for item in adopted.ran:
                     yield from self._ran_again(endpoint, result.token, item)
@@ -418,19 +477,26 @@ class QueueBase:
         self._watch.data_loss.observe(endpoint, result.counter)
         return False
 
-    def _respond_flow(self, response: Response) -> Flow[str] | None:
-        """The flow that answers a held request, or None if this node does not hold it."""
-        pending = self._held.get(response.id)
-        if pending is None:
+    def _response_body(self, response: Response) -> bytes | None:
+        """The body that answers a held request (size checked), or None if this node does
+        not hold it. Over inline_limit_bytes, the facade keeps it beside Redis."""
+        if response.id not in self._held:
             logger.warning(
                 "response for a request this node does not hold request_id=%s", response.id
             )
             return None
-        body = self._encode_response(response)
+        return self._encode_response(response)
+
+    def _respond_flow(self, request_id: str, body: bytes) -> Flow[str] | None:
+        """The flow that answers a held request with `body`, or None if this node no longer
+        holds it."""
+        pending = self._held.get(request_id)
+        if pending is None:
+            return None
         if pending.request.delivery == "at_least_once":
-            self._ran.remember(response.id, body)
+            self._ran.remember(request_id, body)
         return respond_flow(
-            self.ctx, pending.request.endpoint, response.id, pending.owner_token, body
+            self.ctx, pending.request.endpoint, request_id, pending.owner_token, body
         )
 
     def _notify_flow(
@@ -495,6 +561,7 @@ class QueueBase:
         for (_, request_id, _), reply in zip(given, replies, strict=True):
             state = reply.decode() if isinstance(reply, bytes) else str(reply)
             pending = self._held.pop(request_id, None)
+            self._held_bodies.pop(request_id, None)  # queued again, or its caller deletes it
             logger.warning(
                 "held request given back on shutdown request_id=%s collected=%s state=%s",
                 request_id, pending is not None, state,
@@ -522,15 +589,32 @@ class QueueBase:
             for request_id in parse_unpark(reply)
         ]
 
-    def _after_respond(self, request_id: str, outcome: str) -> None:
+    def _after_respond(
+        self, request_id: str, outcome: str, body: bytes
+    ) -> Callable[[], None] | None:
+        """Book an answer's outcome; returns the clean-up to run off the event loop, if any:
+        the request's DataStreams and large body go, and so does the response's large body
+        if the response was dropped."""
         pending = self._held.pop(request_id, None)
+        request_body = self._held_bodies.pop(request_id, None)
         self._watch.liveness.release(request_id)
-        if pending is not None and pending.request.streams:
-            self._streams.delete(pending.request.streams)
         if outcome == "ok" and pending is not None:
             metrics.RESPONDED.labels(pending.request.endpoint).inc()
-        if outcome not in ("ok", "replay"):
+        dropped = outcome not in ("ok", "replay")
+        if dropped:
             logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
+        streams = pending.request.streams if pending is not None else {}
+        if not streams and request_body is None and not (dropped and is_spilled(body)):
+            return None
+
+        def clean_up() -> None:
+            self._streams.delete(streams)
+            if request_body is not None:
+                self._streams.delete_body(request_body)
+            if dropped:
+                self._streams.delete_body(body)
+
+        return clean_up
 
     def _open_request(self, endpoint: str, item: TakenItem) -> bytes:
         """A taken request's JSON: its signature checked (SignatureError when it fails) with

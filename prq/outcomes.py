@@ -8,6 +8,7 @@ CancelledAfterPickup); `missing` is DataLoss. Pure.
 
 from __future__ import annotations
 
+from prq.bodies import is_spilled
 from prq.errors import (
     CallTimeout,
     CancelledAfterPickup,
@@ -22,7 +23,7 @@ from prq.models import RequestState, Response, decode_response
 from prq.scripts import RequestSnapshot
 from prq.signing import Signer, unwrap
 
-__all__ = ["open_response", "resolve"]
+__all__ = ["open_response", "resolve", "response_of"]
 
 
 def open_response(signer: Signer | None, request_id: str, endpoint: str, data: bytes) -> bytes:
@@ -33,6 +34,22 @@ def open_response(signer: Signer | None, request_id: str, endpoint: str, data: b
     return signer.open("response", request_id, endpoint, data)
 
 
+def response_of(data: bytes, request_id: str) -> Response:
+    """An opened response's JSON as the Response to `request_id` (SerializationError if it is
+    not one, or names another request)."""
+    if is_spilled(data):
+        raise SerializationError(
+            f"the response to {request_id} is kept beside Redis (over inline_limit_bytes); "
+            "read it through a queue that has the DataStreamStore"
+        )
+    response = decode_response(data)
+    if response.id != request_id:
+        raise SerializationError(
+            f"stored response for {request_id} names another request ({response.id})"
+        )
+    return response
+
+
 def resolve(
     snapshot: RequestSnapshot, request_id: str, endpoint: str, signer: Signer | None = None
 ) -> Response | None:
@@ -40,13 +57,8 @@ def resolve(
     With a signer, a response whose signature does not verify raises SignatureError."""
     state = snapshot.state
     if state == RequestState.DONE:
-        response = decode_response(open_response(signer, request_id, endpoint,
-                                                 snapshot.response))  # fmt: skip
-        if response.id != request_id:
-            raise SerializationError(
-                f"stored response for {request_id} names another request ({response.id})"
-            )
-        return response
+        return response_of(open_response(signer, request_id, endpoint, snapshot.response),
+                           request_id)  # fmt: skip
     if state in (RequestState.QUEUED, RequestState.TAKEN):
         return None
     where = {"request_id": request_id, "endpoint": endpoint}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Exec, Flow, Handler
+from prq._types import Exec, Flow, Handler, Offload
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
     DeadLetter,
@@ -198,6 +198,8 @@ class AsyncQueue(QueueBase):
             try:
                 if isinstance(effect, Exec):
                     reply = await self._io.execute(effect.calls)
+                elif isinstance(effect, Offload):
+                    reply = await asyncio.to_thread(effect.work)
                 else:
                     signal = effect.signal
                     assert isinstance(signal, AsyncSignal)
@@ -267,6 +269,10 @@ class AsyncQueue(QueueBase):
         request = await self._with_stored_streams(request, pickup_timeout_s)
         request, body = self._encode_request(request)
         await self._ready()
+        if self._streams.spills(body):
+            body = await asyncio.to_thread(
+                self._streams.spill_request, request, body, self._pickup_timeout(pickup_timeout_s)
+            )
         self._sending(request, on_progress)
         started = time.perf_counter()
         try:
@@ -286,6 +292,8 @@ class AsyncQueue(QueueBase):
             metrics.call_ended(request.endpoint, started, None, exc)
             if isinstance(exc, asyncio.CancelledError):
                 self._withdraw_in_background(request)
+            elif self._body_spent(body, exc):
+                await asyncio.to_thread(self._streams.delete_body, body)
             raise
         finally:
             self._watch.liveness.release(request.id)
@@ -339,6 +347,10 @@ class AsyncQueue(QueueBase):
         )  # fmt: skip
         request, body = self._encode_request(request)
         await self._ready()
+        if self._streams.spills(body):
+            body = await asyncio.to_thread(
+                self._streams.spill_request, request, body, self._pickup_timeout(pickup_timeout_s)
+            )
         return await self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     async def _with_stored_streams(
@@ -487,11 +499,18 @@ class AsyncQueue(QueueBase):
         await self._ready(closing_ok=True)
         if self._streams.unstored(response):
             response = await asyncio.to_thread(self._streams.store_response, response)
-        flow = self._respond_flow(response)
+        body = self._response_body(response)
+        if body is None:
+            return
+        if self._streams.spills(body):
+            body = await asyncio.to_thread(self._streams.spill_response, response, body)
+        flow = self._respond_flow(response.id, body)
         if flow is None:
             return
         outcome = await self._run(flow, closing_ok=True)
-        self._after_respond(response.id, outcome)
+        clean_up = self._after_respond(response.id, outcome, body)
+        if clean_up is not None:
+            await asyncio.to_thread(clean_up)
 
     async def serve(
         self,

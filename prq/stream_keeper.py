@@ -6,6 +6,10 @@
 - Receiving: the streams of a taken request and of a returned response are bound to the store,
   so the handler or the caller can `open()` them. A response's streams are deleted once the
   caller closes what it read; a request's once the node answered it.
+- Bodies over `inline_limit_bytes` (prq.bodies): the sender writes the JSON to the store and
+  sends a marker instead; the reader reads it back and checks it against the marker. A
+  request's body lives until the request is answered or its call ended; a response's as long
+  as the response is kept (response_ttl_s), since a retry with the same id reads it again.
 - Sweeping: every data-loss check interval, data past its expiry is removed.
 """
 
@@ -13,14 +17,18 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING
 
-from prq.errors import ConfigurationError
+from prq import bodies
+from prq.datastreams import DEFAULT_CHUNK_BYTES
+from prq.errors import ConfigurationError, PrqError, SerializationError
+from prq.models import Response
 
 if TYPE_CHECKING:
     from prq.config import QueueSettings
     from prq.datastreams import DataStream, DataStreamStore
-    from prq.models import Request, Response
+    from prq.models import Request
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +99,81 @@ class StreamKeeper:
                 self.store.delete(stream.reference)
             except Exception as exc:  # the sweep removes it after its expiry
                 logger.warning("could not delete stream ref=%r error=%s", stream.reference, exc)
+
+    # -- bodies over inline_limit_bytes -------------------------------------------------------
+
+    def spills(self, body: bytes) -> bool:
+        """Whether `body` goes beside Redis: it is over inline_limit_bytes and there is a store
+        (without one, bodies stay inline up to max_body_bytes)."""
+        return self.store is not None and len(body) > self.settings.inline_limit_bytes
+
+    def spill_request(self, request: Request, body: bytes, pickup_timeout_s: float) -> bytes:
+        """Write a request's JSON to the store (blocking); the marker Redis keeps instead,
+        which expires with the request."""
+        expires = _now_ms() + int(self.settings.locator_ttl_s(pickup_timeout_s) * 1000)
+        stub = request.model_copy(update={"params": None, "headers": {}})
+        return self._spill(body, stub.model_dump_json().encode(), expires)
+
+    def spill_response(self, response: Response, body: bytes) -> bytes:
+        """Write a response's JSON to the store (blocking); the marker Redis keeps instead,
+        which expires with the response."""
+        expires = _now_ms() + int(self.settings.response_ttl_s * 1000)
+        stub = Response(id=response.id).model_dump_json().encode()
+        return self._spill(body, stub, expires)
+
+    def _spill(self, body: bytes, stub: bytes, expires_at_ms: int) -> bytes:
+        assert self.store is not None  # spills() said so
+        step = DEFAULT_CHUNK_BYTES
+        chunks = (body[at : at + step] for at in range(0, len(body), step))
+        reference = self.store.store(uuid.uuid4().hex, chunks, expires_at_ms)
+        return bodies.marker(reference, body, stub)
+
+    def load_body(self, data: bytes, what: str) -> bytes:
+        """The body a marker names, read back from the store and checked against the marker
+        (blocking). SerializationError when it is missing, too long or changed;
+        ConfigurationError when this node has no store."""
+        spilled = bodies.parse(data)
+        if self.store is None:
+            raise ConfigurationError(
+                f"{what} is kept beside Redis ({spilled.length} bytes, over the sender's "
+                "inline_limit_bytes), but this node has no DataStreamStore: pass "
+                "datastreams=FileSystemStore(<the directory the senders use>)"
+            )
+        if spilled.length > self.settings.max_body_bytes:
+            raise SerializationError(
+                f"{what}: its marker claims {spilled.length} bytes, over max_body_bytes"
+            )
+        try:
+            with self.store.rehydrate(spilled.reference) as source:
+                body = source.read(spilled.length + 1)
+        except OSError as exc:
+            raise SerializationError(f"{what}: its body could not be read: {exc}") from exc
+        return spilled.check(body)
+
+    def load_request_bodies(
+        self, spilled: list[tuple[str, bytes]]
+    ) -> dict[str, bytes | SerializationError]:
+        """Taken requests' bodies by id, read back (blocking); an error in place of each that
+        cannot be read (the request is dead-lettered with it)."""
+        loaded: dict[str, bytes | SerializationError] = {}
+        for request_id, data in spilled:
+            try:
+                loaded[request_id] = self.load_body(data, f"request {request_id}")
+            except SerializationError as exc:
+                loaded[request_id] = exc
+            except (PrqError, OSError) as exc:
+                loaded[request_id] = SerializationError(str(exc))
+        return loaded
+
+    def delete_body(self, data: bytes) -> None:
+        """Remove the body a marker names (blocking; errors only logged: the sweep removes
+        it after its expiry)."""
+        if self.store is None or not bodies.is_spilled(data):
+            return
+        try:
+            self.store.delete(bodies.parse(data).reference)
+        except Exception as exc:
+            logger.warning("could not delete a stored body error=%s", exc)
 
     def sweep_due(self, now: float) -> bool:
         return self.store is not None and now >= self._next_sweep

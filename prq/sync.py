@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Exec, Flow, Handler
+from prq._types import Exec, Flow, Handler, Offload
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
     DeadLetter,
@@ -188,6 +188,8 @@ class Queue(QueueBase):
             try:
                 if isinstance(effect, Exec):
                     reply = self._io.execute(effect.calls)
+                elif isinstance(effect, Offload):
+                    reply = effect.work()
                 else:
                     signal = effect.signal
                     assert isinstance(signal, ThreadSignal)
@@ -253,6 +255,10 @@ class Queue(QueueBase):
         request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, body = self._encode_request(request)
         self._ready()
+        if self._streams.spills(body):
+            body = self._streams.spill_request(
+                request, body, self._pickup_timeout(pickup_timeout_s)
+            )
         self._sending(request, on_progress)
         started = time.perf_counter()
         try:
@@ -270,6 +276,8 @@ class Queue(QueueBase):
                 response = self._run(flow, self._watch.epoch)
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
+            if self._body_spent(body, exc):
+                self._streams.delete_body(body)
             raise
         finally:
             self._watch.liveness.release(request.id)
@@ -323,6 +331,10 @@ class Queue(QueueBase):
         )  # fmt: skip
         request, body = self._encode_request(request)
         self._ready()
+        if self._streams.spills(body):
+            body = self._streams.spill_request(
+                request, body, self._pickup_timeout(pickup_timeout_s)
+            )
         return self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     def call(
@@ -438,11 +450,18 @@ class Queue(QueueBase):
         closes, until the shutdown timeout)."""
         self._ready(closing_ok=True)
         response = self._streams.store_response(response)
-        flow = self._respond_flow(response)
+        body = self._response_body(response)
+        if body is None:
+            return
+        if self._streams.spills(body):
+            body = self._streams.spill_response(response, body)
+        flow = self._respond_flow(response.id, body)
         if flow is None:
             return
         outcome = self._run(flow, closing_ok=True)
-        self._after_respond(response.id, outcome)
+        clean_up = self._after_respond(response.id, outcome, body)
+        if clean_up is not None:
+            clean_up()
 
     def serve(
         self,

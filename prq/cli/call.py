@@ -42,6 +42,7 @@ from prq.cli.options import (
     require_url,
 )
 from prq.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
+from prq.datastreams import store_from_env
 from prq.demo.stats import percentile
 from prq.errors import InvalidEndpoint, PrqError, RemoteError
 from prq.models import Request, validate_endpoint
@@ -146,7 +147,12 @@ def call(
     value = parse_params(params)
     settings = queue_settings()
     try:
-        queue = Queue(RedisSettings.from_url(redis_url), prefix=prefix, settings=settings)
+        queue = Queue(
+            RedisSettings.from_url(redis_url),
+            prefix=prefix,
+            settings=settings,
+            datastreams=store_from_env(),  # large bodies both ways (prq.bodies)
+        )
     except ValueError as exc:  # redis-py's verdict on the URL
         raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc
     target = _Target(

@@ -7,10 +7,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from prq.bulk import BulkClient
 from prq.errors import PrqError
-from prq.outcomes import resolve
 from prq.scripts import RequestSnapshot
-from prq.signing import Signer
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks
 from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity
@@ -27,9 +26,7 @@ _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
 _Answer = tuple[str, str | None, str | None, str | None]
 
 
-def _answer(
-    rid: str, snapshot: RequestSnapshot, endpoint: str, signer: Signer | None = None
-) -> _Answer:
+def _answer(rid: str, snapshot: RequestSnapshot, endpoint: str, bulk: BulkClient) -> _Answer:
     """A result row for a request in a final state: the result, or the error a waiting caller
     would get (prq.outcomes), by its class name."""
     if snapshot.state in ("missing", "unknown"):
@@ -43,7 +40,7 @@ def _answer(
             ),
         )
     try:
-        response = resolve(snapshot, rid, endpoint, signer)
+        response = bulk.resolve(snapshot, rid, endpoint)
     except PrqError as exc:
         return rid, None, type(exc).__name__, str(exc)
     if response is None:  # not final: _FINAL keeps these out
@@ -156,9 +153,7 @@ class _Caller:
             final = 0
             for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
                 if snapshot.state in _FINAL:
-                    answers.append(
-                        _answer(rid, snapshot, self.cfg.endpoint, self.enqueuer.bulk.signer)
-                    )
+                    answers.append(_answer(rid, snapshot, self.cfg.endpoint, self.enqueuer.bulk))
                     del self.in_flight[rid]
                     final += 1
             if final < len(part):

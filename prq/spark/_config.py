@@ -87,6 +87,10 @@ class SparkQueueConfig:
     call_timeout_s: float = 3600.0
     #: How long a task retries a batch refused with QueueFull (backing off) before it fails.
     queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S
+    #: A directory every executor and receiver shares (as their FileSystemStore): request
+    #: bodies over inline_limit_bytes are kept there, and responses kept there are read back.
+    #: None: bodies stay inline up to max_body_bytes.
+    datastreams_dir: str | None = None
     #: QueueSettings fields for the executors' clients (e.g. {"retry_budget_s": 5}); the rest
     #: come from the executors' PRQ_* environment.
     queue_settings: dict[str, Any] | None = None

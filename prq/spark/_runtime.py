@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from prq.bulk import BulkClient, BulkResult
 from prq.config import QueueSettings
+from prq.datastreams import FileSystemStore
 from prq.errors import QueueFull
 from prq.spark._config import InjectedTaskFailure, SparkQueueConfig
 
@@ -20,9 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Enqueuer", "FailureHook", "Sent", "client", "map_in_arrow", "task_identity"]
 
-#: This process's clients, by (url, prefix, pid, settings overrides); the pid keeps a forked
-#: process from using its parent's connection.
-_CLIENTS: dict[tuple[str, str, int, str], BulkClient] = {}
+#: This process's clients, by (url, prefix, pid, settings overrides, DataStream directory);
+#: the pid keeps a forked process from using its parent's connection.
+_CLIENTS: dict[tuple[str, str, int, str, str | None], BulkClient] = {}
 _CLIENTS_LOCK = threading.Lock()
 ArrowFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
 
@@ -30,12 +31,17 @@ ArrowFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"
 def client(cfg: SparkQueueConfig) -> BulkClient:
     """The BulkClient of this Python worker process for `cfg`'s Redis (created once)."""
     overrides = cfg.queue_settings or {}
-    key = (cfg.url, cfg.prefix, os.getpid(), repr(sorted(overrides.items())))
+    key = (
+        cfg.url, cfg.prefix, os.getpid(), repr(sorted(overrides.items())), cfg.datastreams_dir
+    )  # fmt: skip
     with _CLIENTS_LOCK:
         found = _CLIENTS.get(key)
         if found is None:
             settings = QueueSettings(**overrides)
-            found = BulkClient.from_url(cfg.url, prefix=cfg.prefix, settings=settings)
+            store = FileSystemStore(cfg.datastreams_dir) if cfg.datastreams_dir else None
+            found = BulkClient.from_url(
+                cfg.url, prefix=cfg.prefix, settings=settings, datastreams=store
+            )
             _CLIENTS[key] = found
         return found
 

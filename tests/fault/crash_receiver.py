@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,12 @@ def main(argv: list[str]) -> int:
     if config["crash_at"] == "after_response":
         after_respond = prq_node.QueueBase._after_respond
 
-        def answered_then_crash(self: prq_node.QueueBase, request_id: str, outcome: str) -> None:
-            after_respond(self, request_id, outcome)
+        def answered_then_crash(
+            self: prq_node.QueueBase, request_id: str, outcome: str, body: bytes
+        ) -> Callable[[], None] | None:
+            clean_up = after_respond(self, request_id, outcome, body)
             service.crash("after_response")
+            return clean_up
 
         prq_node.QueueBase._after_respond = answered_then_crash  # type: ignore[method-assign]
     # a watchdog: a test that goes wrong must not leave this process behind

@@ -52,6 +52,11 @@ def stream_length(request: Request) -> object:
     return len(request.streams["f"].read())
 
 
+def twice(request: Request) -> object:
+    """The params, twice over (a large answer for a large request)."""
+    return request.params * 2 if isinstance(request.params, str) else None
+
+
 def blocking_double(request: Request) -> object:
     """A plain handler: served by worker threads unless --async; `sleep` blocks its thread."""
     if request.method == "sleep" and isinstance(request.params, int | float):
@@ -291,6 +296,23 @@ async def test_a_worker_reads_datastreams_from_its_directory(
         lambda: [p for p in directory.iterdir() if not p.name.startswith(".")] == [],
         10, 0.02, "the stream's data deleted",
     )  # fmt: skip
+
+
+def test_prq_call_and_a_worker_keep_large_bodies_in_their_directory(
+    prq: PrqRunner, tmp_path: Path
+) -> None:
+    # Given a worker and `prq call` sharing a directory, with a 1 KiB inline limit
+    directory = tmp_path / "bodies"
+    env = {"PRQ_DATASTREAMS_DIR": str(directory), "PRQ_INLINE_LIMIT_BYTES": "1024"}
+    worker = prq.start("worker", "tests.integration.test_cli:twice", "-e", "poll://cli-big", **env)
+    worker.wait_for_line("prq worker: serving")
+    # When a 5,000-character request is called, and answered with twice that
+    called = prq.run("call", "poll://cli-big", "twice", json.dumps("a" * 5000), **env)
+    # Then the answer comes back whole, and only the answer's body is left in the directory
+    # (kept for the response TTL; the request's was deleted once answered)
+    assert called.returncode == 0, called.stderr
+    assert json.loads(called.stdout) == "a" * 10_000
+    assert len([p for p in directory.iterdir() if not p.name.startswith(".")]) == 1
 
 
 @pytest.mark.parametrize("facade", ["--sync", "--async"])

@@ -42,3 +42,10 @@ async def record_or_die(request: Request) -> object:
             _ledger.write(request.id + "\n")
         os.kill(os.getpid(), signal.SIGKILL)
     return await record(request)
+
+
+async def echo_large(request: Request) -> object:
+    """`record`, answering with the row's `text` twice (a body over the inline limit)."""
+    answer = await record(request)
+    params = request.params if isinstance(request.params, dict) else {}
+    return {"answer": answer, "text": str(params.get("text", "")) * 2}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from prq.admin import EndpointInfo, Inspector
+from prq.bodies import MARKER
 from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
 from prq.models import decode_request
@@ -400,6 +402,48 @@ def test_a_signed_job_is_answered_by_a_worker_with_the_key(
         KeySchema(key_prefix).endpoint(endpoint).request(f"{cfg.namespace}:12"), "rsp"
     )
     assert isinstance(stored, bytes) and stored.startswith(ENVELOPE_MAGIC)
+
+
+def test_large_bodies_go_beside_redis_both_ways_for_a_job(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a worker and a job sharing a DataStream directory, with a 1 KiB inline limit, and
+    # rows whose request and answer bodies are over it
+    endpoint = "poll://spark-large"
+    shared = tmp_path / "bodies"
+    limit = {"PRQ_INLINE_LIMIT_BYTES": "1024", "PRQ_DATASTREAMS_DIR": str(shared)}
+    runner = PrqRunner(redis_url, key_prefix)
+    try:
+        worker = runner.start(
+            "worker", "tests.spark.ledger_handler:echo_large", "-e", endpoint,
+            PRQ_TEST_LEDGER="/dev/null", **limit,
+        )  # fmt: skip
+        worker.wait_for_line("prq worker: serving")
+        cfg = config(redis_url, key_prefix, endpoint, datastreams_dir=str(shared),
+                     queue_settings={"inline_limit_bytes": 1024})  # fmt: skip
+        df = spark.range(0, 40, numPartitions=2).selectExpr(
+            "id AS key", "id AS n", "repeat(cast(id AS string), 3000) AS text"
+        )
+
+        # When its rows are called and the answers collected
+        rows = call_dataframe(df, cfg).collect()
+    finally:
+        runner.close()
+
+    # Then every answer came back whole
+    by_id = {r.request_id: r for r in rows}
+    assert len(by_id) == 40
+    answer = json.loads(by_id[f"{cfg.namespace}:12"].result_json)
+    assert answer == {"answer": {"n": 12, "squared": 144}, "text": "12" * 6000}
+    assert by_id[f"{cfg.namespace}:14"].error_type == "ValueError"
+    # And Redis kept markers, not bodies: the answers' bodies stay beside Redis for the
+    # response TTL, the requests' were deleted once answered
+    stored = redis_client.hget(
+        KeySchema(key_prefix).endpoint(endpoint).request(f"{cfg.namespace}:12"), "rsp"
+    )
+    assert isinstance(stored, bytes) and stored.startswith(MARKER)
+    files = [name for name in os.listdir(shared) if not name.startswith(".")]
+    assert len(files) == 40 - 6  # (the 6 multiples of 7 answered with a small error)
 
 
 def test_call_answers_invalid_keys_and_unanswered_requests_with_errors(
