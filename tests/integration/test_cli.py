@@ -307,7 +307,7 @@ def test_prq_call_and_a_worker_keep_large_bodies_in_their_directory(
     worker = prq.start("worker", "tests.integration.test_cli:twice", "-e", "poll://cli-big", **env)
     worker.wait_for_line("prq worker: serving")
     # When a 5,000-character request is called, and answered with twice that
-    called = prq.run("call", "poll://cli-big", "twice", json.dumps("a" * 5000), **env)
+    called = prq.run("call", "poll://cli-big", "twice", json.dumps("a" * 5000), timeout_s=60, **env)
     # Then the answer comes back whole, and only the answer's body is left in the directory
     # (kept for the response TTL; the request's was deleted once answered)
     assert called.returncode == 0, called.stderr
