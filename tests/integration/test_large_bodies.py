@@ -291,22 +291,13 @@ async def test_admin_views_show_a_large_request_by_its_stub(
         async def listed() -> list[Any]:
             return list((await inspector.queued(ENDPOINT)).items)
 
-        await async_wait_until_async(listed, 10)
+        await async_wait_until(listed, 10, 0.02, "the request listed")
         (item,) = await listed()
     # Then it shows what the request is and its real size, without an error
     assert (item.id, item.method, item.service, item.error) == (request.id, "big", "svc", None)
     assert item.body_bytes == len(request.model_dump_json())
     with pytest.raises(PickupTimeout):
         await asyncio.wait_for(call, 10)
-
-
-async def async_wait_until_async(probe: Any, timeout_s: float) -> None:
-    """Wait (bounded) until the coroutine function `probe` returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        if time.monotonic() > deadline:
-            raise AssertionError("the condition did not hold in time")
-        await asyncio.sleep(0.02)
 
 
 class _GatedStore(FileSystemStore):
