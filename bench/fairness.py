@@ -267,7 +267,7 @@ def take_cost_phase(url: str, takes: int) -> str:
 
     def prq_take(keys: EndpointKeys) -> Callable[[str], Any]:
         def take(token: str) -> Any:
-            call = take_call(keys, token, "bench", int(time.time() * 1000), 1, 100, 300_000,
+            call = take_call(keys, token, "bench", 2000, 1, 100, 300_000,
                              120_000, 0, 86_400_000, 60_000, redelivery)  # fmt: skip
             reply: list[Any] = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
             return reply[3:]

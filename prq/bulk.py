@@ -275,7 +275,7 @@ class BulkClient:
                     nonce,
                     items,
                     now_ms,
-                    now_ms + int(pickup_timeout_s * 1000),
+                    int(pickup_timeout_s * 1000),
                     int(request_ttl_s * 1000),
                     int(settings.list_ttl_s * 1000),
                     priority,
@@ -383,8 +383,8 @@ class BulkClient:
             request_id
             for request_id, snapshot in found.items()
             if snapshot.state == "queued"
-            and snapshot.pickup_deadline_ms is not None
-            and snapshot.pickup_deadline_ms < now_ms
+            and snapshot.pickup_left_ms is not None
+            and snapshot.pickup_left_ms < 0
         ]
         if overdue:
             tombstone_ms = int(self.settings.cancel_marker_ttl_s * 1000)

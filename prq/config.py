@@ -36,6 +36,9 @@ DEFAULT_SENDER_TIMEOUT_S = 90.0
 DEFAULT_DATA_LOSS_CHECK_INTERVAL_S = 60.0
 #: How long one Redis step is retried on connection errors before QueueUnavailable.
 DEFAULT_RETRY_BUDGET_S = 30.0
+#: How long a request handed straight to an idle receiver waits for that receiver to confirm
+#: it before it goes to another receiver (a receiver that died while idle never confirms).
+DEFAULT_HANDOFF_CONFIRM_S = 2.0
 #: How long a response is kept (for pollers, and for idempotent re-enqueue of the same id).
 DEFAULT_RESPONSE_TTL_S = 20 * 60.0
 #: Request TTL = pickup timeout + this.
@@ -139,6 +142,7 @@ class QueueSettings(BaseSettings):
     receiver_timeout_s: float = Field(DEFAULT_RECEIVER_TIMEOUT_S, gt=0)
     sender_timeout_s: float = Field(DEFAULT_SENDER_TIMEOUT_S, gt=0)
     data_loss_check_interval_s: float = Field(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S, gt=0)
+    handoff_confirm_s: float = Field(DEFAULT_HANDOFF_CONFIRM_S, gt=0)
     retry_budget_s: float = Field(DEFAULT_RETRY_BUDGET_S, ge=0)
     response_ttl_s: float = Field(DEFAULT_RESPONSE_TTL_S, gt=0)
     request_ttl_extra_s: float = Field(DEFAULT_REQUEST_TTL_EXTRA_S, gt=0)
@@ -206,8 +210,9 @@ class QueueSettings(BaseSettings):
         return pickup_timeout_s + self.request_ttl_extra_s
 
     def receipt_ttl_s(self) -> float:
-        """TTL of a take receipt: long enough for the take's own retries and a parked wait."""
-        return max(2 * self.poll_interval_s, self.retry_budget_s) + 1.0
+        """TTL of a take receipt: long enough for the take's own retries, a parked wait and a
+        hand-off's confirmation."""
+        return max(2 * self.poll_interval_s, self.retry_budget_s, self.handoff_confirm_s) + 1.0
 
     def in_flight_ttl_s(self) -> float:
         """TTL of a picked-up request until it is answered (heartbeats extend it)."""

@@ -137,7 +137,7 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
         (
             request_id,
             now_ms,
-            now_ms + pickup_ms,
+            pickup_ms,
             int(settings.request_ttl_s(settings.pickup_timeout_s) * 1000),
             int(settings.list_ttl_s * 1000),
             keys.pulse_channel,

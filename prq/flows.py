@@ -41,6 +41,7 @@ from prq.models import (
 )
 from prq.outcomes import open_response, resolve, response_of
 from prq.scripts import (
+    HANDED,
     Redelivery,
     RequestSnapshot,
     TakenItem,
@@ -68,7 +69,6 @@ __all__ = [
     "cancel_flow",
     "locate_flow",
     "new_token",
-    "parse_handoff",
     "respond_flow",
     "status_flow",
     "take_flow",
@@ -141,13 +141,13 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             body,
             ctx.node_id,
             now_ms,
-            now_ms + _ms(pickup_timeout_s),
+            _ms(pickup_timeout_s),
             _ms(request_ttl_s),
             _ms(settings.list_ttl_s),
             ctx.keys.node_channel_prefix,
             _ms(settings.in_flight_ttl_s()),
             _ms(settings.receipt_ttl_s()),
-            settings.pulse_inline_limit_bytes,
+            _ms(settings.handoff_confirm_s),
             _ms(settings.receiver_timeout_s),
             request.priority,
             request.producer or ctx.node_id,
@@ -216,11 +216,21 @@ class _CallClock:
     picked_up: bool = False
     #: Handed out again after its receiver went silent (at_least_once): it may have run.
     redelivered: bool = False
+    #: Handed to a parked receiver: read Redis once its confirmation is overdue, so a hand-off
+    #: to a receiver that died is taken back then (read_response.lua), not a poll later.
+    handoff_check: float | None = None
+
+    def saw(self, handed: bool, now: float, confirm_s: float) -> None:
+        """Redis answered now; `handed`: the request waits for a receiver's confirmation."""
+        self.last_contact = now
+        self.handoff_check = now + confirm_s + min(0.1, confirm_s) if handed else None
 
     def wake_at(self, now: float) -> float:
         while self.next_poll <= now:
             self.next_poll += self.poll_interval_s
         wake = self.next_poll
+        if self.handoff_check is not None:
+            wake = min(wake, self.handoff_check)
         if not self.picked_up:
             wake = min(wake, self.pickup_deadline)
         if self.call_deadline is not None:
@@ -295,7 +305,7 @@ def _await_outcome(
     keys = ctx.keys.endpoint(request.endpoint)
     replies = yield _enqueue_calls(ctx, request, body, pickup_timeout_s)
     outcome = parse_enqueue(_first(replies), request.endpoint)
-    clock.last_contact = ctx.monotonic()
+    clock.saw(outcome.handed, ctx.monotonic(), ctx.settings.handoff_confirm_s)
     if on_counter is not None:
         on_counter(outcome.counter)
     if outcome.known is not None:
@@ -321,7 +331,7 @@ def _await_outcome(
             Redelivery.of(ctx.settings, ctx.keys.node_channel_prefix),
         )
         snapshot = parse_snapshot(_first((yield _exec(read))))
-        clock.last_contact = ctx.monotonic()
+        clock.saw(snapshot.state == HANDED, ctx.monotonic(), ctx.settings.handoff_confirm_s)
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)
         result = yield from _outcome(ctx, snapshot, request)
@@ -428,23 +438,10 @@ class TakeResult:
 
     token: str
     items: list[TakenItem]
-    #: The endpoint's enqueue counter as the last take saw it (None: items came by hand-off).
+    #: The endpoint's enqueue counter as the last take saw it.
     counter: int | None = None
     #: at_least_once requests of silent receivers the takes queued again or dead-lettered.
     redelivered: int = 0
-
-
-def parse_handoff(payload: bytes) -> TakenItem | None:
-    """A hand-off pulse's `<id>|<attempt>|<sequence>|<body>`; None when the body was left out
-    (too large, or garbled): the receipt then has it."""
-    request_id, _, rest = payload.partition(b"|")
-    attempt, _, rest = rest.partition(b"|")
-    sequence, _, body = rest.partition(b"|")
-    if not body or not attempt.isdigit() or not sequence.isdigit():
-        return None
-    return TakenItem(
-        request_id.decode("ascii", errors="replace"), body, int(attempt), sequence=int(sequence)
-    )
 
 
 def take_flow(
@@ -452,7 +449,6 @@ def take_flow(
     endpoint: str,
     token: str,
     signal: Waitable,
-    claim: Callable[[], bytes | None],
     max_items: int,
     timeout_s: float,
     should_stop: Callable[[], bool] | None = None,
@@ -460,10 +456,13 @@ def take_flow(
     """Take up to `max_items` requests, waiting up to `timeout_s` for the first.
 
     When there is nothing to take, the take parks the token: a request enqueued meanwhile is
-    handed straight to it (its pulse carries the request, so no second round trip). Between
-    takes nothing is sent to Redis until a pulse or a hand-off arrives or the poll interval
-    passes; `should_stop` is checked at least every `DEFAULT_STOP_CHECK_S`. The last take (at
-    the deadline, or on stop) does not park, and returns whatever the token was handed.
+    handed to it, and its node pulsed. The next take collects the hand-off from the token's
+    receipt, which confirms it (scripts/_handoff.lua): a request is never run on the strength
+    of a pulse alone, so one handed to a receiver that died while parked goes to another
+    receiver instead of being lost with it. Between takes nothing is sent to Redis until a
+    pulse or a hand-off arrives or the poll interval passes; `should_stop` is checked at least
+    every `DEFAULT_STOP_CHECK_S`. The last take (at the deadline, or on stop) does not park, and
+    returns whatever the token was handed.
     """
     settings = ctx.settings
     keys = ctx.keys.endpoint(endpoint)
@@ -480,7 +479,7 @@ def take_flow(
                 keys,
                 token,
                 ctx.node_id,
-                ctx.wall_ms(),
+                _ms(settings.handoff_confirm_s),
                 max_items,
                 DEFAULT_TAKE_SCAN,
                 _ms(settings.in_flight_ttl_s()),
@@ -509,11 +508,6 @@ def take_flow(
             if should_stop is not None:
                 timeout = min(timeout, DEFAULT_STOP_CHECK_S)
             yield _wait(signal, seen, timeout)
-        handed = claim()
-        if handed is not None:
-            item = parse_handoff(handed)
-            if item is not None:
-                return TakeResult(token, [item], None, redelivered)
 
 
 def respond_flow(
@@ -591,6 +585,8 @@ def status_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[Req
     st, why, att, ct, tk, dn = (v.decode() if isinstance(v, bytes) else None for v in values)
     if st is None:
         return RequestStatus(id=request_id, state=RequestState.UNKNOWN, endpoint=endpoint)
+    if st == HANDED:
+        st, tk = RequestState.QUEUED, None  # handed to a receiver, not confirmed: not picked up
     try:
         state = RequestState(st)
     except ValueError as exc:

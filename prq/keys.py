@@ -13,6 +13,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
     prq:{<e>}:alo            zset    the at_least_once ones among them      TTL 1 day, refreshed
+    prq:{<e>}:ho             zset    handed ids -> confirm deadline, srv ms TTL 1 day, refreshed
     prq:{<e>}:rcv            zset    receiver node -> last seen, ms         TTL 1 day, refreshed
     prq:{<e>}:dead           zset    dead-lettered ids -> when, ms          TTL 7 days, refreshed
     prq:{<e>}:deadm          hash    id -> dead letter's reason etc (JSON)  TTL 7 days, refreshed
@@ -123,6 +124,13 @@ class EndpointKeys:
         """Sorted set of the at_least_once ids in flight, scored as in `running`: the ones a
         silent receiver held are handed out again from here (scripts/_redeliver.lua)."""
         return f"{self.tag}:alo"
+
+    @property
+    def handoffs(self) -> str:
+        """Sorted set of requests handed to parked receivers and not yet confirmed, scored by
+        the confirmation deadline (server ms): overdue ones are taken back
+        (scripts/_handoff.lua)."""
+        return f"{self.tag}:ho"
 
     @property
     def receivers(self) -> str:

@@ -394,26 +394,29 @@ class QueueBase:
         max_items: int,
         timeout_s: float,
         should_stop: Callable[[], bool] | None,
+        current: list[str],
     ) -> Flow[list[PendingRequest]]:
         """Take requests (waiting for the first), and deal with what must not run: requests a
         rolled-back Redis handed out again are cancelled, undecodable ones are answered with an
-        error. Returns what the handler may run."""
+        error. Returns what the handler may run. `current` gets the token of the take under
+        way, so a driver whose take is cut short can give back what it got (`_unpark_flow`)."""
         while True:
             if self._watch.presence.took(endpoint, time.monotonic()):
                 self._watch.wake()
             token = self._take_token(endpoint)
             floor = self._watch.data_loss.counters.get(endpoint, 0)
             self._taking[token] = endpoint
+            current[:] = [token]
             try:
                 with self._router.watch_take(channel, token) as signal:
                     result = yield from take_flow(
-                        self.ctx, endpoint, token, signal, partial(self._router.claim, token),
-                        max_items, timeout_s, should_stop,
-                    )  # fmt: skip
+                        self.ctx, endpoint, token, signal, max_items, timeout_s, should_stop
+                    )
             except PrqError:
                 self._take_failed(endpoint, token)
                 raise
             self._taking.pop(token, None)
+            current.clear()
             if result.redelivered:
                 metrics.REDELIVERED.labels(endpoint).inc(result.redelivered)
             good: list[PendingRequest] = []
@@ -514,7 +517,7 @@ class QueueBase:
                                         now_ms + int(valid_s * 1000))  # fmt: skip
         call = enqueue_many_call(
             self.keys.endpoint(request.endpoint), uuid.uuid4().hex, [(request.id, body)], now_ms,
-            now_ms + int(pickup_s * 1000), int(settings.request_ttl_s(pickup_s) * 1000),
+            int(pickup_s * 1000), int(settings.request_ttl_s(pickup_s) * 1000),
             int(settings.list_ttl_s * 1000), request.priority, request.producer or self.node_id,
             attempts, one_way=True,
         )  # fmt: skip
@@ -546,12 +549,12 @@ class QueueBase:
         callers told at once). Their PendingRequests are cancelled ("shutdown"). The same for
         what was handed to a take cut short by the shutdown (its park is withdrawn first, so
         nothing more comes). How many."""
-        uncollected = yield from self._unpark_flow()
+        uncollected = yield from self._unpark_flow(list(self._taking))
         held = list(self._held.values())
-        if not held and not uncollected:
-            return 0
+        if not held:
+            return uncollected
         redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
-        given = [(p.request.endpoint, p.id, p.owner_token) for p in held] + uncollected
+        given = [(p.request.endpoint, p.id, p.owner_token) for p in held]
         calls = tuple(
             hand_back_call(self.keys.endpoint(endpoint), request_id, token, redelivery)
             for endpoint, request_id, token in given
@@ -569,25 +572,30 @@ class QueueBase:
             if pending is not None:
                 pending.mark_cancelled("shutdown")
             self._watch.liveness.release(request_id)
-        return len(given)
+        return uncollected + len(given)
 
-    def _unpark_flow(self) -> Flow[list[tuple[str, str, str]]]:
-        """Withdraw the parks of takes cut short, in one round trip: (endpoint, request id,
-        token) of what was handed to them and never collected."""
-        taking = list(self._taking.items())
-        self._taking.clear()
+    def _unpark_flow(self, tokens: list[str]) -> Flow[int]:
+        """Withdraw the parks of takes that will never return what they got, in one round trip,
+        and give that back (unpark.lua: it never ran, so it goes to another receiver, its
+        attempt not counted); how many requests went back."""
+        taking = [(t, endpoint) for t in tokens if (endpoint := self._taking.pop(t, None))]
+        for token, endpoint in taking:  # never used again: its receipt goes
+            spare = self._spare_tokens.get(endpoint, [])
+            if token in spare:
+                spare.remove(token)
         if not taking:
-            return []
+            return 0
+        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
         calls = tuple(
-            unpark_call(self.keys.endpoint(endpoint), token) for token, endpoint in taking
+            unpark_call(self.keys.endpoint(endpoint), token, redelivery)
+            for token, endpoint in taking
         )
         replies = yield Exec(calls)
         assert isinstance(replies, list)
-        return [
-            (endpoint, request_id, token)
-            for (token, endpoint), reply in zip(taking, replies, strict=True)
-            for request_id in parse_unpark(reply)
-        ]
+        given = sum(parse_unpark(reply) for reply in replies)
+        if given:
+            logger.info("requests handed to takes cut short given back count=%d", given)
+        return given
 
     def _after_respond(
         self, request_id: str, outcome: str, body: bytes

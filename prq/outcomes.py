@@ -20,7 +20,7 @@ from prq.errors import (
     SerializationError,
 )
 from prq.models import RequestState, Response, decode_response
-from prq.scripts import RequestSnapshot
+from prq.scripts import HANDED, RequestSnapshot
 from prq.signing import Signer, unwrap
 
 __all__ = ["open_response", "resolve", "response_of"]
@@ -59,7 +59,7 @@ def resolve(
     if state == RequestState.DONE:
         return response_of(open_response(signer, request_id, endpoint, snapshot.response),
                            request_id)  # fmt: skip
-    if state in (RequestState.QUEUED, RequestState.TAKEN):
+    if state in (RequestState.QUEUED, RequestState.TAKEN, HANDED):
         return None
     where = {"request_id": request_id, "endpoint": endpoint}
     if state == RequestState.WITHDRAWN:

@@ -121,11 +121,10 @@ S = TypeVar("S", bound=Signal)
 class PulseRouter(Generic[S]):
     """Maps channels, request ids and take tokens to signals; pure, shared by both readers.
 
-    Node channel messages: `r|<id>|<response or empty>` (a response), `t|<token>|...` (a
+    Node channel messages: `r|<id>|<response or empty>` (a response), `t|<token>|<id>` (a
     hand-off), `c|<id>|<reason>` (a held request was cancelled). Each waiting take has its own
-    signal: an endpoint pulse fires the signals of every take
-    waiting on that endpoint; a hand-off (`t|<token>|<id>|<attempt>|<body>`) fires only the
-    signal of its token and leaves `<id>|<attempt>|<body>` to be claimed.
+    signal: an endpoint pulse fires the signals of every take waiting on that endpoint; a
+    hand-off fires only the signal of its token (the take then collects and so confirms it).
     """
 
     def __init__(self, node_channel: str, make_signal: Callable[[], S]) -> None:
@@ -133,7 +132,6 @@ class PulseRouter(Generic[S]):
         self._make = make_signal
         self._takes: dict[bytes, dict[str, S]] = {}
         self._tokens: dict[str, S] = {}
-        self._handed: dict[str, bytes] = {}
         self._responses: dict[str, S] = {}
         self.messages = 0
         #: Called with (request id, reason) for a `c|<id>|<reason>` pulse (a cancel after pickup).
@@ -162,11 +160,6 @@ class PulseRouter(Generic[S]):
         finally:
             waiting.pop(token, None)
             self._tokens.pop(token, None)
-            self._handed.pop(token, None)
-
-    def claim(self, token: str) -> bytes | None:
-        """What was handed to `token` (`<id>|<attempt>|<body>`), once; None if nothing."""
-        return self._handed.pop(token, None)
 
     @property
     def watched_responses(self) -> int:
@@ -188,7 +181,6 @@ class PulseRouter(Generic[S]):
         elif kind == b"t":
             take_signal = self._tokens.get(name)
             if take_signal is not None:
-                self._handed[name] = payload
                 take_signal.fire()
         elif kind == b"c" and self.on_cancel is not None:
             self.on_cancel(name, payload.decode("ascii", errors="replace"))

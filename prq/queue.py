@@ -47,6 +47,7 @@ from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
 from prq.scripts import script_load_calls
 from prq.send import OnFailure, OnResponse, SendHandle, SendState
+from prq.sigterm import stop_on_sigterm_async
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -489,9 +490,31 @@ class AsyncQueue(QueueBase):
         await self._ready()
         channel = self.keys.endpoint(endpoint).pulse_channel
         await self._pulses.ensure_subscribed(channel)
-        return await self._run(
-            self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop)
-        )
+        current: list[str] = []
+        try:
+            return await self._run(
+                self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop, current)
+            )
+        except asyncio.CancelledError:
+            if current:
+                self._give_back_in_background(current)
+            raise
+
+    def _give_back_in_background(self, tokens: list[str]) -> None:
+        """A take was cancelled (e.g. `asyncio.wait_for` around `dequeue`): withdraw its park
+        and give back what it was handed, so no request waits on a take that is gone."""
+        if self._closed:
+            return
+
+        async def give_back() -> None:
+            try:
+                await self._run(self._unpark_flow(tokens), closing_ok=True)
+            except Exception as exc:
+                logger.debug("giving back a cancelled take failed error=%s", exc)
+
+        task = asyncio.ensure_future(give_back())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins (also while the queue
@@ -520,7 +543,14 @@ class AsyncQueue(QueueBase):
         concurrency: int = 1,
         stop: asyncio.Event | None = None,
     ) -> None:
-        """Run `handler` for every request of `endpoint` until `stop` is set or the queue closes."""
+        """Run `handler` for every request of `endpoint` until `stop` is set or the queue closes.
+
+        Without a `stop`, in the main thread, SIGTERM stops it gracefully (prq.sigterm)."""
         from prq.worker import serve_async
 
-        await serve_async(self, endpoint, handler, concurrency=concurrency, stop=stop)
+        if stop is not None:
+            await serve_async(self, endpoint, handler, concurrency=concurrency, stop=stop)
+            return
+        stop = asyncio.Event()
+        with stop_on_sigterm_async(stop):
+            await serve_async(self, endpoint, handler, concurrency=concurrency, stop=stop)

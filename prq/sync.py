@@ -6,6 +6,7 @@ Queue between threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from prq.node import SHUTDOWN_POLL_S, QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
 from prq.scripts import script_load_calls
 from prq.send import BlockingSendHandle, OnFailure, OnResponse, SendState
+from prq.sigterm import stop_on_sigterm
 from prq.sync_io import SyncRedisIO
 from prq.watch import NodeWatch
 
@@ -443,7 +445,17 @@ class Queue(QueueBase):
         self._ready()
         channel = self.keys.endpoint(endpoint).pulse_channel
         self._pulses.ensure_subscribed(channel)
-        return self._run(self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop))
+        current: list[str] = []
+        try:
+            return self._run(
+                self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop, current)
+            )
+        except BaseException as exc:
+            if current and not isinstance(exc, PrqError):
+                # cut short (KeyboardInterrupt, SystemExit): give back what the take was handed
+                with contextlib.suppress(Exception):
+                    self._run(self._unpark_flow(current), closing_ok=True)
+            raise
 
     def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins (also while the queue
@@ -471,7 +483,14 @@ class Queue(QueueBase):
         concurrency: int = 1,
         stop: threading.Event | None = None,
     ) -> None:
-        """Run `handler` for every request of `endpoint` until `stop` is set or the queue closes."""
+        """Run `handler` for every request of `endpoint` until `stop` is set or the queue closes.
+
+        Without a `stop`, in the main thread, SIGTERM stops it gracefully (prq.sigterm)."""
         from prq.worker import serve_sync
 
-        serve_sync(self, endpoint, handler, concurrency=concurrency, stop=stop)
+        if stop is not None:
+            serve_sync(self, endpoint, handler, concurrency=concurrency, stop=stop)
+            return
+        stop = threading.Event()
+        with stop_on_sigterm(stop):
+            serve_sync(self, endpoint, handler, concurrency=concurrency, stop=stop)

@@ -7,7 +7,6 @@ see prq/scripts/_queue.lua. Take order: highest level first, then by score withi
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -51,7 +50,7 @@ def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenIt
     keys = KeySchema(prefix).endpoint(endpoint)
     settings = QueueSettings()
     call = take_call(
-        keys, f"silent-{uuid.uuid4().hex}", "silent-node", int(time.time() * 1000), 10, 100,
+        keys, f"silent-{uuid.uuid4().hex}", "silent-node", 2000, 10, 100,
         int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
         int(settings.receiver_timeout_s * 1000),
         Redelivery.of(settings, KeySchema(prefix).node_channel_prefix),

@@ -23,6 +23,7 @@ from prq.keys import EndpointKeys
 __all__ = [
     "ALL_SCRIPTS",
     "DEAD_LETTER",
+    "HANDED",
     "PURGE_DEAD",
     "REPLAY_DEAD",
     "BatchOutcome",
@@ -127,6 +128,10 @@ def _array(reply: Reply, what: str) -> list[Reply]:
 
 # -- enqueue ------------------------------------------------------------------------------------
 
+#: The state of a request handed to a parked receiver that has not confirmed it yet
+#: (_handoff.lua): not picked up. Scripts that report a state to users read it as "queued".
+HANDED: Final = "handed"
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSnapshot:
@@ -135,18 +140,21 @@ class RequestSnapshot:
     state: str
     response: bytes
     reason: str
-    #: When a queued request stops being handed out (read_response only), ms since the epoch.
-    pickup_deadline_ms: int | None = None
+    #: How long until a queued request stops being handed out, ms by Redis's clock (negative
+    #: once past; read_response only; None when unknown).
+    pickup_left_ms: int | None = None
     #: read_response handed this at_least_once request out again, or dead-lettered it.
     redelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOutcome:
-    """`counter` is set when the request was enqueued; `known` when its id already existed."""
+    """`counter` is set when the request was enqueued; `known` when its id already existed;
+    `handed` when it went straight to a parked receiver (to be confirmed)."""
 
     counter: int | None
     known: RequestSnapshot | None
+    handed: bool = False
 
 
 def enqueue_call(
@@ -155,26 +163,28 @@ def enqueue_call(
     body: bytes,
     sender: str,
     now_ms: int,
-    pickup_deadline_ms: int,
+    pickup_window_ms: int,
     request_ttl_ms: int,
     list_ttl_ms: int,
     node_channel_prefix: str,
     in_flight_ttl_ms: int,
     receipt_ttl_ms: int,
-    pulse_inline_limit_bytes: int,
+    handoff_confirm_ms: int,
     receiver_timeout_ms: int,
     priority: int = 0,
     producer: str = "",
     max_attempts: int = 0,
 ) -> Call:
-    """`max_attempts` 0: at_most_once; else at_least_once, handed out at most that often."""
+    """`max_attempts` 0: at_most_once; else at_least_once, handed out at most that often.
+    `now_ms` is the sender's clock (kept as when the request was created); the pickup deadline
+    is `pickup_window_ms` after now by Redis's clock."""
     return ENQUEUE.call(
         (keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease),
-        (request_id, body, sender, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms,
+         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
+         keys.handoffs),
+        (request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
-         pulse_inline_limit_bytes, receiver_timeout_ms, priority, producer, max_attempts,
-         pickup_deadline_ms - now_ms),
+         receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms),
     )  # fmt: skip
 
 
@@ -182,7 +192,7 @@ def parse_enqueue(reply: Reply, endpoint: str = "") -> EnqueueOutcome:
     """Raises QueueFull when the endpoint is at its max_pending."""
     items = _array(reply, "enqueue")
     if len(items) == 2 and _text(items[0]) in ("new", "handed") and isinstance(items[1], int):
-        return EnqueueOutcome(counter=items[1], known=None)
+        return EnqueueOutcome(counter=items[1], known=None, handed=_text(items[0]) == "handed")
     if len(items) == 3 and _text(items[0]) == "full":
         raise QueueFull(
             f"endpoint {endpoint or '?'} holds {_text(items[1])} queued requests, its "
@@ -211,7 +221,7 @@ def enqueue_many_call(
     nonce: str,
     items: Sequence[tuple[str, str | bytes]],
     now_ms: int,
-    pickup_deadline_ms: int,
+    pickup_window_ms: int,
     request_ttl_ms: int,
     list_ttl_ms: int,
     priority: int = 0,
@@ -220,10 +230,12 @@ def enqueue_many_call(
     one_way: bool = False,
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
-    is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify)."""
+    is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
+    `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
+    `pickup_window_ms` after now by Redis's clock."""
     args: list[str | int | bytes] = [
-        nonce, now_ms, pickup_deadline_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
-        priority, producer, max_attempts, pickup_deadline_ms - now_ms, 1 if one_way else 0,
+        nonce, now_ms, pickup_window_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
+        priority, producer, max_attempts, 1 if one_way else 0,
     ]  # fmt: skip
     for request_id, body in items:
         args += [request_id, body]
@@ -287,6 +299,11 @@ class Redelivery:
     dead_letter_ttl_ms: int
     dead_letter_max: int
     node_channel_prefix: str
+    #: For a hand-off taken back (scripts/_handoff.lua): its confirmation window, and the TTLs
+    #: of a taken request and of a take receipt.
+    handoff_confirm_ms: int
+    in_flight_ttl_ms: int
+    receipt_ttl_ms: int
 
     @classmethod
     def of(cls, settings: QueueSettings, node_channel_prefix: str) -> Redelivery:
@@ -296,6 +313,9 @@ class Redelivery:
             int(settings.dead_letter_ttl_s * 1000),
             settings.dead_letter_max,
             node_channel_prefix,
+            int(settings.handoff_confirm_s * 1000),
+            int(settings.in_flight_ttl_s() * 1000),
+            int(settings.receipt_ttl_s() * 1000),
         )
 
 
@@ -303,7 +323,7 @@ def take_call(
     keys: EndpointKeys,
     owner_token: str,
     receiver: str,
-    now_ms: int,
+    handoff_confirm_ms: int,
     max_items: int,
     max_scan: int,
     in_flight_ttl_ms: int,
@@ -316,9 +336,9 @@ def take_call(
     return TAKE.call(
         (keys.levels, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
          keys.parks, keys.sequence, keys.running, keys.limits, keys.level_prefix, keys.lease,
-         *keys.dead),
-        (owner_token, receiver, now_ms, max_items, max_scan, in_flight_ttl_ms, receipt_ttl_ms,
-         park_ms, park_ttl_ms, receiver_timeout_ms, redelivery.request_ttl_extra_ms,
+         *keys.dead, keys.handoffs),
+        (owner_token, receiver, handoff_confirm_ms, max_items, max_scan, in_flight_ttl_ms,
+         receipt_ttl_ms, park_ms, park_ttl_ms, receiver_timeout_ms, redelivery.request_ttl_extra_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
          redelivery.node_channel_prefix),
     )  # fmt: skip
@@ -398,7 +418,7 @@ def withdraw_call(
     nonce: str,
 ) -> Call:
     return WITHDRAW.call(
-        (keys.request(request_id), keys.levels, keys.level_prefix),
+        (keys.request(request_id), keys.levels, keys.level_prefix, keys.running, keys.handoffs),
         (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id, nonce),
     )
 
@@ -416,10 +436,11 @@ def read_response_call(
 ) -> Call:
     return READ_RESPONSE.call(
         (keys.request(request_id), keys.running, keys.lease, keys.levels, keys.level_prefix,
-         *keys.dead),
+         *keys.dead, keys.parked, keys.parks, keys.take_receipt_prefix, keys.handoffs),
         (receiver_timeout_ms, redelivery.node_channel_prefix, request_id,
          redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
-         redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel),
+         redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
+         redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms, redelivery.receipt_ttl_ms),
     )  # fmt: skip
 
 
@@ -466,7 +487,14 @@ def cancel_call(
     nonce: str,
 ) -> Call:
     return CANCEL.call(
-        (keys.request(request_id), keys.running, keys.levels, keys.level_prefix, keys.lease),
+        (
+            keys.request(request_id),
+            keys.running,
+            keys.levels,
+            keys.level_prefix,
+            keys.lease,
+            keys.handoffs,
+        ),
         (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
     )
 
@@ -484,17 +512,23 @@ def hand_back_call(
     )  # fmt: skip
 
 
-def unpark_call(keys: EndpointKeys, owner_token: str) -> Call:
-    """Withdraw a take token's park on shutdown (unpark.lua); the reply lists the ids handed
-    to the token that it still owns."""
+def unpark_call(keys: EndpointKeys, owner_token: str, redelivery: Redelivery) -> Call:
+    """Withdraw the park of a take that will never return what it got (unpark.lua): what the
+    token was handed or took goes to another receiver, uncounted; the reply is how many."""
     return UNPARK.call(
-        (keys.parked, keys.parks, keys.take_receipt(owner_token), keys.request_prefix),
-        (owner_token,),
-    )
+        (keys.parked, keys.parks, keys.take_receipt(owner_token), keys.request_prefix,
+         keys.running, keys.handoffs, keys.levels, keys.level_prefix, keys.take_receipt_prefix,
+         keys.lease),
+        (owner_token, redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms,
+         redelivery.receipt_ttl_ms, redelivery.list_ttl_ms, redelivery.request_ttl_extra_ms,
+         keys.pulse_channel, redelivery.node_channel_prefix),
+    )  # fmt: skip
 
 
-def parse_unpark(reply: Reply) -> list[str]:
-    return [_text(item) for item in _array(reply, "unpark")]
+def parse_unpark(reply: Reply) -> int:
+    if not isinstance(reply, int):
+        raise SerializationError(f"unexpected unpark reply from Redis: {reply!r:.200}")
+    return reply
 
 
 def presence_call(keys: EndpointKeys, node_id: str, stale_ms: int, ttl_ms: int) -> Call:
@@ -521,13 +555,13 @@ def _snapshot(items: list[Reply]) -> RequestSnapshot:
 
 
 def parse_snapshot(reply: Reply) -> RequestSnapshot:
-    """Parse the {state, response, reason, pickup deadline, redelivered} reply of
-    read_response."""
+    """Parse the {state, response, reason, pickup left, redelivered} reply of read_response;
+    state "handed" is a hand-off waiting for its receiver's confirmation (not picked up)."""
     items = _array(reply, "request state")
     if len(items) != 5:
         raise SerializationError(f"unexpected request state reply from Redis: {reply!r:.200}")
-    deadline = _text(items[3])
     snapshot = replace(_snapshot(items[:3]), redelivered=items[4] == 1)
-    if not deadline.isdigit():
+    left = items[3]
+    if not isinstance(left, int):
         return snapshot
-    return replace(snapshot, pickup_deadline_ms=int(deadline))
+    return replace(snapshot, pickup_left_ms=left)

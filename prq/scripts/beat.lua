@@ -19,7 +19,8 @@ Reply: {state, reason, progress}; progress (sender role) is the receiver's last 
 "<bytes read>/<bytes in all>", or ""
   state = "taken"       still in flight (for the receiver: and still its own)
           "fenced"      receiver role: another owner holds it now; stop working on it
-          "queued", "done", "withdrawn", "cancelled"   as stored (reason for cancelled ones:
+          "queued", "done", "withdrawn", "cancelled"   as stored ("queued" also while a
+                        hand-off waits for its receiver's confirmation) (reason for cancelled ones:
                         "cancelled", "sender_lost", "receiver_lost", "call_timeout", ...)
           "missing"     nothing is stored under the id (expired or lost with Redis data)
 
@@ -33,6 +34,7 @@ Invariants:
 local st, why, own, hs, tk, snd, pg = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own',
   'hs', 'tk', 'snd', 'pg'))
 if not st then return {'missing', '', ''} end
+if st == 'handed' then return {'queued', '', ''} end  -- not picked up yet (_handoff.lua)
 if st ~= 'taken' then return {st, why or '', ''} end
 
 local time = redis.call('TIME')

@@ -5,6 +5,7 @@ KEYS[2]  in-flight ids         prq:{e}:run      (a cancelled taken id leaves it)
 KEYS[3]  queued levels         prq:{e}:lv       (a withdrawn queued id leaves its level)
 KEYS[4]  level prefix          prq:{e}:q:       (_queue.lua)
 KEYS[5]  leased ids            prq:{e}:alo      (a cancelled at_least_once id leaves it)
+KEYS[6]  hand-offs             prq:{e}:ho       (a withdrawn hand-off leaves it; _handoff.lua)
 ARGV[1]  reason                "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the cancelled request's record (the polled cancel marker), ms
 ARGV[3]  node channel prefix   prq:node:
@@ -12,7 +13,8 @@ ARGV[4]  request id
 ARGV[5]  nonce of this cancel call (the same when the call is retried)
 
 Reply: {state, response, reason, mine}
-  state = "withdrawn"   it was queued: it will never run (CancelledBeforePickup)
+  state = "withdrawn"   it was queued, or handed to a receiver that had not confirmed it: it
+                        will never run (CancelledBeforePickup)
           "cancelled"   it was taken: its receiver is told (pub/sub "c|<id>|<reason>", and the
                         state it polls), and a response that comes later is dropped
           "done"        too late: it has its response (returned)
@@ -27,8 +29,9 @@ Invariants:
 local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(redis.call('HMGET', KEYS[1], 'st',
   'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'))
 if not st then return {'missing', '', '', 0} end
-if st == 'queued' or st == 'taken' then
+if st == 'queued' or st == 'handed' or st == 'taken' then
   local after = st == 'taken'
+  local was = st
   st = after and 'cancelled' or 'withdrawn'
   local now = server_ms()
   redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
@@ -37,6 +40,10 @@ if st == 'queued' or st == 'taken' then
   if after then
     redis.call('ZREM', KEYS[2], ARGV[4])
     if ma then redis.call('ZREM', KEYS[5], ARGV[4]) end
+  elseif was == 'handed' then
+    redis.call('HDEL', KEYS[1], 'own', 'ho')
+    redis.call('ZREM', KEYS[2], ARGV[4])
+    redis.call('ZREM', KEYS[6], ARGV[4])
   else
     queue_remove(KEYS[3], KEYS[4], pri or '0', ARGV[4])
   end

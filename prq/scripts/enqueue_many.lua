@@ -11,16 +11,17 @@ KEYS[4]  limits                prq:{e}:lim  (hash: mp = max pending; absent = no
 KEYS[5]  level prefix          prq:{e}:q:   (the priority is appended)
 ARGV[1]  batch nonce (the same when the call is retried)
 ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
-ARGV[3]  pickup deadline, ms since the epoch
+ARGV[3]  pickup window, ms: the pickup deadline "pd" is this much after now by server time
+         (TIME), the clock every take judges it by; an at_least_once request handed out again
+         gets it afresh
 ARGV[4]  request TTL, ms
 ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
 ARGV[9]  max attempts: 0 for at_most_once; else the requests are at_least_once (enqueue.lua)
-ARGV[10] pickup window, ms (an at_least_once request handed out again gets it afresh)
-ARGV[11] 1: one-way messages (notify): their answers are not kept (apply_response.lua); else 0
-ARGV[12..] id1, body1, id2, body2, ...
+ARGV[10] 1: one-way messages (notify): their answers are not kept (apply_response.lua); else 0
+ARGV[11..] id1, body1, id2, body2, ...
 
 Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
@@ -41,7 +42,8 @@ Invariants:
 - capacity: new requests are written only while fewer than max_pending ids are queued
 ]]
 -- include: _queue
-local prefix, nonce, now, deadline, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local prefix, nonce, now, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[4]
+local deadline = server_ms() + tonumber(ARGV[3])
 local fresh = {}
 local accepted, duplicates = 0, 0
 local dups, refused = {}, {}
@@ -49,12 +51,12 @@ local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local extra = {}
-if tonumber(ARGV[9]) > 0 then extra = {'ma', ARGV[9], 'pw', ARGV[10], 'pro', ARGV[8]} end
-if ARGV[11] == '1' then
+if tonumber(ARGV[9]) > 0 then extra = {'ma', ARGV[9], 'pw', ARGV[3], 'pro', ARGV[8]} end
+if ARGV[10] == '1' then
   extra[#extra + 1] = 'ow'
   extra[#extra + 1] = '1'
 end
-for i = 12, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
   local st, bn

@@ -9,6 +9,10 @@ KEYS[5]  level prefix          prq:{e}:q:
 KEYS[6]  dead-lettered ids     prq:{e}:dead     (KEYS[6..8]: the dead-letter keys, _dead.lua)
 KEYS[7]  their details         prq:{e}:deadm
 KEYS[8]  their stored bytes    prq:{e}:deadb
+KEYS[9]  parked tokens         prq:{e}:parked   (KEYS[9..12]: for a hand-off taken back,
+KEYS[10] park details          prq:{e}:parks     _handoff.lua)
+KEYS[11] take receipt prefix   prq:{e}:t:
+KEYS[12] hand-offs             prq:{e}:ho
 ARGV[1]  receiver timeout, ms: a taken request whose receiver has not beaten (nor taken it)
          for this long is cancelled with reason "receiver_lost" (0: judge nothing)
 ARGV[2]  node channel prefix   prq:node:   (the lost receiver's node is told, in case it lives)
@@ -18,10 +22,15 @@ ARGV[5]  queue TTL, ms
 ARGV[6]  TTL of a dead letter, ms
 ARGV[7]  most dead letters kept
 ARGV[8]  the endpoint's pulse channel
+ARGV[9]  how long a hand-off may wait for its receiver's confirmation, ms
+ARGV[10] TTL of a taken request, ms
+ARGV[11] TTL of a take receipt, ms
 
-Reply: {state, response, reason, pickup deadline (ms, "" when none), redelivered}; state
-"missing" when nothing is stored under the id; redelivered = 1 when this call handed the request
-out again or dead-lettered it (at_least_once, _redeliver.lua), else 0.
+Reply: {state, response, reason, pickup left, redelivered}; state "missing" when nothing is
+stored under the id, "handed" while a hand-off waits for its receiver's confirmation (not picked
+up); pickup left = ms until the pickup deadline by server time (negative once past, "" when the
+request has none); redelivered = 1 when this call handed the request out again or dead-lettered
+it (at_least_once, _redeliver.lua), else 0.
 
 Invariants:
 - liveness is judged by server time (TIME) against the receiver's last beat "hr" or, before its
@@ -30,16 +39,31 @@ Invariants:
   keeps the request alive, and a zombie receiver that wakes later finds it cancelled (fenced)
 - an at_least_once request is not cancelled but queued again, or dead-lettered when its
   attempts are used up (reason "attempts_exhausted")
+- a hand-off whose receiver did not confirm it in time is taken back (_handoff.lua: to the next
+  live park, or to the front of its level), so a caller whose request was handed to a receiver
+  that died parked waits about one confirmation window, not a receiver timeout
 ]]
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
-local st, rsp, why, hr, tk, rcv, pd, ma = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp',
-  'why', 'hr', 'tk', 'rcv', 'pd', 'ma'))
+-- include: _handoff
+local st, rsp, why, hr, tk, rcv, pd, ma, ho = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp',
+  'why', 'hr', 'tk', 'rcv', 'pd', 'ma', 'ho'))
 if not st then return {'missing', '', '', '', 0} end
+local now = server_ms()
+local function left()
+  if pd then return tonumber(pd) - now end
+  return ''
+end
+if st == 'handed' and tonumber(ho) and tonumber(ho) < now then
+  local k = {hash = KEYS[1], parked = KEYS[9], parks = KEYS[10], receipt_prefix = KEYS[11],
+    run = KEYS[2], handoffs = KEYS[12], levels = KEYS[4], prefix = KEYS[5]}
+  local o = {confirm_ms = ARGV[9], in_flight_ttl = ARGV[10], receipt_ttl = ARGV[11],
+    list_ttl = ARGV[5], extra_ttl = ARGV[4], pulse = ARGV[8], node_prefix = ARGV[2]}
+  st = reclaim(k, ARGV[3], now, o, true)
+end
 local timeout = tonumber(ARGV[1])
 if st == 'taken' and timeout > 0 then
-  local now = server_ms()
   local last = math.max(tonumber(hr) or 0, tonumber(tk) or 0)
   if now - last > timeout and ma then
     local k = {hash = KEYS[1], run = KEYS[2], lease = KEYS[3], levels = KEYS[4],
@@ -48,7 +72,7 @@ if st == 'taken' and timeout > 0 then
       pulse = ARGV[8], node_prefix = ARGV[2]}
     redeliver(k, ARGV[3], now, o)
     st, why, pd = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'pd'))
-    return {st, '', why or '', pd or '', 1}
+    return {st, '', why or '', left(), 1}
   end
   if now - last > timeout then
     redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'receiver_lost', 'dn', now)
@@ -57,7 +81,7 @@ if st == 'taken' and timeout > 0 then
     if rcv then
       redis.call('PUBLISH', ARGV[2] .. rcv, 'c|' .. ARGV[3] .. '|receiver_lost')
     end
-    return {'cancelled', '', 'receiver_lost', pd or '', 0}
+    return {'cancelled', '', 'receiver_lost', left(), 0}
   end
 end
-return {st, rsp or '', why or '', pd or '', 0}
+return {st, rsp or '', why or '', left(), 0}

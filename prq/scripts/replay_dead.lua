@@ -9,7 +9,7 @@ KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  level prefix          prq:{e}:q:   (the priority is appended)
 ARGV[1]  request id
 ARGV[2]  now_ms (the replayed request's creation time)
-ARGV[3]  pickup deadline, ms since the epoch
+ARGV[3]  pickup window, ms: the pickup deadline is this much after now by server time (TIME)
 ARGV[4]  request TTL, ms
 ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
@@ -48,14 +48,15 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 
 local st = redis.call('HGET', KEYS[4], 'st')
-if st == 'queued' or st == 'taken' then return 'live' end
+if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
-redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2], 'pd', ARGV[3], 'att', '0',
+redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2],
+  'pd', server_ms() + tonumber(ARGV[3]), 'att', '0',
   'pri', priority, 'sq', sequence)
 if attempts then
-  redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', tonumber(ARGV[3]) - tonumber(ARGV[2]),
+  redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', ARGV[3],
     'pro', producer)
 end
 redis.call('PEXPIRE', KEYS[4], ARGV[4])

@@ -13,9 +13,10 @@ KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flig
 KEYS[11] dead-lettered ids     prq:{e}:dead     (KEYS[11..13]: the dead-letter keys, _dead.lua)
 KEYS[12] their details         prq:{e}:deadm
 KEYS[13] their stored bytes    prq:{e}:deadb
+KEYS[14] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
-ARGV[3]  now_ms
+ARGV[3]  how long a hand-off may wait for its receiver's confirmation, ms (_handoff.lua)
 ARGV[4]  most requests to hand out (>= 1)
 ARGV[5]  most ids to pop in this call (bounds the work spent skipping dead ids)
 ARGV[6]  TTL of a taken request, ms
@@ -40,11 +41,17 @@ Reply: {skipped, counter, redelivered, id1, body1, attempt1, created1, sequence1
             this take knows Redis went back in time, and must not run what this take returns)
 
 Invariants:
-- a request is handed out only while it is queued and before its pickup deadline, and it leaves
-  "queued" in the same step, so two receivers can never both take it
+- a request is handed out only while it is queued and before its pickup deadline by server time
+  (TIME, the clock "pd" is written in), and it leaves "queued" in the same step, so two
+  receivers can never both take it
 - the receipt lists what was handed to the token (by a take, or by enqueue to a parked token);
-  a take whose receipt is not empty returns those requests and takes nothing new, so a retried
-  call, or a receiver whose hand-off pulse was lost, gets exactly what the token owns
+  a take whose receipt holds requests the token still owns returns those and takes nothing new,
+  so a retried call, or a receiver whose hand-off pulse was lost, gets exactly what the token
+  owns; a receipt the token owns nothing of any more (cancelled, reclaimed) is dropped and the
+  take goes on as a fresh one
+- collecting a hand-off from the receipt is its confirmation: "handed" becomes "taken" (the
+  pickup: its attempt counts, "tk" is set); before taking, the take reclaims up to 16 hand-offs
+  whose confirmation is overdue (_handoff.lua), so a receiver that died parked loses nothing
 - "tk" (taken at) is server time (TIME), the clock heartbeats are judged by
 - requests are handed out in the order _queue.lua defines (priority with a share for lower
   levels, producers taking turns within a level, FIFO per producer)
@@ -64,17 +71,31 @@ Invariants:
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
+-- include: _handoff
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
 
 local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0}
+local now_server = server_ms()
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
-    local st, own, body, att, ct, sq = unpack(redis.call('HMGET', KEYS[2] .. id, 'st', 'own',
-      'b', 'att', 'ct', 'sq'))
-    if st == 'taken' and own == ARGV[1] and body then
+    local key = KEYS[2] .. id
+    local st, own, body, att, ct, sq, ma = unpack(redis.call('HMGET', key, 'st', 'own', 'b',
+      'att', 'ct', 'sq', 'ma'))
+    if (st == 'taken' or st == 'handed') and own == ARGV[1] and body then
+      if st == 'handed' then  -- confirmed: picked up now
+        att = tostring((tonumber(att) or 0) + 1)
+        redis.call('HSET', key, 'st', 'taken', 'tk', now_server, 'att', att)
+        redis.call('HDEL', key, 'ho')
+        redis.call('ZREM', KEYS[14], id)
+        redis.call('ZADD', KEYS[7], now_server, id)
+        if ma then
+          redis.call('ZADD', KEYS[10], now_server, id)
+          redis.call('PEXPIRE', KEYS[10], ARGV[9])
+        end
+      end
       out[#out + 1] = id
       out[#out + 1] = body
       out[#out + 1] = att
@@ -82,12 +103,19 @@ if #receipt > 0 then
       out[#out + 1] = sq or '0'
     end
   end
-  return out
+  if #out > 3 then return out end
+  redis.call('DEL', KEYS[3])
 end
 
-local now = tonumber(ARGV[3])
-local now_server = server_ms()
 local timeout = tonumber(ARGV[10])
+
+-- hand-offs to receivers that did not confirm them in time go to a live receiver
+local kh = {parked = KEYS[4], parks = KEYS[5], receipt_prefix = KEYS[3]:sub(1, -#ARGV[1] - 1),
+  request_prefix = KEYS[2], run = KEYS[7], handoffs = KEYS[14], levels = KEYS[1],
+  prefix = KEYS[9]}
+local oh = {confirm_ms = ARGV[3], in_flight_ttl = ARGV[6], receipt_ttl = ARGV[7],
+  list_ttl = ARGV[9], extra_ttl = ARGV[11], pulse = ARGV[14], node_prefix = ARGV[15]}
+reclaim_overdue(kh, now_server, oh)
 
 -- at_least_once requests whose receiver went silent go back to the queue (or to dead letters)
 local k = {run = KEYS[7], lease = KEYS[10], levels = KEYS[1], prefix = KEYS[9],
@@ -128,7 +156,7 @@ while got < want and budget > 0 do
   local st, deadline, body, att, ct, sq, ma = unpack(redis.call('HMGET', key, 'st', 'pd', 'b',
     'att', 'ct', 'sq', 'ma'))
   deadline = tonumber(deadline)
-  if st == 'queued' and body and deadline and deadline >= now then
+  if st == 'queued' and body and deadline and deadline >= now_server then
     att = (tonumber(att) or 0) + 1
     redis.call('HSET', key, 'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server,
       'att', att)

@@ -3,6 +3,8 @@
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  queued levels         prq:{e}:lv  (the withdrawn id leaves its level; _queue.lua)
 KEYS[3]  level prefix          prq:{e}:q:
+KEYS[4]  in-flight ids         prq:{e}:run      (a withdrawn hand-off leaves it)
+KEYS[5]  hand-offs             prq:{e}:ho       (_handoff.lua)
 ARGV[1]  reason                "pickup_timeout", "cancelled", "call_timeout", ...
 ARGV[2]  TTL of the tombstone left behind, ms
 ARGV[3]  now_ms
@@ -18,6 +20,8 @@ Reply: {state, response, reason, mine}
           "missing"     nothing is stored under the id (expired or lost)
 
 Invariants:
+- a request handed to a parked receiver that has not confirmed it is not picked up: it is
+  withdrawn like a queued one, and the receiver's confirmation then finds it gone
 - a withdrawn request is never handed out: its id leaves its level, and take would skip it
   anyway; the levels' sizes are then the queue depth, but for ids of senders that died without
   withdrawing, which stay until a take skips them (past their pickup deadline)
@@ -28,11 +32,16 @@ Invariants:
 local st, rsp, why, wn, pri = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn',
   'pri'))
 if not st then return {'missing', '', '', 0} end
-if st == 'queued' then
+if st == 'queued' or st == 'handed' then
   redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
-  redis.call('HDEL', KEYS[1], 'b')
+  redis.call('HDEL', KEYS[1], 'b', 'own', 'ho')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  queue_remove(KEYS[2], KEYS[3], pri or '0', ARGV[5])
+  if st == 'queued' then
+    queue_remove(KEYS[2], KEYS[3], pri or '0', ARGV[5])
+  else
+    redis.call('ZREM', KEYS[4], ARGV[5])
+    redis.call('ZREM', KEYS[5], ARGV[5])
+  end
   local snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'snd', 'w'))
   local msg = 'r|' .. ARGV[5] .. '|'
   if snd then redis.call('PUBLISH', ARGV[4] .. snd, msg) end

@@ -64,7 +64,7 @@ def test_a_replayed_round_trip_reports_what_the_batch_did(
     items = [(f"r:{i}", Request(endpoint=keys.endpoint, method="m", id=f"r:{i}")) for i in range(5)]
     encoded = [(rid, r.model_dump_json().encode()) for rid, r in items]
     now_ms = int(time.time() * 1000)
-    call = enqueue_many_call(keys, "nonce-1", encoded, now_ms, now_ms + 60_000, 60_000, 60_000)
+    call = enqueue_many_call(keys, "nonce-1", encoded, now_ms, 60_000, 60_000, 60_000)
     bulk._io.execute([call])  # the first run
     replayed = parse_enqueue_many(bulk._io.execute([call])[0], 5)
 
@@ -72,7 +72,7 @@ def test_a_replayed_round_trip_reports_what_the_batch_did(
     assert (replayed.accepted, replayed.duplicate_ids) == (5, [])
     assert queue_depth(redis_client, keys) == 5
     # And another batch with those ids is told they are duplicates
-    other = enqueue_many_call(keys, "nonce-2", encoded, now_ms, now_ms + 60_000, 60_000, 60_000)
+    other = enqueue_many_call(keys, "nonce-2", encoded, now_ms, 60_000, 60_000, 60_000)
     assert parse_enqueue_many(bulk._io.execute([other])[0], 5).duplicate_ids == [
         rid for rid, _ in items
     ]

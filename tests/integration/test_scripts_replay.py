@@ -74,8 +74,7 @@ def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, 
 def enqueue(keys: KeySchema, request: Request, now_ms: int) -> Call:
     return enqueue_call(
         keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
-        now_ms, now_ms + TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 16384,
-        TTL_MS,
+        now_ms, TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 2000, TTL_MS,
     )  # fmt: skip
 
 
@@ -84,7 +83,7 @@ def take(keys: KeySchema, token: str, now_ms: int) -> Call:
         keys.endpoint(ENDPOINT),
         token,
         "receiver-node",
-        now_ms,
+        2000,
         10,
         100,
         TTL_MS,
@@ -125,7 +124,7 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
         keys.endpoint(ENDPOINT),
         token,
         "receiver-node",
-        now_ms,
+        2000,
         1,
         100,
         TTL_MS,

@@ -77,10 +77,11 @@ def test_parse_apply_response() -> None:
 def test_parse_snapshot() -> None:
     snapshot = parse_snapshot([b"withdrawn", b"", b"pickup_timeout", b"", 0])
     assert (snapshot.state, snapshot.reason) == ("withdrawn", "pickup_timeout")
-    assert snapshot.pickup_deadline_ms is None and not snapshot.redelivered
-    queued = parse_snapshot([b"queued", b"", b"", b"1700000000123", 1])
-    assert queued.pickup_deadline_ms == 1700000000123 and queued.redelivered
-    assert parse_snapshot([b"queued", b"", b"", b"garbage", 0]).pickup_deadline_ms is None
+    assert snapshot.pickup_left_ms is None and not snapshot.redelivered
+    queued = parse_snapshot([b"queued", b"", b"", 1234, 1])
+    assert queued.pickup_left_ms == 1234 and queued.redelivered
+    assert parse_snapshot([b"queued", b"", b"", -5, 0]).pickup_left_ms == -5
+    assert parse_snapshot([b"queued", b"", b"", b"garbage", 0]).pickup_left_ms is None
     for malformed in ([b"done"], [b"queued", b"", b"", b""]):
         with pytest.raises(SerializationError):
             parse_snapshot(malformed)  # type: ignore[arg-type]
