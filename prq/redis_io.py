@@ -2,9 +2,11 @@
 
 Every Redis round trip of the queue goes through `AsyncRedisIO.execute` or `SyncRedisIO.execute`:
 - redis-py errors are translated in `translate_errors` (and raised `from` the original);
-- connection-class errors are retried with exponential backoff and jitter for up to
-  `QueueSettings.retry_budget_s`, then surface as `QueueUnavailable`; redis-py's own retries
-  are switched off so the budget is the only one;
+- connection-class errors are retried with exponential backoff and jitter until
+  `QueueSettings.retry_budget_s` has passed since the step was asked for, then surface as
+  `QueueUnavailable`: never sooner (the last back-off is cut short so that one more attempt
+  is made when the budget ends), and no later than one attempt after it (see `StepBudgets`);
+  redis-py's own retries are switched off so the budget is the only one;
 - NOSCRIPT (Redis restarted or flushed its script cache) loads the scripts and sends again.
 Every prq write is idempotent when replayed, which is what makes retrying writes safe.
 """
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -35,9 +37,9 @@ from redis.exceptions import (
 from redis.retry import Retry
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     before_sleep_log,
     retry_if_exception_type,
-    stop_before_delay,
     wait_random_exponential,
 )
 
@@ -54,6 +56,7 @@ __all__ = [
     "AsyncRedisIO",
     "IOCounters",
     "RedisUnavailable",
+    "StepBudgets",
     "translate_errors",
 ]
 
@@ -104,18 +107,6 @@ def translate_errors() -> Iterator[None]:
         raise PrqError(f"Redis refused a prq command: {exc}") from exc
     except RedisError as exc:
         raise PrqError(f"unexpected Redis error: {exc}") from exc
-
-
-def _retry_kwargs(budget_s: float) -> dict[str, Any]:
-    return {
-        "retry": retry_if_exception_type(RedisUnavailable),
-        "stop": stop_before_delay(max(0.0, budget_s)),
-        "wait": wait_random_exponential(
-            multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
-        ),
-        "before_sleep": before_sleep_log(logger, logging.DEBUG),
-        "reraise": True,
-    }
 
 
 def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
@@ -232,12 +223,115 @@ def _split(steps: Sequence[Sequence[Call]], replies: list[Reply]) -> list[list[R
     return results
 
 
+#: What a step ends with: its replies, or the error that ended it.
+Outcome = list[Reply] | PrqError
+
+
+class StepBudgets:
+    """The steps one round trip carries, each with its own retry budget, while Redis fails.
+
+    A step's budget is counted from when it was asked for. After each failed attempt the steps
+    whose budget has run out are settled with QueueUnavailable and left out of later attempts;
+    the others are tried again after a full-jitter backoff cut short at the next step's
+    deadline. So every step gets its last attempt when its budget ends: it never fails sooner
+    than its budget (giving up instead of a backoff that would cross the budget could end it
+    at a fraction of it), nor later than that one attempt (a socket timeout at most).
+    `retrying()` is that policy for tenacity; the clock is injectable for tests (with
+    tenacity's `sleep=`).
+    """
+
+    def __init__(
+        self,
+        steps: Sequence[Sequence[Call]],
+        asked: Sequence[float],
+        budget_s: float,
+        settle: Callable[[int, Outcome], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.steps = steps
+        self.budget_s = budget_s
+        self.deadlines = [at + budget_s for at in asked]
+        #: Indexes of the steps still tried, in batch order.
+        self.live = list(range(len(steps)))
+        self._settle = settle
+        self._clock = clock
+        self._backoff = wait_random_exponential(
+            multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
+        )
+
+    def calls(self) -> list[Call]:
+        """The calls of the steps still tried, for the next attempt."""
+        return [call for i in self.live for call in self.steps[i]]
+
+    def answered(self, replies: list[Reply]) -> None:
+        """Settle the steps still tried with their share of an attempt's replies."""
+        live, self.live = self.live, []
+        for i, result in zip(live, _split([self.steps[i] for i in live], replies), strict=True):
+            self._settle(i, result)
+
+    def failed(self, error: RedisUnavailable) -> None:
+        """After a failed attempt: give up the steps whose budget has run out."""
+        now = self._clock()
+        spent = [i for i in self.live if self.deadlines[i] <= now]
+        self.live = [i for i in self.live if self.deadlines[i] > now]
+        for i in spent:
+            self._settle(i, _unavailable(error, self.budget_s))
+
+    def give_up(self, error: PrqError) -> None:
+        """Settle every step still tried with `error` (the round trip cannot go on)."""
+        live, self.live = self.live, []
+        for i in live:
+            self._settle(i, error)
+
+    def remaining_s(self) -> float:
+        """Time until the last budget of the steps still tried runs out (0 when none)."""
+        if not self.live:
+            return 0.0
+        return max(self.deadlines[i] for i in self.live) - self._clock()
+
+    def retrying(self) -> dict[str, Any]:
+        """Keyword arguments of a tenacity (Async)Retrying that carries out this policy."""
+        return {
+            "retry": retry_if_exception_type(RedisUnavailable),
+            "after": self._after_failure,
+            "wait": self._wait,
+            "stop": self._all_given_up,
+            "before_sleep": before_sleep_log(logger, logging.DEBUG),
+            "reraise": True,
+        }
+
+    def _after_failure(self, retry_state: RetryCallState) -> None:
+        assert retry_state.outcome is not None
+        error = retry_state.outcome.exception()
+        assert isinstance(error, RedisUnavailable)  # the only kind retried
+        self.failed(error)
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        """The backoff, cut short at the next deadline of a step still tried."""
+        if not self.live:
+            return 0.0
+        next_deadline = min(self.deadlines[i] for i in self.live)
+        return max(0.0, min(self._backoff(retry_state), next_deadline - self._clock()))
+
+    def _all_given_up(self, retry_state: RetryCallState) -> bool:
+        return not self.live
+
+
 def _fail_step(future: asyncio.Future[list[Reply]], error: BaseException) -> None:
     """Fail a waiting step. Its waiter (if it still waits) gets the error when it awaits; one
     that gave up (cancelled) never will, so mark the error seen rather than have asyncio log
     "exception was never retrieved" for it."""
     future.set_exception(error)
     future.exception()
+
+
+def _settle_step(future: asyncio.Future[list[Reply]], result: Outcome) -> None:
+    if future.done():  # its waiter gave up
+        return
+    if isinstance(result, PrqError):
+        _fail_step(future, result)
+    else:
+        future.set_result(result)
 
 
 def _needs_scripts(replies: list[Reply]) -> bool:
@@ -251,8 +345,8 @@ class AsyncRedisIO(IOCounters):
     the steps that other tasks want to send wait and then go together in the next one. A step
     that finds the link idle is sent at once by its own task, so batching adds no latency, and
     under load it saves most round trips. The first attempt is plain; the retry machinery is
-    built only after a connection failure. Batches are safe to retry as a whole because every
-    prq step is idempotent on replay.
+    built only after a connection failure. Batches are safe to retry because every prq step
+    is idempotent on replay; each step in one keeps its own retry budget (StepBudgets).
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
@@ -279,11 +373,18 @@ class AsyncRedisIO(IOCounters):
             raise _closed_error()
         if not self._busy and self._flusher is None:
             self._busy = True
+            outcome: list[Outcome] = []
+            budget_s = self.settings.retry_budget_s
             try:
-                result = _split([calls], await self._send(calls))[0]
+                await self._send(
+                    StepBudgets(
+                        [calls], [time.monotonic()], budget_s, lambda _, r: outcome.append(r)
+                    )
+                )
             finally:
                 self._busy = False
                 self._start_flusher()
+            (result,) = outcome
             if isinstance(result, PrqError):
                 raise result
             return result
@@ -355,46 +456,45 @@ class AsyncRedisIO(IOCounters):
         self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]]
     ) -> None:
         asked = [self._asked.pop(future, time.monotonic()) for _, future in batch]
+        budgets = StepBudgets(
+            [calls for calls, _ in batch],
+            asked,
+            self.settings.retry_budget_s,
+            lambda i, result: _settle_step(batch[i][1], result),
+        )
         try:
-            replies = await self._send([call for step, _ in batch for call in step], min(asked))
+            await self._send(budgets)
         except BaseException as exc:  # never leave a waiting step behind
-            failure = exc if isinstance(exc, PrqError) else _closed_error(exc)
-            for _, future in batch:
-                if not future.done():
-                    _fail_step(future, failure)
+            budgets.give_up(exc if isinstance(exc, PrqError) else _closed_error(exc))
             if isinstance(exc, PrqError):
                 return
             raise
-        for (_, future), result in zip(batch, _split([s for s, _ in batch], replies), strict=True):
-            if future.done():
-                continue
-            if isinstance(result, PrqError):
-                _fail_step(future, result)
-            else:
-                future.set_result(result)
 
-    async def _send(self, calls: Sequence[Call], started: float | None = None) -> list[Reply]:
-        """One round trip, retried on connection errors; QueueUnavailable past the budget,
-        counted from `started` (when the oldest step of the batch was asked for)."""
-        started = time.monotonic() if started is None else started
+    async def _send(self, budgets: StepBudgets) -> None:
+        """One round trip for the steps, retried on connection errors while any step's budget
+        lasts (see StepBudgets); every step is settled, unless another error is raised."""
         try:
-            return await self._attempt(calls)
+            budgets.answered(await self._attempt(budgets.calls()))
+            return
         except RedisUnavailable as exc:
             logger.debug("redis attempt failed, retrying error=%s", exc)
-        budget_s = self.settings.retry_budget_s - (time.monotonic() - started)
-        deadline_s = max(0.0, budget_s) + self.redis_settings.socket_timeout_s + 1.0
+            budgets.failed(exc)
+        if not budgets.live:
+            return
+        deadline_s = max(0.0, budgets.remaining_s()) + self.redis_settings.socket_timeout_s + 1.0
         try:
             async with asyncio.timeout(deadline_s):
-                async for attempt in AsyncRetrying(**_retry_kwargs(budget_s)):
+                async for attempt in AsyncRetrying(**budgets.retrying()):
                     with attempt:
                         self.retries += 1
                         metrics.REDIS_RETRIES.inc()
-                        return await self._attempt(calls)
-        except RedisUnavailable as exc:
-            raise _unavailable(exc, self.settings.retry_budget_s) from exc
-        except TimeoutError as exc:
-            raise _unavailable(RedisUnavailable("deadline passed"), deadline_s) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                        budgets.answered(await self._attempt(budgets.calls()))
+        except RedisUnavailable:
+            assert not budgets.live  # each step was given up when its budget ran out
+        except TimeoutError:
+            budgets.give_up(
+                _unavailable(RedisUnavailable("deadline passed"), self.settings.retry_budget_s)
+            )
 
     async def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
         self.count(calls)

@@ -25,9 +25,9 @@ from prq.redis_io import (
     STEP_GRACE_S,
     IOCounters,
     RedisUnavailable,
+    StepBudgets,
     _closed_error,
     _needs_scripts,
-    _retry_kwargs,
     _split,
     _unavailable,
     client_kwargs,
@@ -151,42 +151,52 @@ class SyncRedisIO(IOCounters):
                     self._leading = False
 
     def _send_batch(self, batch: list[_Step]) -> None:
-        try:
-            replies = self._send(
-                [call for step in batch for call in step.calls], min(s.asked for s in batch)
-            )
-        except PrqError as exc:
-            for step in batch:
-                step.finish(exc)
+        # A step that waited past its budget (and a grace) behind earlier round trips is given
+        # up unsent: the thread leading this batch may be its own, and one more attempt could
+        # take it a socket timeout past the bound (budget + socket timeout + 1 s).
+        budget_s = self.settings.retry_budget_s
+        late = time.monotonic() - budget_s - STEP_GRACE_S
+        for step in batch:
+            if step.asked < late:
+                step.finish(
+                    _unavailable(RedisUnavailable("no round trip completed in time"), budget_s)
+                )
+        batch = [step for step in batch if not step.done]
+        if not batch:
             return
-        except BaseException as exc:  # never leave a waiting thread behind
-            for step in batch:
-                step.finish(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
-            raise
-        for step, result in zip(batch, _split([s.calls for s in batch], replies), strict=True):
-            step.finish(result)
-
-    def _send(self, calls: Sequence[Call], started: float) -> list[Reply]:
-        """One round trip, retried on connection errors; QueueUnavailable past the budget,
-        counted from `started` (when the oldest step of the batch was asked for)."""
-        if time.monotonic() - started > self.settings.retry_budget_s:
-            raise _unavailable(
-                RedisUnavailable("no round trip completed in time"), self.settings.retry_budget_s
-            )
+        budgets = StepBudgets(
+            [step.calls for step in batch],
+            [step.asked for step in batch],
+            budget_s,
+            lambda i, result: batch[i].finish(result),
+        )
         try:
-            return self._attempt(calls)
+            self._send(budgets)
+        except PrqError as exc:
+            budgets.give_up(exc)
+        except BaseException as exc:  # never leave a waiting thread behind
+            budgets.give_up(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
+            raise
+
+    def _send(self, budgets: StepBudgets) -> None:
+        """One round trip for the steps, retried on connection errors while any step's budget
+        lasts (see StepBudgets); every step is settled, unless another error is raised."""
+        try:
+            budgets.answered(self._attempt(budgets.calls()))
+            return
         except RedisUnavailable as exc:
             logger.debug("redis attempt failed, retrying error=%s", exc)
-        budget_s = self.settings.retry_budget_s - (time.monotonic() - started)
+            budgets.failed(exc)
+        if not budgets.live:
+            return
         try:
-            for attempt in Retrying(**_retry_kwargs(budget_s)):
+            for attempt in Retrying(**budgets.retrying()):
                 with attempt:
                     self.retries += 1
                     metrics.REDIS_RETRIES.inc()
-                    return self._attempt(calls)
-        except RedisUnavailable as exc:
-            raise _unavailable(exc, self.settings.retry_budget_s) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                    budgets.answered(self._attempt(budgets.calls()))
+        except RedisUnavailable:
+            assert not budgets.live  # each step was given up when its budget ran out
 
     def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
         self.count(calls)
