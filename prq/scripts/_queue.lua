@@ -6,7 +6,7 @@ Layout, for one endpoint (the caller passes LEVELS and PREFIX as KEYS):
   PREFIX .. p     zset    level p: queued ids, scored by virtual start time
   PREFIX .. p .. ':vt'    level p's clock (hash): g = the virtual time of the last id taken,
                   p<producer> = the last virtual time given to that producer, s = the takes this
-                  level made while a lower level waited
+                  level made while a lower level waited, c = the producer sweep's cursor
 
 The rules:
 - Priority: a take serves the highest level; but while lower levels hold work, every SHARE-th
@@ -19,8 +19,18 @@ The rules:
   so it waits behind at most one id per producer with work.
 - FIFO for one producer at one level: its virtual times strictly increase.
 - A level that empties is forgotten (its set, its clock and its entry in LEVELS).
+- A producer whose last virtual time is behind g has nothing queued (ids are taken lowest
+  virtual time first, and none is given a time below g): its field says no more than its
+  absence would (max(g, last) = g), so a level whose clock holds
+  more than SWEEP_ABOVE fields forgets such producers, SWEEP_COUNT fields a take (HSCAN from a
+  cursor kept in the clock as 'c'). g never goes back (the lowest virtual time is taken first,
+  and an id queued at the front gets g itself), so forgetting them changes no order. Without
+  this, a level that never empties would keep a field for every producer it ever served (one per
+  node restart, with the default producer).
 ]]
 local SHARE = 10
+local SWEEP_ABOVE = 64
+local SWEEP_COUNT = 16
 
 -- a limit is a positive integer; anything else written into the limits hash is no limit
 local function limit(value)
@@ -81,6 +91,19 @@ local function queue_remove(levels, prefix, p, id)
   end
 end
 
+-- forget up to SWEEP_COUNT producers of a level's clock whose last virtual time is behind g
+local function sweep_producers(clock, g)
+  local cursor = redis.call('HGET', clock, 'c') or '0'
+  local scan = redis.call('HSCAN', clock, cursor, 'COUNT', SWEEP_COUNT)
+  local fields = scan[2]
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 1) == 'p' and (tonumber(fields[i + 1]) or 0) < g then
+      redis.call('HDEL', clock, fields[i])
+    end
+  end
+  redis.call('HSET', clock, 'c', scan[1])
+end
+
 -- the next id to hand out, by the rules above, removed from its level; nil when none is queued
 local function queue_pop(levels, prefix)
   for _ = 1, 100000 do
@@ -99,6 +122,7 @@ local function queue_pop(levels, prefix)
     local got = redis.call('ZPOPMIN', q)
     if got[1] and redis.call('EXISTS', q) == 1 then
       redis.call('HSET', clock, 'g', got[2])
+      if redis.call('HLEN', clock) > SWEEP_ABOVE then sweep_producers(clock, tonumber(got[2])) end
       return got[1]
     end
     forget_level(levels, prefix, p)  -- emptied now, or found empty (expired)

@@ -217,3 +217,26 @@ def test_priority_and_producer_are_validated_before_anything_is_sent() -> None:
     Request(endpoint="poll://v", method="m", producer="p" * MAX_PRODUCER_LENGTH)
     with pytest.raises(pydantic.ValidationError):
         Request(endpoint="poll://v", method="m", producer="p" * (MAX_PRODUCER_LENGTH + 1))
+
+
+async def test_a_level_that_never_empties_forgets_producers_it_served(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given a level that always holds a steady producer's backlog
+    receiver = make_queue()
+    endpoint = "poll://many-producers"
+    assert bulk.enqueue_many(batch(endpoint, "steady", 1000)).accepted == 1000
+    clock = bulk.keys.endpoint(endpoint).level(0) + ":vt"
+
+    # When 400 short-lived producers (as nodes restarted with their default producer) each
+    # queue one request, and the receiver keeps up with them
+    for n in range(400):
+        assert bulk.enqueue_many(batch(endpoint, f"node-{n}", 1)).accepted == 1
+        await take(receiver, endpoint, 2)
+
+    # Then the level's clock remembers a bounded number of producers, not all 401
+    assert redis_client.exists(bulk.keys.endpoint(endpoint).level(0))
+    fields = redis_client.hkeys(clock)
+    producers = [f for f in fields if f.startswith(b"p")]
+    assert b"psteady" in producers
+    assert len(producers) <= 80, len(producers)
