@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from prq import PickupTimeout, Request, RequestState, Response
+from prq.bulk import BulkClient
 from prq.config import QueueSettings
 from prq.keys import EndpointKeys, KeySchema
 from prq.scripts import (
@@ -271,3 +272,30 @@ async def test_pickup_deadlines_are_judged_on_redis_clock(
     assert (await asyncio.wait_for(call, CALL_BOUND_S)).result == "ok"
     stored = redis_client.hget(KeySchema(key_prefix).endpoint(endpoint).request(request.id), "pd")
     assert abs(int(stored or 0) - time.time() * 1000) < 60_000  # no node's clock in it
+
+
+async def test_a_request_is_not_handed_past_queued_work(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a parked take, and a bulk batch queued meanwhile (bulk enqueues hand nothing off)
+    endpoint = "poll://queued-first"
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    park_silently(redis_client, keys, uuid.uuid4().hex, "slow-node")
+    with BulkClient.from_url(redis_url, prefix=key_prefix) as bulk:
+        batch = [Request(endpoint=endpoint, method="bulk", producer="job") for _ in range(3)]
+        assert bulk.enqueue_many(batch).accepted == 3
+    # When a caller sends a request
+    sender = make_queue()
+    request = Request(endpoint=endpoint, method="interactive")
+    call = asyncio.create_task(sender.queue_and_wait(request, timeout_s=CALL_BOUND_S))
+    await async_wait_until(lambda: redis_client.exists(keys.request(request.id)), 10, 0.01)
+    # Then it waits its turn in the queue instead of jumping it through the park
+    assert redis_client.hget(keys.request(request.id), "st") == b"queued"
+    receiver = make_queue()
+    taken = [await receiver.dequeue(endpoint, timeout_s=5) for _ in range(4)]
+    methods = [p.request.method for p in taken if p is not None]
+    assert sorted(methods[:2]) == ["bulk", "interactive"]  # producers take turns
+    for pending in taken:
+        assert pending is not None
+        await receiver.apply_response(Response(id=pending.id, result="ok"))
+    assert (await asyncio.wait_for(call, CALL_BOUND_S)).result == "ok"
