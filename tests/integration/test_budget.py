@@ -28,9 +28,11 @@ pytestmark = pytest.mark.integration
 SENDER_COMMANDS_PER_CALL = 2
 #: ...sent together in one round trip; the response arrives inside the pulse (no read).
 SENDER_ROUND_TRIPS_PER_CALL = 1
-#: A receiver serving sequential calls spends the apply_response script and one take, which
-#: parks it so that the next request is handed to it directly (no take on the critical path).
-RECEIVER_COMMANDS_PER_CALL = 2
+#: A receiver serving sequential calls spends a take that confirms the request handed to it
+#: (scripts/_handoff.lua: nothing runs on the strength of a pulse alone, so a hand-off to a
+#: receiver that died while parked goes to another one), the apply_response script, and one
+#: take that parks it again so that the next request is handed to it directly.
+RECEIVER_COMMANDS_PER_CALL = 3
 #: Now and then a pulse crosses the take that parks the receiver (the request went to the list
 #: a moment before); the receiver then takes once more, to be safe. A few such takes per run.
 RECEIVER_SPARE_TAKES = 3
