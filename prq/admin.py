@@ -16,7 +16,10 @@ read-only ACL user of `redis-conf/users.acl`. Where its figures come from:
 - limits: the endpoint's capacity limits hash (prq.limits), read in the same round trip; a
   stored value that is not a positive integer shows as None (no limit) and logs a warning;
 - dead letters: the size of the endpoint's dead-letter set (prq.dead), in the same round trip;
-  `dead_letters()` lists them with prq.dead's own listing flow, driven here with reads only.
+  `dead_letters()` lists them with prq.dead's own listing flow, driven here with reads only;
+- queued requests and dead letters: a stored body (up to max_body_bytes) is read only within
+  prq.dead's bounds (BODY_READ_MAX_BYTES each, BODY_READ_BUDGET_BYTES per listing), its size
+  always coming from HSTRLEN; one listed beyond them shows its size only (`body_read=False`).
 
 Each figure is read in a few pipelined round trips however many endpoints there are, so the
 admin service can collect them on every scrape. Changes (cancel) go through the queue API.
@@ -36,11 +39,11 @@ from redis.exceptions import RedisError
 from prq import bodies
 from prq._types import Call, Exec, Flow
 from prq.config import QueueSettings, RedisSettings
-from prq.dead import DeadLetter, dead_letters_flow
+from prq.dead import DeadLetter, bodies_to_read, dead_letters_flow
 from prq.errors import QueueUnavailable, SerializationError
 from prq.flows import Context
 from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
-from prq.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.keys import EndpointKeys, KeySchema, decode_endpoint, encode_endpoint
 from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_request, validate_endpoint
@@ -69,7 +72,7 @@ SHOWN_LEVELS = 32
 #: Most queued requests one page may list.
 MAX_PAGE = 500
 #: The only commands a flow driven by the Inspector may send (see `_read_flows`).
-_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "GET"})
+_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "HSTRLEN", "GET"})
 
 
 class PriorityDepth(BaseModel):
@@ -111,13 +114,18 @@ class QueuedItem(BaseModel):
     id: str
     method: str
     service: str
-    priority: int
+    #: None when the body was not read (see `body_read`).
+    priority: int | None
     producer: str | None
     created_ms: int
     age_s: float
     body_bytes: int
     #: Why the stored request could not be read (it is listed all the same), else None.
     error: str | None = None
+    #: False when the body was too large to read for a listing (over
+    #: prq.dead.BODY_READ_MAX_BYTES, or past the page's BODY_READ_BUDGET_BYTES): its size and
+    #: age are right; its method and service are empty, its priority and producer None.
+    body_read: bool = True
 
 
 class QueuedPage(BaseModel):
@@ -322,17 +330,40 @@ class Inspector:
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
             for request_id in ids:
-                pipe.hmget(keys.request(request_id), ["st", "b", "ct"])
-            now_reply, *rows = await pipe.execute()
+                pipe.hmget(keys.request(request_id), ["st", "ct"])
+                pipe.hstrlen(keys.request(request_id), "b")
+            now_reply, *replies = await pipe.execute()
         now_ms = _server_ms(now_reply)
+        states, sizes = replies[::2], replies[1::2]
+        queued = [
+            (request_id, created, size)
+            for request_id, (st, created), size in zip(ids, states, sizes, strict=True)
+            if _text(st) == "queued"
+        ]
+        wanted = bodies_to_read([size for _, _, size in queued])
+        bodies = await self._bodies(
+            keys, [request_id for (request_id, _, _), ok in zip(queued, wanted, strict=True) if ok]
+        )
         items = []
-        for request_id, (st, body, created) in zip(ids, rows, strict=True):
-            if _text(st) != "queued" or body is None:
-                continue
-            items.append(_queued_item(request_id, endpoint, body, created, now_ms))
+        for request_id, created, size in queued:
+            if request_id not in bodies:
+                items.append(_unread_item(request_id, created, size, now_ms))
+            elif (body := bodies[request_id]) is not None:  # else: gone since it was listed
+                items.append(_queued_item(request_id, endpoint, body, created, now_ms))
         return QueuedPage(
             endpoint=endpoint, offset=offset, limit=limit, total=int(total), items=items
         )
+
+    async def _bodies(self, keys: EndpointKeys, ids: list[str]) -> dict[str, bytes | None]:
+        """The stored bodies of these requests (None: the request is gone), one round trip."""
+        if not ids:
+            return {}
+        with _reading():
+            pipe = self.client.pipeline(transaction=False)
+            for request_id in ids:
+                pipe.hmget(keys.request(request_id), ["b"])
+            rows = await pipe.execute()
+        return {request_id: body for request_id, (body,) in zip(ids, rows, strict=True)}
 
     async def dead_letters(
         self, endpoint: str, offset: int = 0, limit: int = 100
@@ -416,11 +447,24 @@ def _reading() -> Iterator[None]:
         raise QueueUnavailable(f"Redis did not answer: {exc}") from exc
 
 
+def _created(created: Any, now_ms: int) -> tuple[int, float]:
+    """A request's creation time (ms since the epoch, 0 when unknown) and its age, seconds."""
+    created_ms = int(_text(created) or 0)
+    return created_ms, max(0.0, (now_ms - created_ms) / 1000) if created_ms else 0.0
+
+
+def _unread_item(request_id: str, created: Any, size: int, now_ms: int) -> QueuedItem:
+    created_ms, age_s = _created(created, now_ms)
+    return QueuedItem(
+        id=request_id, method="", service="", priority=None, producer=None,
+        created_ms=created_ms, age_s=age_s, body_bytes=size, body_read=False,
+    )  # fmt: skip
+
+
 def _queued_item(
     request_id: str, endpoint: str, body: bytes, created: Any, now_ms: int
 ) -> QueuedItem:
-    created_ms = int(_text(created) or 0)
-    age_s = max(0.0, (now_ms - created_ms) / 1000) if created_ms else 0.0
+    created_ms, age_s = _created(created, now_ms)
     size = len(body)
     try:
         data = unwrap(body)

@@ -7,11 +7,15 @@ error as well; the dead letter keeps the stored bytes, the reason, the attempt c
 time, so the request can be looked at, replayed (queued again under the same id, once) or
 purged. Dead letters expire after `dead_letter_ttl_s`, and an endpoint keeps at most
 `dead_letter_max` of them (oldest dropped first); see dead_letter.lua.
+
+Listings read stored bodies only within bounds (`bodies_to_read`): sizes come from HSTRLEN,
+and a body too large to read for a listing is listed with its size and no preview, marked so.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -24,8 +28,11 @@ from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
 from prq.signing import unwrap
 
 __all__ = [
+    "BODY_READ_BUDGET_BYTES",
+    "BODY_READ_MAX_BYTES",
     "DeadLetter",
     "ReplayOutcome",
+    "bodies_to_read",
     "dead_letter_call",
     "dead_letters_flow",
     "purge_dead_letters_flow",
@@ -36,6 +43,13 @@ __all__ = [
 PREVIEW_BYTES = 1024
 #: Most dead letters one listing returns.
 MAX_LISTED = 1000
+#: A listing (of dead letters, or of queued requests: prq.admin) reads a stored body only when
+#: it is at most this long, and only while the bodies it read total at most the budget: one
+#: listing moves a bounded number of bytes through Redis and its reader, however large the
+#: bodies (up to max_body_bytes each) and however many are listed. The others show their size
+#: only, marked `body_read=False`.
+BODY_READ_MAX_BYTES = 1024 * 1024
+BODY_READ_BUDGET_BYTES = 8 * 1024 * 1024
 
 ReplayOutcome = Literal["replayed", "live", "missing"]
 
@@ -56,6 +70,12 @@ class DeadLetter(BaseModel):
     #: Size of its stored bytes, and their start as text (invalid UTF-8 replaced).
     body_bytes: int
     body_preview: str
+    #: The preview is less than the whole body: its first PREVIEW_BYTES only, or nothing when
+    #: the body was not read.
+    body_preview_cut: bool = False
+    #: False when the body was too large to read for a listing (over BODY_READ_MAX_BYTES, or
+    #: past the listing's BODY_READ_BUDGET_BYTES): the preview is empty, the size is right.
+    body_read: bool = True
 
 
 def dead_letter_call(
@@ -102,15 +122,27 @@ def dead_letters_flow(
     ids = [reply_text(i) for i in reply_list(first_reply(replies))]
     if not ids:
         return []
-    replies = yield Exec((Call(("HMGET", details_key, *ids)), Call(("HMGET", bodies_key, *ids))))
+    sizes = tuple(Call(("HSTRLEN", bodies_key, request_id)) for request_id in ids)
+    replies = yield Exec((Call(("HMGET", details_key, *ids)), *sizes))
     assert isinstance(replies, list)
-    details, bodies = reply_list(replies[0]), reply_list(replies[1])
+    details, lengths = reply_list(replies[0]), [_int(n) for n in replies[1:]]
+    read = [request_id for request_id, ok in zip(ids, bodies_to_read(lengths), strict=True) if ok]
+    bodies: dict[str, Reply] = {}
+    if read:
+        replies = yield Exec((Call(("HMGET", bodies_key, *read)),))
+        bodies = dict(zip(read, reply_list(first_reply(replies)), strict=True))
     letters = []
-    for request_id, raw, body in zip(ids, details, bodies, strict=True):
-        if raw is None or body is None:
-            continue  # dropped between the two reads
+    for request_id, raw, size in zip(ids, details, lengths, strict=True):
+        body = bodies.get(request_id)
+        if raw is None or (request_id in bodies and body is None):
+            continue  # dropped between the reads
         info = _details(raw)
-        data = body if isinstance(body, bytes) else reply_text(body).encode()
+        if body is None:
+            preview, cut = "", True
+        else:
+            data = unwrap(body if isinstance(body, bytes) else reply_text(body).encode())
+            preview = data[:PREVIEW_BYTES].decode("utf-8", errors="replace")
+            cut = len(data) > PREVIEW_BYTES
         letters.append(
             DeadLetter(
                 id=request_id,
@@ -118,11 +150,24 @@ def dead_letters_flow(
                 reason=str(info.get("reason", "")),
                 attempts=_int(info.get("attempts")),
                 dead_at_ms=_int(info.get("at")),
-                body_bytes=len(data),
-                body_preview=unwrap(data)[:PREVIEW_BYTES].decode("utf-8", errors="replace"),
+                body_bytes=size,
+                body_preview=preview,
+                body_preview_cut=cut,
+                body_read=body is not None,
             )
         )
     return letters
+
+
+def bodies_to_read(sizes: Sequence[int]) -> list[bool]:
+    """Which of a listing's stored bodies, of these sizes in listing order, it may read: each
+    at most BODY_READ_MAX_BYTES, together at most BODY_READ_BUDGET_BYTES."""
+    chosen, total = [], 0
+    for size in sizes:
+        ok = size <= BODY_READ_MAX_BYTES and total + size <= BODY_READ_BUDGET_BYTES
+        total += size if ok else 0
+        chosen.append(ok)
+    return chosen
 
 
 def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flow[ReplayOutcome]:

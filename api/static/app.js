@@ -16,6 +16,8 @@ const REFRESH_MS = 2000;
 const DEAD_LETTERS_SHOWN = 100;
 /** Characters of a dead letter's preview shown in its row (all of it in the tooltip). */
 const PREVIEW_CHARS = 80;
+/** Shown for a body the service did not read: too large for a listing (its size still shows). */
+const NOT_READ = "(body too large to read here)";
 
 const $ = (id) => document.getElementById(id);
 
@@ -194,7 +196,9 @@ function queuedRow(item) {
   if (row) return row;
   row = el("tr", { "data-testid": "queued-row", "data-request-id": item.id },
     el("td", { class: "mono", "data-testid": "queued-id", text: item.id }),
-    el("td", { "data-testid": "queued-method", text: item.method }),
+    item.body_read === false
+      ? el("td", { class: "muted", "data-testid": "queued-method", text: NOT_READ })
+      : el("td", { "data-testid": "queued-method", text: item.method }),
     el("td", { class: "num", "data-testid": "queued-age" }),
     el("td", { "data-testid": "queued-producer", text: item.producer ?? "—" }),
     el("td", { class: "num", "data-testid": "queued-priority", text: formatCount(item.priority) }),
@@ -338,10 +342,20 @@ function replayButton(letter) {
   });
 }
 
-/** The start of a preview, on one line (control characters shown as spaces). */
-function previewText(preview) {
-  const flat = String(preview ?? "").replace(/[\u0000-\u001f\u007f-\u009f]/g, " ");
-  return flat.length > PREVIEW_CHARS ? `${flat.slice(0, PREVIEW_CHARS)}…` : flat;
+/** The start of a dead letter's preview, on one line (control characters shown as spaces);
+ * an ellipsis marks a preview cut short, here or by the service. */
+function previewText(letter) {
+  if (letter.body_read === false) return NOT_READ;
+  const flat = String(letter.body_preview ?? "").replace(/[\u0000-\u001f\u007f-\u009f]/g, " ");
+  const cut = flat.length > PREVIEW_CHARS || letter.body_preview_cut === true;
+  return cut ? `${flat.slice(0, PREVIEW_CHARS)}…` : flat;
+}
+
+/** All of a dead letter's preview, for its tooltip. */
+function previewTitle(letter) {
+  if (letter.body_read === false) return NOT_READ;
+  const preview = String(letter.body_preview ?? "");
+  return letter.body_preview_cut === true ? `${preview}…` : preview;
 }
 
 function deadRow(letter) {
@@ -356,8 +370,8 @@ function deadRow(letter) {
     el("td", {
       class: "mono preview",
       "data-testid": "dead-preview",
-      title: String(letter.body_preview ?? ""),
-      text: previewText(letter.body_preview),
+      title: previewTitle(letter),
+      text: previewText(letter),
     }),
     state.role === "admin" ? el("td", { class: "actions" }, replayButton(letter)) : null);
   deadRows.set(letter.id, row);

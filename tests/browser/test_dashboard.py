@@ -5,7 +5,8 @@ holds, cancel one for an admin (its caller gets CancelledBeforePickup), and offe
 read-only token. An endpoint's priorities panel shows what waits at each priority, highest
 first. Its limits panel shows its capacity limits, with a form to set them
 for an admin only; its dead-letter panel lists them as text, with Replay and a confirmed Purge
-all for an admin only. Screenshots land in test-output/ (dashboard.png, and
+all for an admin only. A body too large for a listing to read shows its size and says so.
+Screenshots land in test-output/ (dashboard.png, and
 dashboard-dead-letters.png) for people to look at.
 """
 
@@ -20,6 +21,7 @@ import redis
 from playwright.sync_api import Locator, Page, expect
 
 from prq import CancelledBeforePickup, RequestState
+from prq.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES
 from prq.keys import KeySchema
 from tests.browser.support import AdminService, Callers
 
@@ -34,6 +36,9 @@ DEAD_LETTERS_SCREENSHOT = SCREENSHOT.with_name("dashboard-dead-letters.png")
 #: An endpoint name with markup in it: shown as typed, never run or parsed.
 EVIL_ENDPOINT = 'poll://dash/<script>window.__pwned=1</script><b>&amp;"bold"</b>'
 TOKEN_KEY = "prq.dashboard.token"
+#: A body no listing reads (prq.dead.BODY_READ_MAX_BYTES), and what the page shows instead.
+LARGE_BODY = 3 * BODY_READ_MAX_BYTES
+NOT_READ = "(body too large to read here)"
 #: A number above zero, as an attribute holds it.
 POSITIVE = re.compile(r"^(?!0(?:\.0*)?$)[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?$")
 
@@ -363,6 +368,37 @@ def test_read_only_token_sees_dead_letters_without_buttons(
     expect(page.get_by_role("button", name=re.compile("Replay"))).to_have_count(0)
     expect(page.get_by_test_id("dead-purge")).to_be_hidden()
     assert [d.id for d in callers.queue.dead_letters(endpoint)] == [request_id]
+
+
+def test_bodies_too_large_for_a_listing_show_their_size_and_say_so(
+    page: Page, admin_service: AdminService, callers: Callers, redis_url: str
+) -> None:
+    # Given a listed endpoint with a request whose body is too large for a listing to read,
+    # a dead letter with such a body, and one whose body is longer than its preview
+    endpoint = "poll://dash/large"
+    callers.call(endpoint, "work", producer="batch")
+    huge = callers.queue.notify(endpoint, "huge", "x" * LARGE_BODY)
+    unread = callers.dead_letter(redis_url, endpoint, b"h" * LARGE_BODY)
+    cut = callers.dead_letter(redis_url, endpoint, b"c" * (PREVIEW_BYTES + 1))
+
+    # When a read-only user opens the endpoint
+    open_dashboard(page, admin_service, admin_service.read_token)
+    endpoint_row(page, endpoint).get_by_test_id("endpoint-link").click()
+
+    # Then the large request shows its size and says its body was not read
+    row = page.get_by_test_id("queued-row").filter(
+        has=page.get_by_test_id("queued-id").get_by_text(huge, exact=True)
+    )
+    expect(row.get_by_test_id("queued-method")).to_have_text(NOT_READ, timeout=EXPECT_MS)
+    expect(row.get_by_test_id("queued-size")).to_have_text("3.0 MiB")
+    expect(row.get_by_test_id("queued-priority")).to_have_text("—")
+    # And so does the large dead letter; the long one's preview says it was cut
+    large_letter = dead_row(page, unread)
+    expect(large_letter.get_by_test_id("dead-preview")).to_have_text(NOT_READ, timeout=EXPECT_MS)
+    expect(large_letter.get_by_test_id("dead-size")).to_have_text("3.0 MiB")
+    preview = dead_row(page, cut).get_by_test_id("dead-preview")
+    expect(preview).to_have_text("c" * 80 + "…")
+    expect(preview).to_have_attribute("title", "c" * PREVIEW_BYTES + "…")
 
 
 def test_the_priorities_panel_shows_what_waits_at_each_priority(
