@@ -9,10 +9,8 @@ answered: id → PendingRequest with the owner token that answering needs).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +22,7 @@ from prq import metrics
 from prq._types import Call, Exec, Flow, Offload, Reply
 from prq.bodies import is_spilled
 from prq.config import QueueSettings, RedisSettings
+from prq.data_loss import Floor
 from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
 from prq.errors import (
@@ -71,6 +70,7 @@ from prq.scripts import (
 )
 from prq.signing import Signer, unwrap
 from prq.stream_keeper import StreamKeeper
+from prq.taken import TakenRequests
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -80,8 +80,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SHUTDOWN_POLL_S", "QueueBase", "QueueStats"]
 
-#: How many taken request ids a node remembers (to refuse a second delivery after a rollback).
-DEFAULT_TAKEN_MEMORY = 100_000
 #: How often closing looks whether the held requests were answered (seconds).
 SHUTDOWN_POLL_S = 0.02
 
@@ -183,10 +181,9 @@ class QueueBase:
         self._held_bodies: dict[str, bytes] = {}
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
         self._held: dict[str, PendingRequest] = {}
-        #: Ids (and attempt) this node took lately: a second delivery of the same attempt can
-        #: only come from a Redis that went back in time, and must not run again.
-        self._taken: OrderedDict[str, int] = OrderedDict()
-        self._taken_lock = threading.Lock()
+        #: What this node took lately, by sequence number: a second hand-out of the same one
+        #: can only come from a Redis that went back in time, and must not run (prq.taken).
+        self._taken = TakenRequests()
         #: at_least_once requests this node ran, and their answers (prq.ran).
         self._ran = RanRequests()
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
@@ -317,6 +314,7 @@ class QueueBase:
         bad: list[tuple[TakenItem, SerializationError]] = []
         refused: list[str] = []
         ran: list[TakenItem] = []
+        life = self._watch.data_loss.life(endpoint, time.monotonic())
         for item in items:
             try:
                 data = opened[item.request_id]
@@ -337,13 +335,10 @@ class QueueBase:
                 )
                 bad.append((item, exc))
                 continue
-            if not self._first_delivery(request.id, item.attempt):
-                self._watch.declare_data_loss(
-                    f"request {request.id} was handed out again (attempt {item.attempt})"
-                )
+            if not self._first_delivery(endpoint, item, life):
                 refused.append(item.request_id)
                 continue
-            if request.delivery == "at_least_once" and not self._first_run(endpoint, item):
+            if request.delivery == "at_least_once" and not self._first_run(endpoint, item, life):
                 ran.append(item)
                 continue
             delivery = DeliveryInfo(
@@ -357,11 +352,34 @@ class QueueBase:
             metrics.pickup_waited(endpoint, item.created_ms)
         return Adopted(good, bad, refused, ran)
 
-    def _first_run(self, endpoint: str, item: TakenItem) -> bool:
+    def _first_delivery(self, endpoint: str, item: TakenItem, life: int) -> bool:
+        """Remember a take; False if this node took the same hand-out before (the same
+        sequence number in this life of the endpoint's counter, the same id, an attempt not
+        later): a Redis that went back in time handed it out again, and it must not run. Data
+        loss is declared, unless it was already when that Redis was met (prq.taken)."""
+        epoch = self._watch.epoch
+        verdict = self._taken.take(
+            endpoint, item.sequence, item.request_id, item.attempt, life, epoch
+        )
+        if verdict == "again":
+            self._watch.declare_data_loss(
+                f"request {item.request_id} was handed out again (sequence {item.sequence}, "
+                f"attempt {item.attempt})"
+            )
+        elif verdict == "again_after_loss":
+            logger.warning(
+                "request handed out again after data loss refused request_id=%s sequence=%d",
+                item.request_id, item.sequence,
+            )  # fmt: skip
+        return verdict == "first"
+
+    def _first_run(self, endpoint: str, item: TakenItem, life: int) -> bool:
         """Remember that this node runs an at_least_once request; False if it ran (or runs)
         the same one before: a redelivery (attempt 2 or later), not to be run again."""
-        epoch = self._watch.data_loss.events
-        return self._ran.first_run(endpoint, item.sequence, item.attempt, epoch)
+        generation = (self._watch.epoch, life)
+        return self._ran.first_run(
+            endpoint, item.sequence, item.request_id, item.attempt, generation
+        )
 
     def _ran_again(self, endpoint: str, token: str, item: TakenItem) -> Flow[None]:
         """A redelivery of an at_least_once request this node ran or runs: never run it again.
@@ -404,7 +422,7 @@ class QueueBase:
             if self._watch.presence.took(endpoint, time.monotonic()):
                 self._watch.wake()
             token = self._take_token(endpoint)
-            floor = self._watch.data_loss.counters.get(endpoint, 0)
+            floor = self._watch.data_loss.floor(endpoint, time.monotonic())
             self._taking[token] = endpoint
             current[:] = [token]
             try:
@@ -449,16 +467,6 @@ class QueueBase:
             if good or not result.items:
                 return good
 
-    def _first_delivery(self, request_id: str, attempt: int) -> bool:
-        """Remember a take; False if this node took the same attempt of the request before."""
-        with self._taken_lock:
-            if self._taken.get(request_id, 0) >= attempt:
-                return False
-            self._taken[request_id] = attempt
-            if len(self._taken) > DEFAULT_TAKEN_MEMORY:
-                self._taken.popitem(last=False)
-            return True
-
     def _take_token(self, endpoint: str) -> str:
         spare = self._spare_tokens.get(endpoint)
         return spare.pop() if spare else new_token()
@@ -466,18 +474,18 @@ class QueueBase:
     def _take_failed(self, endpoint: str, token: str) -> None:
         self._spare_tokens.setdefault(endpoint, []).append(token)
 
-    def _rolled_back(self, endpoint: str, floor: int, result: TakeResult) -> bool:
-        """A take saw the enqueue counter lower than known before it was sent: Redis went back
-        in time, and what it handed out may have run already. Declare data loss (True)."""
+    def _rolled_back(self, endpoint: str, floor: Floor | None, result: TakeResult) -> bool:
+        """A take saw the enqueue counter lower than known (and vouched for) before it was
+        sent: Redis went back in time, and what it handed out may have run already. Declare
+        data loss (True)."""
         if result.counter is None:
             return False
-        if result.counter < floor:
-            self._watch.declare_data_loss(
-                f"enqueue counter of {endpoint!r} went back from {floor} to {result.counter}"
-            )
-            self._watch.data_loss.observe(endpoint, result.counter)
+        now = time.monotonic()
+        reason = self._watch.data_loss.read(endpoint, floor, result.counter, now)
+        if reason:
+            self._watch.declare_data_loss(reason)
+            self._watch.data_loss.observe(endpoint, result.counter, now)
             return True
-        self._watch.data_loss.observe(endpoint, result.counter)
         return False
 
     def _response_body(self, response: Response) -> bytes | None:

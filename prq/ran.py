@@ -1,8 +1,13 @@
 """What one receiver node ran of at_least_once requests, so it never runs a redelivery twice.
 
 Per endpoint, the sequence numbers it ran (prq.seen: "highest seen + gaps"), and the answers it
-gave, newest last and bounded, to answer a redelivery with the same answer. Everything is
-forgotten when the node declares that Redis lost data: sequence numbers start again then.
+gave, newest last and bounded, to answer a redelivery with the same answer. A sequence number
+names one enqueue only within one *generation* of the endpoint: the node's epoch and the life
+of the endpoint's enqueue counter (prq.data_loss). After a declared data loss the counter may
+have gone back, after a lapse it may have expired; either way it hands the same numbers to new
+requests, so an endpoint's numbers are forgotten when its generation changes. An answer is kept
+by request id, for the latest run of that id only: an id sent again after its record expired is
+a new request, and a redelivery of it must not get the answer of the earlier one.
 Thread-safe (the blocking facade adopts requests from several serve threads).
 """
 
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 
 from prq.seen import SeenSequences
 
@@ -25,23 +31,26 @@ class RanRequests:
 
     def __init__(self, max_responses: int = DEFAULT_RAN_RESPONSES) -> None:
         self._lock = threading.Lock()
-        self._sequences: dict[str, SeenSequences] = {}
+        #: endpoint -> (generation, the sequence numbers run in it)
+        self._sequences: dict[str, tuple[Hashable, SeenSequences]] = {}
         self._responses: OrderedDict[str, bytes] = OrderedDict()
         self._max_responses = max_responses
-        self._epoch = 0
 
-    def first_run(self, endpoint: str, sequence: int, attempt: int, epoch: int) -> bool:
+    def first_run(
+        self, endpoint: str, sequence: int, request_id: str, attempt: int, generation: Hashable
+    ) -> bool:
         """Remember that a request runs here; False if this node ran (or runs) it before: a
-        redelivery (attempt 2 or later), not to be run again. `epoch` counts the node's data
-        loss declarations: a new one forgets everything."""
+        redelivery (attempt 2 or later), not to be run again. `generation` is the endpoint's
+        (module docstring): a new one forgets the endpoint's numbers."""
         with self._lock:
-            if epoch != self._epoch:
-                self._sequences.clear()  # Redis lost data: its sequence numbers start again
-                self._responses.clear()
-                self._epoch = epoch
             if sequence <= 0:
                 return True
-            first = self._sequences.setdefault(endpoint, SeenSequences()).add(sequence)
+            known = self._sequences.get(endpoint)
+            if known is None or known[0] != generation:
+                known = self._sequences[endpoint] = (generation, SeenSequences())
+            first = known[1].add(sequence)
+            if first:
+                self._responses.pop(request_id, None)  # an earlier request's, under the same id
             return first or attempt <= 1  # a first attempt is never a redelivery
 
     def remember(self, request_id: str, response: bytes) -> None:

@@ -57,6 +57,7 @@ class NodeWatch:
         self.server_warnings: list[str] = []
         #: Wakes the facade's watch loop for a turn now (set by the facade).
         self.wake: Callable[[], None] = lambda: None
+        self.data_loss.wake = lambda: self.wake()
         self.router = router
         router.on_cancel = self.cancelled_by_pulse
 
@@ -72,7 +73,7 @@ class NodeWatch:
                 plan.beats.append(lease)
                 plan.steps.append([call])
         if check_only or self.data_loss.check_due(now):
-            plan.check = self.data_loss.check(now)
+            plan.check = self.data_loss.check(now, self._in_flight())
             plan.steps.append(plan.check.calls)
             if not check_only:
                 plan.server_step = len(plan.steps)
@@ -134,8 +135,9 @@ class NodeWatch:
 
     def observe_counter(self, endpoint: str, counter: int) -> None:
         """An enqueue reported the endpoint's counter (the next check compares against it)."""
-        self.data_loss.observe(endpoint, counter)
-        if self.presence.sent(endpoint, time.monotonic()):
+        now = time.monotonic()
+        self.data_loss.observe(endpoint, counter, now)
+        if self.presence.sent(endpoint, now):
             self.wake()
 
     def declare_data_loss(self, reason: str) -> None:
@@ -146,7 +148,12 @@ class NodeWatch:
 
     def hold(self, pending: PendingRequest, now: float) -> None:
         self.liveness.hold(pending, now)
-        self.data_loss.watch_endpoint(pending.request.endpoint)
+
+    def _in_flight(self) -> set[str]:
+        """Endpoints this node has requests in flight on (sent or held): their enqueue counters
+        stay watched however long ago the node last enqueued or took there."""
+        leases = [*self.liveness.sent.values(), *self.liveness.held.values()]
+        return {lease.endpoint for lease in leases}
 
     def wait_s(self, now: float) -> float:
         """How long the loop may sleep before its next turn."""

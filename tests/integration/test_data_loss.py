@@ -1,5 +1,6 @@
 """Data loss: a flush, a canary rolled back, or an enqueue counter gone back fails every call in
-flight with DataLoss at once, cancels what the node holds, and new calls work again."""
+flight with DataLoss at once, cancels what the node holds, and new calls work again; an enqueue
+counter that expired in its own time (an idle endpoint) is none."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from prq import DataLoss, Request, RequestState
+from prq import AsyncQueue, DataLoss, Queue, Request, RequestState
 from prq.embedded import EmbeddedRedis
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
 from tests.redis_servers import async_wait_until
@@ -26,11 +27,19 @@ WATCHED: dict[str, Any] = {
     "poll_interval_s": 30.0,
     "pickup_timeout_s": 60,
 }
+#: Shrunk TTLs: an enqueue counter nobody refreshes expires 2 s after its last refresh.
+SHORT_LIVED: dict[str, Any] = {"list_ttl_s": 2.0, "data_loss_check_interval_s": 0.2}
 
 
 def events(queue: AnyQueue) -> int:
     raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
     return raw.stats.data_loss_events
+
+
+def known_floor(raw: AsyncQueue | Queue, endpoint: str) -> int | None:
+    """The enqueue counter a node compares the next reading with (None: not vouched for)."""
+    floor = raw._watch.data_loss.floor(endpoint, time.monotonic())
+    return None if floor is None else floor.value
 
 
 async def test_a_flush_fails_calls_in_flight_and_cancels_held_requests(
@@ -88,7 +97,7 @@ async def test_a_rollback_that_leaves_the_canary_in_place_is_noticed(
     waiting = asyncio.create_task(sender.call("poll://rb", "m"))
     sequence = raw.keys.endpoint("poll://rb").sequence
     await async_wait_until(lambda: own_redis_client.get(sequence) == b"4", 5, 0.02, "queued")
-    await async_wait_until(lambda: raw._watch.data_loss.counters.get("poll://rb") == 4, 5)
+    await async_wait_until(lambda: known_floor(raw, "poll://rb") == 4, 5, 0.02, "vouched for")
 
     # When Redis "goes back in time" with the canary still there (old snapshot, stale replica)
     if sign == "canary rolled back":
@@ -124,3 +133,57 @@ async def test_a_restart_empty_is_detected_and_calls_work_again(
     receiver = make_own_queue(**WATCHED)
     make_own_queue.serve(receiver, "poll://restart", lambda request: request.params)
     assert await asyncio.wait_for(sender.call("poll://restart", "m", 1), 15) == 1
+
+
+async def test_an_endpoint_left_idle_past_its_list_ttl_is_no_data_loss(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given a receiver serving an endpoint a sender called once, and calls going on on another
+    sender = make_queue(**SHORT_LIVED)
+    receiver = make_queue(**SHORT_LIVED)
+    idle = make_queue.serve(receiver, "poll://idle", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://idle", "m", 0), 10) == 0
+    make_queue.serve(receiver, "poll://busy", lambda request: request.params)
+    stop = asyncio.Event()
+
+    async def steady_calls() -> int:
+        done = 0
+        while not stop.is_set():
+            assert await asyncio.wait_for(sender.call("poll://busy", "m", done), 10) == done
+            done += 1
+        return done
+
+    calls = asyncio.create_task(steady_calls())
+    raws = [
+        queue.raw if isinstance(queue, SyncQueueAdapter) else queue for queue in (sender, receiver)
+    ]
+    counter = raws[0].keys.endpoint("poll://idle").sequence
+    canaries = [raw.keys.canary(raw.node_id) for raw in raws]
+
+    def checks() -> list[int]:
+        """How many data-loss checks each node made (each steps its canary)."""
+        return [int(redis_client.get(canary) or 0) for canary in canaries]
+
+    def checked(since: list[int], more: int) -> bool:
+        return calls.done() or all(n >= s + more for n, s in zip(checks(), since, strict=True))
+
+    # When no request comes for two list TTLs (20 checks 0.2 s apart), the receiver serving on
+    since = checks()
+    await async_wait_until(lambda: checked(since, 20), 15, 0.05, "two list TTLs of checks")
+    # Then nobody declared data loss, and the endpoint's counter lives on (the receiver compares
+    # against it)
+    assert events(sender) == events(receiver) == 0
+    assert redis_client.exists(counter)
+
+    # When nobody uses the endpoint any more, and its counter expires
+    await idle.stop()
+    await async_wait_until(
+        lambda: calls.done() or not redis_client.exists(counter), 20, 0.05, "counter expired"
+    )
+    since = checks()
+    await async_wait_until(lambda: checked(since, 3), 10, 0.05, "three more checks")
+    stop.set()
+
+    # Then no node declared data loss, and every call on the busy endpoint was answered
+    assert await asyncio.wait_for(calls, 10) > 0
+    assert events(sender) == events(receiver) == 0
