@@ -335,8 +335,9 @@ def _await_outcome(
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)
         result = yield from _outcome(ctx, snapshot, request)
-        if clock.picked_up and snapshot.state == RequestState.QUEUED:
-            # handed out again (at_least_once): it waits for a pickup afresh
+        if clock.picked_up and snapshot.state in (RequestState.QUEUED, HANDED):
+            # handed out again (at_least_once), or given back unrun by a take cut short: it
+            # waits for a pickup afresh
             clock.picked_up, clock.redelivered = False, True
             clock.pickup_deadline = ctx.monotonic() + pickup_timeout_s
         if result is None:
