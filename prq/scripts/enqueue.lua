@@ -51,14 +51,17 @@ Invariants:
   dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing, and
   one that is not confirmed in time is reclaimed for another receiver (_handoff.lua)
 - the hash is written together with its TTL; the queue, counter and park TTLs are refreshed
-- the counter only grows while Redis keeps its data (nodes use it to notice a rollback)
+- the counter only grows while Redis keeps its data and the key lives (nodes use it to notice a
+  rollback; their data-loss checks refresh its TTL while they compare against it, and it expires
+  a list TTL after the last node stopped using the endpoint)
 - a handed-off request is listed in the in-flight set (take.lua does the same for what it takes)
   and in the hand-off set, until it is confirmed or reclaimed
 - capacity: no new request while max_pending ids are queued; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 - a queued request joins its priority level, in its producer's turn (_queue.lua)
 - the request's sequence number "sq" is the counter's value: unique per endpoint while Redis
-  keeps its data (receivers track the at_least_once ones they ran by it)
+  keeps its data and the counter lives (receivers track what they took and ran by it, per life
+  of the counter)
 ]]
 -- include: _queue
 -- include: _handoff
