@@ -205,6 +205,22 @@ class QueueSettings(BaseSettings):
         redelivery)."""
         return attempts * pickup_timeout_s + (attempts - 1) * self.receiver_timeout_s
 
+    def signature_renewal_s(self) -> float:
+        """How long a renewed request signature stays valid (prq.signing): what a request
+        enqueued now would get (with this queue's pickup timeout and max attempts), plus the
+        receiver timeout that passes before a silent holder's request is handed out again."""
+        renewed = self.signature_ttl_s(self.pickup_timeout_s, self.max_attempts)
+        return renewed + self.receiver_timeout_s
+
+    def request_data_ttl_s(self, pickup_timeout_s: float, attempts: int) -> float:
+        """How long a request's data beside Redis (DataStreams, a large body) is kept while no
+        receiver holds the request (one that holds it keeps extending it): for each attempt,
+        the longest it can stay queued and then in flight with its holder silent; then, dead-
+        lettered, the dead-letter TTL; then a replay's time in the queue."""
+        attempt_s = self.request_ttl_s(pickup_timeout_s) + self.in_flight_ttl_s()
+        replay_s = self.request_ttl_s(self.pickup_timeout_s)
+        return max(1, attempts) * attempt_s + self.dead_letter_ttl_s + replay_s
+
     def request_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a queued request: its pickup timeout plus the extra."""
         return pickup_timeout_s + self.request_ttl_extra_s

@@ -8,13 +8,17 @@ store's reference inside the message, with the message's TTL. The node that rece
 message reads the stream from the store, again chunk by chunk: memory stays bounded by the
 chunk size, whatever the stream's length.
 
-Lifecycle: a request's streams are deleted once its response is applied, or when it is given
-back or lost; a response's streams once the caller closed what it read. Whatever is left
-(a caller that never read, a node that died) expires: every piece of data is stored with an
-expiry, and any node's `cleanup` (run by every node every data-loss check) removes it after
-that. `open()` works once per DataStream object.
+Lifecycle: a request's streams are deleted once its answer is accepted, or by its caller when
+the request never ran; a response's streams once the caller closed what it read. Whatever is
+left (a caller that never read, a node that died) expires: every piece of data is stored with
+an expiry, and any node's `cleanup` (run by every node every data-loss check) removes it after
+that. A request's data lives as long as the request may still need it (see
+prq.stream_keeper): its expiry covers every attempt, a dead letter's life and a replay, and a
+receiver that holds the request `extend`s it as it works. `open()` works once per DataStream
+object.
 
-A store is three calls and a sweep (`DataStreamStore`); `FileSystemStore` is the default.
+A store is three calls, an extension and a sweep (`DataStreamStore`); `FileSystemStore` is the
+default.
 References come from Redis, which other parties may write: a store must accept only the
 references it makes (FileSystemStore checks them against its own pattern, so no path outside
 its directory is ever opened).
@@ -22,6 +26,7 @@ its directory is ever opened).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -68,6 +73,11 @@ class DataStreamStore(Protocol):
 
     def delete(self, reference: str) -> None:
         """Remove the data (nothing happens if it is gone)."""
+        ...
+
+    def extend(self, reference: str, expires_at_ms: int) -> None:
+        """Keep the data at least until `expires_at_ms`; never shortens its life, and the
+        reference stays the same (nothing happens if the data is gone)."""
         ...
 
     def cleanup(self, now_ms: int) -> int:
@@ -256,8 +266,10 @@ class FileSystemStore:
     """DataStreams as files in one directory that every node mounts (NFS, a shared volume).
 
     Files are named `<expiry ms>-<stream id>`: the reference is that name, checked against the
-    pattern before any path is built, and `cleanup` needs no index. A file is written under a
-    temporary name and renamed when complete, so a reader never sees half of one.
+    pattern before any path is built, and `cleanup` needs no index. `extend` sets a file's
+    modification time to its new expiry (its name, which is its reference, cannot change), and
+    `cleanup` removes a file only once both have passed. A file is written under a temporary
+    name and renamed when complete, so a reader never sees half of one.
     """
 
     _NAME = re.compile(r"^(\d{1,15})-([0-9a-f]{32})$")
@@ -301,6 +313,14 @@ class FileSystemStore:
     def delete(self, reference: str) -> None:
         self._path(reference).unlink(missing_ok=True)
 
+    def extend(self, reference: str, expires_at_ms: int) -> None:
+        path = self._path(reference)
+        until_ns = expires_at_ms * 1_000_000
+        with contextlib.suppress(FileNotFoundError):  # (deleted meanwhile: nothing to keep)
+            status = path.stat()
+            if status.st_mtime_ns < until_ns:
+                os.utime(path, ns=(status.st_atime_ns, until_ns))
+
     def cleanup(self, now_ms: int | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
@@ -312,16 +332,19 @@ class FileSystemStore:
         return removed
 
     def _due(self, entry: os.DirEntry[str], now_ms: int) -> bool:
-        """Whether cleanup removes this file: expired, or a writer's leftover."""
+        """Whether cleanup removes this file: expired (by its name, and by its modification
+        time, which `extend` moves), or a writer's leftover."""
         found = self._NAME.match(entry.name)
-        if found is not None:
-            return int(found.group(1)) < now_ms
-        if not entry.name.endswith(".part"):
+        if found is None and not entry.name.endswith(".part"):
+            return False
+        if found is not None and int(found.group(1)) >= now_ms:
             return False
         try:
             modified_ms = entry.stat().st_mtime * 1000
         except FileNotFoundError:  # renamed or removed by its writer meanwhile
             return False
+        if found is not None:
+            return modified_ms < now_ms  # (extended: the modification time is the expiry)
         return modified_ms < now_ms - self.STALE_PART_S * 1000
 
 

@@ -21,12 +21,14 @@ from pydantic import JsonValue
 from prq import metrics
 from prq._types import Call, Exec, Flow, Offload, Reply
 from prq.bodies import is_spilled
+from prq.bodies import parse as parse_body
 from prq.config import QueueSettings, RedisSettings
 from prq.data_loss import Floor
 from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
 from prq.errors import (
     DataLoss,
+    PayloadTooLarge,
     PrqError,
     QueueFull,
     QueueShutdown,
@@ -169,7 +171,7 @@ class QueueBase:
         self.datastreams = datastreams
         #: The DataStreams and large bodies of what this node sends and receives
         #: (prq.stream_keeper).
-        self._streams = StreamKeeper(datastreams, self.settings)
+        self._streams = StreamKeeper(datastreams, self.settings, held=self._held_data)
         self.ctx = Context(
             self.keys,
             self.settings,
@@ -258,13 +260,13 @@ class QueueBase:
         return body
 
     @staticmethod
-    def _body_spent(body: bytes, error: BaseException | None) -> bool:
-        """Whether a finished call's large request body (prq.bodies) can be deleted by its
-        caller: only when the request never ran and never will (withdrawn, refused). A
-        receiver deletes it once it answered; a dead-lettered request keeps it for a replay
-        until its expiry, and the sweep removes whatever is left then."""
+    def _data_spent(request: Request, body: bytes, error: BaseException | None) -> bool:
+        """Whether a finished call's data beside Redis (DataStreams, a large body) can be
+        deleted by its caller: only when the request never ran and never will (withdrawn,
+        refused). A receiver deletes it once its answer was accepted; a dead-lettered request
+        keeps it for a replay until its expiry, and the sweep removes whatever is left then."""
         return (
-            is_spilled(body)
+            (is_spilled(body) or bool(request.streams))
             and isinstance(error, PrqError)
             and not error.maybe_executed
             and not isinstance(error, (QueueUnavailable, QueueShutdown))
@@ -488,15 +490,54 @@ class QueueBase:
             return True
         return False
 
-    def _response_body(self, response: Response) -> bytes | None:
-        """The body that answers a held request (size checked), or None if this node does
-        not hold it. Over inline_limit_bytes, the facade keeps it beside Redis."""
-        if response.id not in self._held:
-            logger.warning(
-                "response for a request this node does not hold request_id=%s", response.id
-            )
-            return None
-        return self._encode_response(response)
+    def _held_data(self) -> list[str]:
+        """Store references of the DataStreams and large bodies of the requests this node
+        holds: they are kept for as long as it holds them (StreamKeeper.sweep)."""
+        references = [
+            stream.reference
+            for pending in list(self._held.values())
+            for stream in pending.request.streams.values()
+            if stream.reference is not None
+        ]
+        markers = list(self._held_bodies.values())
+        return references + [parse_body(marker).reference for marker in markers]
+
+    def _holds(self, request_id: str) -> bool:
+        """Whether this node holds the request, i.e. took it and has not answered it (an
+        answer to anything else is dropped, with a warning)."""
+        if request_id in self._held:
+            return True
+        logger.warning("response for a request this node does not hold request_id=%s", request_id)
+        return False
+
+    def _answer_instead(self, request_id: str, exc: Exception) -> tuple[PrqError, bytes]:
+        """An answer that cannot be sent (over max_body_bytes, not JSON, DataStreams that
+        cannot be stored): the error to raise to whoever answered, and the body that answers
+        the caller in its place. The call must end: a request held and beaten for, yet never
+        answered, would keep its caller waiting for as long as this node lives."""
+        error: PrqError
+        if isinstance(exc, PayloadTooLarge):
+            kind, error = "ResponseTooLarge", exc
+        elif isinstance(exc, PrqError):
+            kind, error = type(exc).__name__, exc
+        else:
+            kind = "SerializationError"
+            error = SerializationError(f"the response to {request_id} cannot be encoded: {exc}")
+            error.__cause__ = exc
+        error.add_note(f"request {request_id} was answered with a {kind} error instead")
+        reason = ServerError(type=kind, message=f"the service's answer cannot be sent: {exc}"[:500])
+        return error, Response(id=request_id, error=reason).model_dump_json().encode()
+
+    def _unanswered(self, request_id: str, exc: PrqError) -> None:
+        """An answer Redis did not take (away past the retry budget, full): let the request
+        go, so that no heartbeat says it is still being worked on, and its caller's receiver
+        check decides (ReceiverLost; an at_least_once request is handed out again, and a
+        redelivery to this node gets the answer it keeps). Writing an error answer instead
+        would only fail the same way, after another retry budget."""
+        self._held.pop(request_id, None)
+        self._held_bodies.pop(request_id, None)
+        self._watch.liveness.release(request_id)
+        logger.error("answer not written, request let go request_id=%s error=%s", request_id, exc)
 
     def _respond_flow(self, request_id: str, body: bytes) -> Flow[str] | None:
         """The flow that answers a held request with `body`, or None if this node no longer
@@ -609,25 +650,29 @@ class QueueBase:
         self, request_id: str, outcome: str, body: bytes
     ) -> Callable[[], None] | None:
         """Book an answer's outcome; returns the clean-up to run off the event loop, if any:
-        the request's DataStreams and large body go, and so does the response's large body
-        if the response was dropped."""
+        once the answer was accepted ("ok", or "replay" of one accepted before), the
+        request's DataStreams and large body go; a dropped answer's large body goes, and
+        nothing of the request's."""
         pending = self._held.pop(request_id, None)
         request_body = self._held_bodies.pop(request_id, None)
         self._watch.liveness.release(request_id)
         if outcome == "ok" and pending is not None:
             metrics.RESPONDED.labels(pending.request.endpoint).inc()
-        dropped = outcome not in ("ok", "replay")
-        if dropped:
+        accepted = outcome in ("ok", "replay")
+        if not accepted:
+            # Refused ("fenced", "stale": e.g. handed out again meanwhile, "duplicate"): the
+            # request's body and streams belong to whoever holds or answered it now.
             logger.warning("response dropped request_id=%s outcome=%s", request_id, outcome)
-        streams = pending.request.streams if pending is not None else {}
-        if not streams and request_body is None and not (dropped and is_spilled(body)):
+            request_body = None
+        streams = pending.request.streams if accepted and pending is not None else {}
+        if not streams and request_body is None and (accepted or not is_spilled(body)):
             return None
 
         def clean_up() -> None:
             self._streams.delete(streams)
             if request_body is not None:
                 self._streams.delete_body(request_body)
-            if dropped:
+            if not accepted:
                 self._streams.delete_body(body)
 
         return clean_up

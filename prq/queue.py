@@ -293,8 +293,8 @@ class AsyncQueue(QueueBase):
             metrics.call_ended(request.endpoint, started, None, exc)
             if isinstance(exc, asyncio.CancelledError):
                 self._withdraw_in_background(request)
-            elif self._body_spent(body, exc):
-                await asyncio.to_thread(self._streams.delete_body, body)
+            elif self._data_spent(request, body, exc):
+                await asyncio.to_thread(self._streams.delete_request_data, request, body)
             raise
         finally:
             self._watch.liveness.release(request.id)
@@ -518,20 +518,45 @@ class AsyncQueue(QueueBase):
 
     async def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins (also while the queue
-        closes, until the shutdown timeout)."""
+        closes, until the shutdown timeout).
+
+        An answer that cannot be sent (over max_body_bytes, not JSON, DataStreams that cannot
+        be stored) still ends the call: the caller is answered with an error saying why
+        (type "ResponseTooLarge", "SerializationError", ...) and the reason is raised here
+        (PayloadTooLarge, ...). An answer Redis does not take within the retry budget raises
+        QueueUnavailable, and the request is let go: nothing beats for it any more, so its
+        caller's receiver check decides."""
         await self._ready(closing_ok=True)
+        if not self._holds(response.id):
+            return
+        try:
+            body = await self._encoded_answer(response)
+        except Exception as exc:
+            error, body = self._answer_instead(response.id, exc)
+            await self._write_answer(response.id, body)
+            raise error  # noqa: B904 (its cause is set)
+        await self._write_answer(response.id, body)
+
+    async def _encoded_answer(self, response: Response) -> bytes:
+        """The body that answers a held request: its streams stored, its size checked, kept
+        beside Redis over inline_limit_bytes."""
         if self._streams.unstored(response):
             response = await asyncio.to_thread(self._streams.store_response, response)
-        body = self._response_body(response)
-        if body is None:
-            return
+        body = self._encode_response(response)
         if self._streams.spills(body):
             body = await asyncio.to_thread(self._streams.spill_response, response, body)
-        flow = self._respond_flow(response.id, body)
+        return body
+
+    async def _write_answer(self, request_id: str, body: bytes) -> None:
+        flow = self._respond_flow(request_id, body)
         if flow is None:
             return
-        outcome = await self._run(flow, closing_ok=True)
-        clean_up = self._after_respond(response.id, outcome, body)
+        try:
+            outcome = await self._run(flow, closing_ok=True)
+        except PrqError as exc:
+            self._unanswered(request_id, exc)
+            raise
+        clean_up = self._after_respond(request_id, outcome, body)
         if clean_up is not None:
             await asyncio.to_thread(clean_up)
 

@@ -1,16 +1,27 @@
 """What a node does with the DataStreams of the messages it sends and receives (prq.datastreams).
 
 - Sending: unstored streams are copied into the store before the message is encoded (blocking
-  I/O: the asyncio queue runs it in a thread), each with an expiry: a request's lasts as long
-  as the request can be queued, run and answered; a response's as long as it is kept.
+  I/O: the asyncio queue runs it in a thread), each with an expiry; a response's lasts as long
+  as the response is kept.
 - Receiving: the streams of a taken request and of a returned response are bound to the store,
   so the handler or the caller can `open()` them. A response's streams are deleted once the
-  caller closes what it read; a request's once the node answered it.
+  caller closes what it read; a request's once the node's answer to it was accepted.
 - Bodies over `inline_limit_bytes` (prq.bodies): the sender writes the JSON to the store and
   sends a marker instead; the reader reads it back and checks it against the marker. A
-  request's body lives until the request is answered or its call ended; a response's as long
-  as the response is kept (response_ttl_s), since a retry with the same id reads it again.
-- Sweeping: every data-loss check interval, data past its expiry is removed.
+  request's body lives until the request is answered (or its caller withdrew it); a
+  response's as long as the response is kept (response_ttl_s), since a retry with the same id
+  reads it again.
+- A request's data lives as long as the request may need it. A request lives on while its
+  holder beats, for as long as that takes, so no expiry given when it is stored can be enough
+  by itself. The data is stored to outlast everything that happens to the request while nobody
+  holds it (`QueueSettings.request_data_ttl_s`: every attempt's wait in the queue and silence
+  before it is handed out again, a dead letter's TTL, a replay's wait), and the receiver that
+  holds it extends it, at every sweep, to that much beyond now. So a long handler still finds
+  its streams, and a redelivery or a replay its body. The price: the data of a request that
+  ended without an answer (cancelled, lost with its receiver) stays until that expiry (about
+  the dead-letter TTL) instead of being swept sooner.
+- Sweeping: every data-loss check interval, the data of held requests is extended, then data
+  past its expiry is removed.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prq import bodies
@@ -42,9 +54,16 @@ def _now_ms() -> int:
 class StreamKeeper:
     """A node's DataStream chores (see the module docstring); `store` None means no store."""
 
-    def __init__(self, store: DataStreamStore | None, settings: QueueSettings) -> None:
+    def __init__(
+        self,
+        store: DataStreamStore | None,
+        settings: QueueSettings,
+        held: Callable[[], list[str]] = list,
+    ) -> None:
         self.store = store
         self.settings = settings
+        #: The store references of the data of the requests this node holds (extended).
+        self.held = held
         self._next_sweep = 0.0
 
     @staticmethod
@@ -70,7 +89,7 @@ class StreamKeeper:
         """`request` with its streams in the store (blocking)."""
         if not self.unstored(request):
             return request
-        expires = _now_ms() + int(self.settings.locator_ttl_s(pickup_timeout_s) * 1000)
+        expires = self._request_data_expiry(request, pickup_timeout_s)
         streams = self._stored(request.streams, expires, f"request {request.id}")
         return request.model_copy(update={"streams": streams})
 
@@ -108,9 +127,8 @@ class StreamKeeper:
         return self.store is not None and len(body) > self.settings.inline_limit_bytes
 
     def spill_request(self, request: Request, body: bytes, pickup_timeout_s: float) -> bytes:
-        """Write a request's JSON to the store (blocking); the marker Redis keeps instead,
-        which expires with the request."""
-        expires = _now_ms() + int(self.settings.locator_ttl_s(pickup_timeout_s) * 1000)
+        """Write a request's JSON to the store (blocking); the marker Redis keeps instead."""
+        expires = self._request_data_expiry(request, pickup_timeout_s)
         stub = request.model_copy(update={"params": None, "headers": {}})
         return self._spill(body, stub.model_dump_json().encode(), expires)
 
@@ -120,6 +138,10 @@ class StreamKeeper:
         expires = _now_ms() + int(self.settings.response_ttl_s * 1000)
         stub = Response(id=response.id).model_dump_json().encode()
         return self._spill(body, stub, expires)
+
+    def _request_data_expiry(self, request: Request, pickup_timeout_s: float) -> int:
+        attempts = self.settings.max_attempts if request.delivery == "at_least_once" else 1
+        return _now_ms() + int(self.settings.request_data_ttl_s(pickup_timeout_s, attempts) * 1000)
 
     def _spill(self, body: bytes, stub: bytes, expires_at_ms: int) -> bytes:
         assert self.store is not None  # spills() said so
@@ -165,6 +187,12 @@ class StreamKeeper:
                 loaded[request_id] = SerializationError(str(exc))
         return loaded
 
+    def delete_request_data(self, request: Request, body: bytes) -> None:
+        """Remove a request's streams and the body its marker names (blocking): its call
+        ended, and it never ran."""
+        self.delete(request.streams)
+        self.delete_body(body)
+
     def delete_body(self, data: bytes) -> None:
         """Remove the body a marker names (blocking; errors only logged: the sweep removes
         it after its expiry)."""
@@ -179,10 +207,20 @@ class StreamKeeper:
         return self.store is not None and now >= self._next_sweep
 
     def sweep(self) -> int:
-        """Remove expired data (blocking); how many pieces."""
-        self._next_sweep = time.monotonic() + self.settings.data_loss_check_interval_s
+        """Extend the data of the requests this node holds, then remove expired data
+        (blocking); how many pieces were removed."""
+        settings = self.settings
+        self._next_sweep = time.monotonic() + settings.data_loss_check_interval_s
         if self.store is None:
             return 0
+        # till the next sweep, and then as long as the request may live on without a holder
+        life_s = settings.request_data_ttl_s(settings.pickup_timeout_s, settings.max_attempts)
+        until_ms = _now_ms() + int((life_s + settings.data_loss_check_interval_s) * 1000)
+        for reference in self.held():
+            try:
+                self.store.extend(reference, until_ms)
+            except Exception as exc:
+                logger.warning("could not extend held data ref=%r error=%s", reference, exc)
         try:
             removed = self.store.cleanup(_now_ms())
         except Exception as exc:

@@ -278,8 +278,8 @@ class Queue(QueueBase):
                 response = self._run(flow, self._watch.epoch)
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
-            if self._body_spent(body, exc):
-                self._streams.delete_body(body)
+            if self._data_spent(request, body, exc):
+                self._streams.delete_request_data(request, body)
             raise
         finally:
             self._watch.liveness.release(request.id)
@@ -459,19 +459,44 @@ class Queue(QueueBase):
 
     def apply_response(self, response: Response) -> None:
         """Answer a request this node dequeued; the first response wins (also while the queue
-        closes, until the shutdown timeout)."""
+        closes, until the shutdown timeout).
+
+        An answer that cannot be sent (over max_body_bytes, not JSON, DataStreams that cannot
+        be stored) still ends the call: the caller is answered with an error saying why
+        (type "ResponseTooLarge", "SerializationError", ...) and the reason is raised here
+        (PayloadTooLarge, ...). An answer Redis does not take within the retry budget raises
+        QueueUnavailable, and the request is let go: nothing beats for it any more, so its
+        caller's receiver check decides."""
         self._ready(closing_ok=True)
-        response = self._streams.store_response(response)
-        body = self._response_body(response)
-        if body is None:
+        if not self._holds(response.id):
             return
+        try:
+            body = self._encoded_answer(response)
+        except Exception as exc:
+            error, body = self._answer_instead(response.id, exc)
+            self._write_answer(response.id, body)
+            raise error  # noqa: B904 (its cause is set)
+        self._write_answer(response.id, body)
+
+    def _encoded_answer(self, response: Response) -> bytes:
+        """The body that answers a held request: its streams stored, its size checked, kept
+        beside Redis over inline_limit_bytes."""
+        response = self._streams.store_response(response)
+        body = self._encode_response(response)
         if self._streams.spills(body):
             body = self._streams.spill_response(response, body)
-        flow = self._respond_flow(response.id, body)
+        return body
+
+    def _write_answer(self, request_id: str, body: bytes) -> None:
+        flow = self._respond_flow(request_id, body)
         if flow is None:
             return
-        outcome = self._run(flow, closing_ok=True)
-        clean_up = self._after_respond(response.id, outcome, body)
+        try:
+            outcome = self._run(flow, closing_ok=True)
+        except PrqError as exc:
+            self._unanswered(request_id, exc)
+            raise
+        clean_up = self._after_respond(request_id, outcome, body)
         if clean_up is not None:
             clean_up()
 

@@ -3,9 +3,11 @@
 The loop takes as many requests as it has free slots (one take for several), runs each in the
 handler (a coroutine function on the loop, a plain function in a worker thread, so the loop and
 its heartbeats never wait on the handler's CPU), and answers. A handler exception becomes
-`Response.error`. A failing Redis never kills the loop: it backs off with jitter and goes on.
-On stop it takes nothing new and finishes what it holds; when the queue closes, the handlers
-still running get the queue's shutdown timeout to answer (see `AsyncQueue.aclose`).
+`Response.error`; an answer that cannot be sent (too large, not JSON) ends the call with an
+error saying why (see `apply_response`). A failing Redis never kills the loop: it backs off
+with jitter and goes on. On stop it takes nothing new and finishes what it holds; when the
+queue closes, the handlers still running get the queue's shutdown timeout to answer (see
+`AsyncQueue.aclose`).
 """
 
 from __future__ import annotations

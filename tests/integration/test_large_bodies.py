@@ -31,7 +31,7 @@ from prq import (
 from prq.admin import Inspector
 from prq.bodies import MARKER, parse
 from prq.bulk import BulkClient
-from prq.datastreams import FileSystemStore
+from prq.datastreams import DataStream, FileSystemStore
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
@@ -106,7 +106,10 @@ async def test_large_request_and_response_bodies_go_beside_redis(
     assert again.result == response.result
     assert response_ref in stored(store)  # (beside the retry's own copy, never used)
     assert store.cleanup(expires_ms - 1) == 0
-    assert store.cleanup(expires_ms + 10 * ttl_ms) == 2  # (past both expiries)
+    assert store.cleanup(expires_ms + 1) == 1
+    # (the retry's copy lives as long as a request's data may be needed: see test_data_lifetime)
+    life_ms = int(caller.settings.request_data_ttl_s(caller.settings.pickup_timeout_s, 1) * 1000)
+    assert store.cleanup(int(time.time() * 1000) + life_ms + 60_000) == 1
     assert stored(store) == []
 
 
@@ -371,3 +374,43 @@ async def test_the_bulk_client_keeps_large_bodies_beside_redis_too(
     assert results["bulk-small"].result == {"got": "small", "pad": "a" * 9000}
     # And only the two answers' bodies are left in the store (the requests' were deleted)
     assert len(stored(store)) == 2
+
+
+async def test_a_refused_late_answer_leaves_the_body_and_streams_to_the_new_receiver(
+    make_queue: QueueFactory, tmp_path: Path
+) -> None:
+    # Given an at_least_once request with a large body and a stream, taken by a receiver whose
+    # first beat comes late (4 s), and a caller that judges receivers silent after 1 s
+    store = FileSystemStore(tmp_path / "store")
+    quick = {
+        "receiver_timeout_s": 1.0,
+        "heartbeat_interval_s": 0.3,
+        "heartbeat_initial_delay_s": 0.2,
+    }
+    slow = {"receiver_timeout_s": 6, "heartbeat_initial_delay_s": 4, "heartbeat_interval_s": 2}
+    sender = make_queue(datastreams=store, pickup_timeout_s=30, **SETTINGS, **quick)
+    first = make_queue(datastreams=store, **SETTINGS, **slow)
+    second = make_queue(datastreams=store, **SETTINGS)
+    data = os.urandom(100_000)
+    request = Request(
+        endpoint=ENDPOINT, method="m", params="p" * 10_000, delivery="at_least_once",
+        streams={"f": DataStream.from_bytes(data)},
+    )  # fmt: skip
+    call = asyncio.ensure_future(sender.queue_and_wait(request, timeout_s=30))
+    held = await first.dequeue(ENDPOINT, timeout_s=10)
+    assert held is not None and held.delivery.attempt == 1
+    files = stored(store)
+    assert len(files) == 2  # (the body and the stream)
+
+    # When the caller hands it out again to a second receiver, and the first one answers late
+    again = await second.dequeue(ENDPOINT, timeout_s=10)
+    assert again is not None and (again.id, again.delivery.attempt) == (request.id, 2)
+    await first.apply_response(Response(id=held.id, result="first"))
+
+    # Then that refused answer deleted nothing: the second receiver reads the stream whole
+    assert stored(store) == files
+    assert again.request.streams["f"].read() == data
+    # And once the second receiver's answer is accepted, the request's data goes
+    await second.apply_response(Response(id=again.id, result="second"))
+    assert (await asyncio.wait_for(call, 10)).result == "second"
+    assert stored(store) == []
