@@ -2,10 +2,13 @@
 
 Inputs are the jsonl records the nodes write (tests/fault/node_main.py): receiver LEDGERS
 (`start` per execution, `cancelled`, `end`) and sender HISTORIES (`start` and `end` per call,
-`stopped` at a clean exit). Per scenario it counts:
+`stopped` at a clean exit). A call is its request id and its tag: an id sent again (after its
+record expired) is a second call, and an execution belongs to the call whose tag it carries.
+Per scenario it counts:
 - hung: a call with no `end` although its sender was observed past start + deadline + grace
   (observed until its `stopped` line, the time the test killed it, or now);
-- duplicates: request ids executed (ledger `start`) more than once across all ledgers;
+- duplicates: at_most_once calls executed (ledger `start`) more than once across all ledgers
+  (at_least_once calls run again after a receiver loss: those are `reruns`, not counted);
 - ghosts: executions of a call whose caller was told it did NOT run (an error with
   `maybe_executed` false: PickupTimeout, CancelledBeforePickup, ...), whenever the execution
   started. Errors with `maybe_executed` true are indeterminate ("may have run", Jepsen's :info)
@@ -17,7 +20,14 @@ Inputs are the jsonl records the nodes write (tests/fault/node_main.py): receive
   or whose both callbacks ran: "exactly one callback, exactly once");
 - unfinished_handles: `send` handles a sender still saw running when it stopped;
 - keys_without_ttl: keys under the prefix whose PTTL is -1 (a final SCAN);
-plus outcome counts, success rate and latency percentiles of `ok` calls.
+- false_maybe_executed: calls told "maybe executed" (ReceiverLost, DataLoss, ...) that no
+  ledger shows started, other than those a receiver held when the test killed it (`picked_up`,
+  the ids the test saw taken by it) and those in flight while the test made Redis lose data
+  (`data_loss_windows`, monotonic start and end);
+- false_data_loss: calls that failed with DataLoss outside every data-loss window;
+plus outcome counts, success rate and latency percentiles of `ok` calls. The last two are only
+judged when the scenario says what it did (assert_clean's limits default to None for them):
+a scenario that loses data without naming the windows would see them as false.
 
 `check(...)` returns a `CheckResult`; scenarios print `result.report()` and call
 `result.assert_clean(...)` with named thresholds.
@@ -28,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +69,9 @@ class Call:
     tag_ok: bool | None = None
     prq_error: bool = True
     message: str = ""
+    delivery: str = "at_most_once"
+    #: Executions (ledger `start` lines) of this call.
+    runs: int = 0
 
     @property
     def finished(self) -> bool:
@@ -76,6 +89,10 @@ class Call:
     @property
     def latency_ms(self) -> float | None:
         return None if self.end is None else (self.end - self.start) * 1000.0
+
+    def in_flight_during(self, start: float, end: float) -> bool:
+        """The call was open at some moment of [start, end]."""
+        return self.start <= end and (self.end is None or self.end >= start)
 
 
 @dataclass
@@ -98,6 +115,9 @@ class CheckResult:
     cancelled_seen: dict[str, str | None] = field(default_factory=dict)
     repeated_outcomes: dict[str, int] = field(default_factory=dict)
     unfinished_handles: int = 0
+    reruns: dict[str, int] = field(default_factory=dict)
+    false_maybe_executed: list[str] = field(default_factory=list)
+    false_data_loss: list[str] = field(default_factory=list)
 
     @property
     def finished_calls(self) -> list[Call]:
@@ -148,7 +168,9 @@ class CheckResult:
             f"keys_without_ttl={len(self.keys_without_ttl)} "
             f"cancelled_seen={len(self.cancelled_seen)} "
             f"repeated_outcomes={len(self.repeated_outcomes)} "
-            f"unfinished_handles={self.unfinished_handles}",
+            f"unfinished_handles={self.unfinished_handles} reruns={len(self.reruns)} "
+            f"false_maybe_executed={len(self.false_maybe_executed)} "
+            f"false_data_loss={len(self.false_data_loss)}",
         ]
         for label, items in (
             ("hung", self.hung),
@@ -159,6 +181,8 @@ class CheckResult:
             ("unexpected_errors", self.unexpected_errors),
             ("keys_without_ttl", self.keys_without_ttl),
             ("repeated_outcomes", list(self.repeated_outcomes)),
+            ("false_maybe_executed", self.false_maybe_executed),
+            ("false_data_loss", self.false_data_loss),
         ):
             if items:
                 lines.append(f"  {label} e.g.: {', '.join(map(str, items[:5]))}")
@@ -174,12 +198,14 @@ class CheckResult:
         max_ok_not_executed: int = 0,
         max_unexpected_errors: int = 0,
         max_keys_without_ttl: int = 0,
+        max_false_maybe_executed: int | None = None,
+        max_false_data_loss: int | None = None,
         min_success_rate: float | None = None,
         max_p99_ms: float | None = None,
         min_calls: int = 1,
     ) -> None:
-        """Fail (with the report) if any figure is past its threshold."""
-        counts = {
+        """Fail (with the report) if any figure is past its threshold (None: not judged)."""
+        counts: dict[str, tuple[Sized, int | None]] = {
             "hung": (self.hung, max_hung),
             "duplicates": (self.duplicates, max_duplicates),
             "ghosts": (self.ghosts, max_ghosts),
@@ -188,11 +214,17 @@ class CheckResult:
             "unexpected_errors": (self.unexpected_errors, max_unexpected_errors),
             "keys_without_ttl": (self.keys_without_ttl, max_keys_without_ttl),
             "repeated_outcomes": (self.repeated_outcomes, 0),
+            "false_maybe_executed": (self.false_maybe_executed, max_false_maybe_executed),
+            "false_data_loss": (self.false_data_loss, max_false_data_loss),
         }
         checks: list[tuple[str, float, float, bool]] = [
             ("calls", len(self.calls), min_calls, len(self.calls) >= min_calls)
         ]
-        checks += [(k, len(v), limit, len(v) <= limit) for k, (v, limit) in counts.items()]
+        checks += [
+            (k, len(v), limit, len(v) <= limit)
+            for k, (v, limit) in counts.items()
+            if limit is not None
+        ]
         checks.append(
             ("unfinished_handles", self.unfinished_handles, 0, self.unfinished_handles == 0)
         )
@@ -212,11 +244,11 @@ def keys_without_ttl(client: redis.Redis, prefix: str) -> list[str]:
 
 @dataclass
 class _Histories:
-    """What the senders' histories say: calls by id, `end` lines per id, per sender the time
-    it was observed until (its `stopped` line), and send handles unfinished at the stop."""
+    """What the senders' histories say: calls by (id, tag), `end` lines per id, per sender the
+    time it was observed until (its `stopped` line), and send handles unfinished at the stop."""
 
-    calls: dict[str, Call]
-    ends: Counter[str]
+    calls: dict[tuple[str, str], Call]
+    ends: Counter[tuple[str, str]]
     observed_until: dict[str, float]
     unfinished_handles: int
 
@@ -225,23 +257,24 @@ def _read_calls(
     histories: Iterable[Sequence[dict[str, Any]]],
     observed_until: dict[str, float],
 ) -> _Histories:
-    calls: dict[str, Call] = {}
-    ends: Counter[str] = Counter()
+    calls: dict[tuple[str, str], Call] = {}
+    ends: Counter[tuple[str, str]] = Counter()
     unfinished_handles = 0
     for records in histories:
         for rec in records:
             event = rec.get("event")
             if event == "start":
-                calls[rec["id"]] = Call(
+                calls[rec["id"], rec["tag"]] = Call(
                     id=rec["id"],
                     tag=rec["tag"],
                     node=rec["node"],
                     start=rec["t_mono"],
                     deadline_s=rec.get("deadline_s", 60.0),
+                    delivery=rec.get("delivery", "at_most_once"),
                 )
-            elif event == "end" and rec["id"] in calls:
-                ends[rec["id"]] += 1
-                call = calls[rec["id"]]
+            elif event == "end" and (rec["id"], rec["tag"]) in calls:
+                ends[rec["id"], rec["tag"]] += 1
+                call = calls[rec["id"], rec["tag"]]
                 if call.end is not None:
                     continue  # the first outcome is the one the caller acted on
                 call.end = rec["t_mono"]
@@ -276,6 +309,23 @@ def _read_ledgers(
     return executions, executed_tags, cancelled
 
 
+def _attribute_runs(
+    calls: Sequence[Call], executed_tags: dict[str, list[str | None]]
+) -> dict[str, set[str]]:
+    """Count each call's executions: those carrying its tag, and those under its id carrying
+    no tag of any call with that id (cross-talk, which counts against every such call).
+    Returns the tags of the calls of each id."""
+    tags_by_id: dict[str, set[str]] = {}
+    for call in calls:
+        tags_by_id.setdefault(call.id, set()).add(call.tag)
+    for call in calls:
+        tags = tags_by_id[call.id]
+        call.runs = sum(
+            1 for tag in executed_tags.get(call.id, []) if tag == call.tag or tag not in tags
+        )
+    return tags_by_id
+
+
 def check(
     ledgers: Iterable[Sequence[dict[str, Any]]],
     histories: Iterable[Sequence[dict[str, Any]]],
@@ -286,44 +336,66 @@ def check(
     redis_client: redis.Redis | None = None,
     prefix: str | None = None,
     now: float | None = None,
+    picked_up: Collection[str] = (),
+    data_loss_windows: Sequence[tuple[float, float]] = (),
 ) -> CheckResult:
     """Figures of one scenario from ledger and history records (see the module docstring).
 
     `observed_until` maps a sender's name to the monotonic time up to which it was watched
     (e.g. when the test killed it); a sender with a `stopped` line uses that; others use `now`.
-    Keys without TTL are scanned when `redis_client` and `prefix` are given.
+    Keys without TTL are scanned when `redis_client` and `prefix` are given. `picked_up` and
+    `data_loss_windows` excuse "maybe executed" reports (see false_maybe_executed).
     """
     now = time.monotonic() if now is None else now
     read = _read_calls(histories, dict(observed_until or {}))
     calls, until = read.calls, read.observed_until
     executions, executed_tags, cancelled = _read_ledgers(ledgers)
+    ordered = sorted(calls.values(), key=lambda c: c.start)
+    tags_by_id = _attribute_runs(ordered, executed_tags)
     result = CheckResult(
         name=name,
-        calls=sorted(calls.values(), key=lambda c: c.start),
+        calls=ordered,
         executions=executions,
         outcomes=Counter(c.outcome or "unfinished" for c in calls.values()),
         cancelled_seen=cancelled,
     )
-    result.duplicates = {rid: n for rid, n in executions.items() if n > 1}
-    result.repeated_outcomes = {rid: n for rid, n in read.ends.items() if n > 1}
+    result.duplicates = {
+        c.id: c.runs for c in result.calls if c.runs > 1 and c.delivery == "at_most_once"
+    }
+    result.reruns = {
+        c.id: c.runs for c in result.calls if c.runs > 1 and c.delivery != "at_most_once"
+    }
+    result.repeated_outcomes = {rid: n for (rid, _), n in read.ends.items() if n > 1}
     result.unfinished_handles = read.unfinished_handles
-    result.unknown_executions = sorted(rid for rid in executions if rid not in calls)
+    result.unknown_executions = sorted(rid for rid in executions if rid not in tags_by_id)
     for call in result.calls:
         if not call.finished:
             result.unfinished += 1
             if until.get(call.node, now) >= call.start + call.deadline_s + grace_s:
                 result.hung.append(call.id)
             continue
-        executed = executions[call.id] > 0
+        executed = call.runs > 0
         if call.told_not_run and executed:
             result.ghosts.append(call.id)
-        wrong_params = any(tag != call.tag for tag in executed_tags.get(call.id, []))
+        tags = tags_by_id[call.id]
+        wrong_params = any(tag not in tags for tag in executed_tags.get(call.id, []))
         if (call.ok and call.tag_ok is False) or wrong_params:
             result.cross_talk.append(call.id)
         if call.ok and not executed:
             result.ok_not_executed.append(call.id)
         if not call.ok and not call.prq_error:
             result.unexpected_errors.append(f"{call.outcome}: {call.message[:80]}")
+        lost = any(call.in_flight_during(*window) for window in data_loss_windows)
+        if call.outcome == "DataLoss" and not lost:
+            result.false_data_loss.append(call.id)
+        if (
+            not call.ok
+            and call.maybe_executed
+            and not executed
+            and call.id not in picked_up
+            and not lost
+        ):
+            result.false_maybe_executed.append(call.id)
     if redis_client is not None and prefix is not None:
         result.keys_without_ttl = keys_without_ttl(redis_client, prefix)
     return result
@@ -336,6 +408,8 @@ def check_nodes(
     grace_s: float = DEFAULT_GRACE_S,
     redis_client: redis.Redis | None = None,
     prefix: str | None = None,
+    picked_up: Collection[str] = (),
+    data_loss_windows: Sequence[tuple[float, float]] = (),
 ) -> CheckResult:
     """`check` over the ledgers and histories of node processes (killed ones count until then)."""
     nodes = list(nodes)
@@ -348,6 +422,8 @@ def check_nodes(
         grace_s=grace_s,
         redis_client=redis_client,
         prefix=prefix,
+        picked_up=picked_up,
+        data_loss_windows=data_loss_windows,
     )
 
 

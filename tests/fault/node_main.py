@@ -1,21 +1,30 @@
 """A fault-bed node in its own OS process: `python -m tests.fault.node_main '<json config>'`.
 
 The config (`NodeConfig`, JSON; `@path` reads it from a file) makes the process either
-- a RECEIVER: `serve(endpoint, handler, concurrency=N)` with `prq.Queue` or `prq.AsyncQueue`,
-  whose handler appends to an fsync'd LEDGER (jsonl) a `start` line per execution (request id,
-  node, pid, times, attempt, params), a `cancelled` line when it sees the request cancelled, and
-  an `end` line; it then echoes the params, after sleeping / blocking its thread (or the event
-  loop) for `handler_ms`, or after waiting for `barrier_path` to appear (`barrier` kind);
+- a RECEIVER: `serve(endpoint, handler, concurrency=N)` with `prq.Queue` or `prq.AsyncQueue`
+  (for each of its endpoints), whose handler appends to an fsync'd LEDGER (jsonl) a `start`
+  line per execution (request id, node, pid, times, attempt, params), a `cancelled` line when it
+  sees the request cancelled, and an `end` line; it then echoes the params, after sleeping /
+  blocking its thread (or the event loop) for `handler_ms` (or the request's `sleep_ms` param),
+  or after waiting for `barrier_path` to appear (`barrier` kind). A request whose params say
+  `{"answer_pad": n}` gets an echo n bytes longer (an answer over a receiver's max_body_bytes);
 - a SENDER: N concurrent callers (asyncio tasks or threads) that `call(endpoint, "echo",
-  params={"tag": <unique>, ...}, request_id=<known up front>)` in a loop, appending to its
-  HISTORY (jsonl) a `start` line before each call and an `end` line after it (outcome class,
-  `maybe_executed`, `retryable`, whether the result's tag is the one sent), and a final `stopped`
-  line when it exits by itself. With `call_style="send"` the callers use `send(...)` instead: the
-  `end` line is written by the callback (`on_response` or `on_failure`), one line per callback
-  run, so a callback that ran twice, or both callbacks, shows as two `end` lines for one id.
+  params={"tag": <unique>, ...}, request_id=<known up front>)` in a loop, taking its endpoints
+  in turn, appending to its HISTORY (jsonl) a `start` line before each call and an `end` line
+  after it (outcome class, `maybe_executed`, `retryable`, whether the result's tag is the one
+  sent), and a final `stopped` line when it exits by itself. With `call_style="send"` the
+  callers use `send(...)` instead: the `end` line is written by the callback (`on_response` or
+  `on_failure`), one line per callback run, so a callback that ran twice, or both callbacks,
+  shows as two `end` lines for one id. At_least_once calls go by `queue_and_wait` (`call` has
+  no delivery of its own); `request_ids` names the ids of the first calls (to send an id again).
+
+SWITCHES let the test idle an endpoint under running nodes: while the file
+`switch_path(switch_dir, "calls-off", endpoint)` exists senders do not call that endpoint, and
+while `serve-off` exists receivers stop serving it (and serve it again once it is gone).
 
 Both write `ready_path` once their queue is started, stop by themselves after `duration_s` (or
-`count` calls), stop gracefully on SIGTERM, and kill themselves if their parent disappears or
+`count` calls), stop gracefully on SIGTERM (a `plain_serve` receiver: as prq stops it), and
+kill themselves if their parent disappears or
 `max_lifetime_s` passes, so no node outlives its test. Time fields: `t_mono` is
 `time.monotonic()` (CLOCK_MONOTONIC, comparable across processes on one machine), `t_wall` is
 `time.time()`.
@@ -33,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 #: Exit status when the parent process disappeared.
 EXIT_ORPHANED = 70
@@ -44,11 +54,20 @@ EXIT_UNFINISHED = 72
 PARENT_PID_ENV = "PRQ_FAULT_PARENT_PID"
 #: How often the watchdog looks at the parent, and a waiting handler at its barrier, seconds.
 WATCH_INTERVAL_S = 0.01
+#: How often a node looks at its endpoints' switch files, seconds.
+SWITCH_POLL_S = 0.05
 
 Role = Literal["receiver", "sender"]
 Facade = Literal["async", "sync"]
 HandlerKind = Literal["echo", "sleep", "block", "barrier"]
 CallStyle = Literal["call", "send"]
+Delivery = Literal["at_most_once", "at_least_once"]
+Switch = Literal["calls-off", "serve-off"]
+
+
+def switch_path(switch_dir: str | Path, switch: Switch, endpoint: str) -> Path:
+    """The file whose presence turns `switch` on for `endpoint` (see the module docstring)."""
+    return Path(switch_dir) / f"{switch}.{quote(endpoint, safe='')}"
 
 
 @dataclass
@@ -61,6 +80,10 @@ class NodeConfig:
     prefix: str
     endpoint: str
     ready_path: str
+    #: Endpoints served (receiver) or called in turn (sender) beside `endpoint`.
+    extra_endpoints: list[str] = field(default_factory=list)
+    #: Where the endpoints' switch files are (see `switch_path`); "" for none.
+    switch_dir: str = ""
     facade: Facade = "async"
     concurrency: int = 1
     #: `prq.QueueSettings` fields, e.g. {"heartbeat_interval_s": 1}.
@@ -82,10 +105,18 @@ class NodeConfig:
     handler_in_thread: bool = False
     #: Sleeping and waiting handlers return early when the request is cancelled.
     honour_cancel: bool = True
+    #: Serve `endpoint` as the README's quickstart receiver does: `serve` in the main thread
+    #: with no stop of the node's own, so SIGTERM is prq's to handle (prq.sigterm). Not with
+    #: `duration_s`, extra endpoints or switches.
+    plain_serve: bool = False
     # -- sender
     history_path: str = ""
     #: `call(...)` and wait, or `send(...)` and wait for its callback.
     call_style: CallStyle = "call"
+    #: The delivery of every call.
+    delivery: Delivery = "at_most_once"
+    #: The request ids of the first calls, in order (fresh ones after them).
+    request_ids: list[str] = field(default_factory=list)
     #: Total calls over all callers (None: until `duration_s`).
     count: int | None = None
     #: Extra params sent with every call (besides the unique "tag").
@@ -100,6 +131,14 @@ class NodeConfig:
     drain_timeout_s: float = 20.0
     #: If set, callers wait until this file exists before the first call.
     go_path: str = ""
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [self.endpoint, *self.extra_endpoints]
+
+    def switch(self, switch: Switch, endpoint: str) -> Path | None:
+        """The switch file of `endpoint`, None when the node has no switch directory."""
+        return switch_path(self.switch_dir, switch, endpoint) if self.switch_dir else None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

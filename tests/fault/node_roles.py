@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prq import (
     AsyncQueue,
@@ -33,6 +33,7 @@ from prq import (
 from prq.send import BlockingSendHandle, SendHandle
 from tests.fault.node_main import (
     EXIT_UNFINISHED,
+    SWITCH_POLL_S,
     WATCH_INTERVAL_S,
     JsonlWriter,
     NodeConfig,
@@ -46,6 +47,10 @@ __all__ = ["run_receiver", "run_sender"]
 RECEIVER_DRAIN_S = 10.0
 #: Bound of closing a queue on the way out, seconds.
 CLOSE_TIMEOUT_S = 10.0
+
+
+def _params(request: Request) -> dict[str, Any]:
+    return request.params if isinstance(request.params, dict) else {}
 
 
 def _queue_args(config: NodeConfig) -> tuple[RedisSettings, dict[str, Any]]:
@@ -68,7 +73,14 @@ class Service:
         self.config = config
         self.stopping = stopping
         self.ledger = JsonlWriter(config.ledger_path, fsync=True)
-        self.seconds = config.handler_ms / 1000.0
+
+    def seconds(self, request: Request) -> float:
+        """How long a sleeping or blocking handler works on `request`: its `sleep_ms` param,
+        else the node's `handler_ms`."""
+        sleep_ms = _params(request).get("sleep_ms")
+        if isinstance(sleep_ms, int | float):
+            return sleep_ms / 1000.0
+        return self.config.handler_ms / 1000.0
 
     def _record(self, event: str, request: Request, **extra: Any) -> None:
         self.ledger.write(stamp(event=event, id=request.id, node=self.config.name, **extra))
@@ -83,6 +95,9 @@ class Service:
         if pending is not None and pending.cancelled:
             self._record("cancelled", request, reason=pending.cancel_reason)
         self._record("end", request)
+        pad = _params(request).get("answer_pad")
+        if isinstance(pad, int) and pad > 0:
+            return {**_params(request), "pad": "x" * pad}
         return request.params
 
     def released(self, pending: PendingRequest | None) -> bool:
@@ -95,9 +110,9 @@ class Service:
         pending = self.begin(request)
         kind = self.config.handler
         if kind == "sleep" and self.config.honour_cancel and pending is not None:
-            pending.wait_cancelled(self.seconds)
+            pending.wait_cancelled(self.seconds(request))
         elif kind in ("sleep", "block"):
-            time.sleep(self.seconds)  # the handler's work: it holds its thread
+            time.sleep(self.seconds(request))  # the handler's work: it holds its thread
         elif kind == "barrier":
             while not self.released(pending):
                 time.sleep(WATCH_INTERVAL_S)  # polls the barrier file
@@ -107,17 +122,39 @@ class Service:
         pending = self.begin(request)
         kind = self.config.handler
         if kind == "sleep":
-            deadline = time.monotonic() + self.seconds
+            deadline = time.monotonic() + self.seconds(request)
             while time.monotonic() < deadline:
                 if self.config.honour_cancel and pending is not None and pending.cancelled:
                     break
                 await asyncio.sleep(min(WATCH_INTERVAL_S, max(0.0, deadline - time.monotonic())))
         elif kind == "block":
-            time.sleep(self.seconds)  # blocks the event loop on purpose
+            time.sleep(self.seconds(request))  # blocks the event loop on purpose
         elif kind == "barrier":
             while not self.released(pending):
                 await asyncio.sleep(WATCH_INTERVAL_S)
         return self.finish(request, pending)
+
+
+async def _serve_async(
+    queue: AsyncQueue, config: NodeConfig, endpoint: str, handler: Any, stop: asyncio.Event
+) -> None:
+    """Serve `endpoint` until `stop`; not while its serve-off switch is on."""
+    off = config.switch("serve-off", endpoint)
+    if off is None:
+        await queue.serve(endpoint, handler, concurrency=config.concurrency, stop=stop)
+        return
+    while not stop.is_set():
+        if off.exists():
+            await asyncio.sleep(SWITCH_POLL_S)  # polls the switch file
+            continue
+        serving_stop = asyncio.Event()
+        serving = asyncio.create_task(
+            queue.serve(endpoint, handler, concurrency=config.concurrency, stop=serving_stop)
+        )
+        while not (stop.is_set() or off.exists() or serving.done()):
+            await asyncio.sleep(SWITCH_POLL_S)  # polls the switch file
+        serving_stop.set()
+        await serving
 
 
 async def _receiver_async(config: NodeConfig, service: Service) -> None:
@@ -127,8 +164,8 @@ async def _receiver_async(config: NodeConfig, service: Service) -> None:
     queue = AsyncQueue(redis_settings, **kwargs)
     await queue.start()
     handler = service.run_in_thread if config.handler_in_thread else service.run_on_loop
-    serving = asyncio.create_task(
-        queue.serve(config.endpoint, handler, concurrency=config.concurrency, stop=stop)
+    serving = asyncio.gather(
+        *(_serve_async(queue, config, endpoint, handler, stop) for endpoint in config.endpoints)
     )
     write_ready(config)
     with contextlib.suppress(TimeoutError):
@@ -140,31 +177,85 @@ async def _receiver_async(config: NodeConfig, service: Service) -> None:
     await asyncio.wait_for(queue.aclose(), CLOSE_TIMEOUT_S)
 
 
+def _serve_sync(
+    queue: Queue, config: NodeConfig, endpoint: str, handler: Any, stop: threading.Event
+) -> None:
+    """Serve `endpoint` until `stop` (in a thread); not while its serve-off switch is on."""
+    off = config.switch("serve-off", endpoint)
+    if off is None:
+        queue.serve(endpoint, handler, concurrency=config.concurrency, stop=stop)
+        return
+    while not stop.is_set():
+        if off.exists():
+            stop.wait(SWITCH_POLL_S)  # polls the switch file
+            continue
+        serving_stop = threading.Event()
+        serving = threading.Thread(
+            target=queue.serve,
+            args=(endpoint, handler),
+            kwargs={"concurrency": config.concurrency, "stop": serving_stop},
+            name=f"serve-{endpoint}",
+            daemon=True,
+        )
+        serving.start()
+        while not (stop.is_set() or off.exists() or not serving.is_alive()):
+            stop.wait(SWITCH_POLL_S)  # polls the switch file
+        serving_stop.set()
+        serving.join(RECEIVER_DRAIN_S)
+
+
 def _receiver_sync(config: NodeConfig, service: Service) -> None:
     redis_settings, kwargs = _queue_args(config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     queue = Queue(redis_settings, **kwargs)
     queue.start()
-    serving = threading.Thread(
-        target=queue.serve,
-        args=(config.endpoint, service.run_in_thread),
-        kwargs={"concurrency": config.concurrency, "stop": stop},
-        name="serve",
-        daemon=True,
-    )
-    serving.start()
+    serving = [
+        threading.Thread(
+            target=_serve_sync,
+            args=(queue, config, endpoint, service.run_in_thread, stop),
+            name="serve",
+            daemon=True,
+        )
+        for endpoint in config.endpoints
+    ]
+    for thread in serving:
+        thread.start()
     write_ready(config)
     stop.wait(config.duration_s)
     stop.set()
     service.stopping.set()
-    serving.join(RECEIVER_DRAIN_S)
+    drain_end = time.monotonic() + RECEIVER_DRAIN_S
+    for thread in serving:
+        thread.join(max(0.0, drain_end - time.monotonic()))
     queue.close()
+
+
+def _receiver_plain(config: NodeConfig, service: Service) -> None:
+    """`serve` in the main thread, with no stop of ours: SIGTERM is prq's (prq.sigterm)."""
+    if config.duration_s is not None or config.extra_endpoints or config.switch_dir:
+        raise ValueError("plain_serve serves one endpoint until it is stopped")
+    redis_settings, kwargs = _queue_args(config)
+    if config.facade == "sync":
+        with Queue(redis_settings, **kwargs) as queue:
+            write_ready(config)
+            queue.serve(config.endpoint, service.run_in_thread, concurrency=config.concurrency)
+        return
+
+    async def serve() -> None:
+        async with AsyncQueue(redis_settings, **kwargs) as queue:
+            write_ready(config)
+            handler = service.run_in_thread if config.handler_in_thread else service.run_on_loop
+            await queue.serve(config.endpoint, handler, concurrency=config.concurrency)
+
+    asyncio.run(serve())
 
 
 def run_receiver(config: NodeConfig) -> int:
     service = Service(config, threading.Event())
-    if config.facade == "sync":
+    if config.plain_serve:
+        _receiver_plain(config, service)
+    elif config.facade == "sync":
         _receiver_sync(config, service)
     else:
         asyncio.run(_receiver_async(config, service))
@@ -173,6 +264,13 @@ def run_receiver(config: NodeConfig) -> int:
 
 
 # -- sender -------------------------------------------------------------------------------------
+
+
+class NextCall(NamedTuple):
+    request_id: str
+    tag: str
+    endpoint: str
+    params: dict[str, Any]
 
 
 class Calls:
@@ -184,14 +282,24 @@ class Calls:
         self._numbers: Iterator[int] = itertools.count()
         self._lock = threading.Lock()
 
-    def next_call(self, caller: int) -> tuple[str, str, dict[str, Any]] | None:
-        """(request id, tag, params) of the next call, or None when `count` calls were made."""
+    def open_endpoints(self) -> list[str]:
+        """The node's endpoints whose calls-off switch is not on."""
+        return [
+            endpoint
+            for endpoint in self.config.endpoints
+            if not ((off := self.config.switch("calls-off", endpoint)) and off.exists())
+        ]
+
+    def next_call(self, caller: int, endpoints: list[str]) -> NextCall | None:
+        """The next call (to `endpoints` in turn), or None when `count` calls were made."""
         with self._lock:
             number = next(self._numbers)
             if self.config.count is not None and number >= self.config.count:
                 return None
         tag = f"{self.config.name}/{caller}/{number}"
-        request_id = uuid.uuid4().hex
+        ids = self.config.request_ids
+        request_id = ids[number] if number < len(ids) else uuid.uuid4().hex
+        endpoint = endpoints[number % len(endpoints)]
         self.history.write(
             stamp(
                 event="start",
@@ -199,10 +307,12 @@ class Calls:
                 tag=tag,
                 node=self.config.name,
                 caller=caller,
+                endpoint=endpoint,
+                delivery=self.config.delivery,
                 deadline_s=self.config.call_deadline_s,
             )
         )
-        return request_id, tag, {**self.config.params, "tag": tag}
+        return NextCall(request_id, tag, endpoint, {**self.config.params, "tag": tag})
 
     def record_end(
         self,
@@ -228,14 +338,15 @@ class Calls:
             )
         self.history.write(stamp(node=self.config.name, **fields))
 
-    def record_response(self, request_id: str, tag: str, response: Response) -> None:
+    def record_response(self, call: NextCall, response: Response) -> None:
         """What `send`'s on_response got: the echo, or the error the service raised (which
         `call` would raise as RemoteError)."""
-        if response.error is None:
-            self.record_end(request_id, tag, response.result, None, via="on_response")
+        try:
+            result = _result(call, response)
+        except RemoteError as remote:
+            self.record_end(call.request_id, call.tag, None, remote, via="on_response")
             return
-        remote = RemoteError(response.error, request_id=request_id, endpoint=self.config.endpoint)
-        self.record_end(request_id, tag, None, remote, via="on_response")
+        self.record_end(call.request_id, call.tag, result, None, via="on_response")
 
     def record_stopped(self, unfinished: int, unfinished_handles: int = 0) -> None:
         self.history.write(
@@ -246,6 +357,13 @@ class Calls:
                 unfinished_handles=unfinished_handles,
             )
         )
+
+
+def _result(call: NextCall, response: Response) -> Any:
+    """The response's result, or the RemoteError `call` would raise for it."""
+    if response.error is not None:
+        raise RemoteError(response.error, request_id=call.request_id, endpoint=call.endpoint)
+    return response.result
 
 
 def _wait_for_go(config: NodeConfig) -> None:
@@ -262,15 +380,15 @@ def _outcome_wait_s(config: NodeConfig) -> float:
 class _Outcome:
     """The two callbacks of one `send`: each run writes an `end` line, then sets `fired`."""
 
-    def __init__(self, calls: Calls, request_id: str, tag: str, fired: Any) -> None:
-        self.calls, self.request_id, self.tag, self.fired = calls, request_id, tag, fired
+    def __init__(self, calls: Calls, call: NextCall, fired: Any) -> None:
+        self.calls, self.call, self.fired = calls, call, fired
 
     def on_response(self, response: Response) -> None:
-        self.calls.record_response(self.request_id, self.tag, response)
+        self.calls.record_response(self.call, response)
         self.fired.set()
 
     def on_failure(self, error: PrqError) -> None:
-        self.calls.record_end(self.request_id, self.tag, None, error, via="on_failure")
+        self.calls.record_end(self.call.request_id, self.call.tag, None, error, via="on_failure")
         self.fired.set()
 
 
@@ -281,28 +399,41 @@ class _AsyncCaller:
         self.queue, self.config, self.calls = queue, config, calls
         self.handles: list[SendHandle] = []
 
-    async def one(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+    async def one(self, call: NextCall) -> None:
         if self.config.call_style == "send":
-            await self._send(request_id, tag, params)
+            await self._send(call)
             return
         result: Any = None
         error: BaseException | None = None
         try:
-            result = await self.queue.call(
-                self.config.endpoint,
-                "echo",
-                params,
-                request_id=request_id,
-                timeout_s=self.config.call_timeout_s,
-            )
+            result = await self._call(call)
         except Exception as exc:
             error = exc
-        self.calls.record_end(request_id, tag, result, error)
+        self.calls.record_end(call.request_id, call.tag, result, error)
 
-    async def _send(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
-        outcome = _Outcome(self.calls, request_id, tag, asyncio.Event())
+    async def _call(self, call: NextCall) -> Any:
+        timeout_s = self.config.call_timeout_s
+        if self.config.delivery == "at_most_once":
+            return await self.queue.call(
+                call.endpoint, "echo", call.params, request_id=call.request_id, timeout_s=timeout_s
+            )
         request = self.queue.build_request(
-            self.config.endpoint, "echo", params, request_id=request_id
+            call.endpoint,
+            "echo",
+            call.params,
+            request_id=call.request_id,
+            delivery=self.config.delivery,
+        )
+        return _result(call, await self.queue.queue_and_wait(request, timeout_s=timeout_s))
+
+    async def _send(self, call: NextCall) -> None:
+        outcome = _Outcome(self.calls, call, asyncio.Event())
+        request = self.queue.build_request(
+            call.endpoint,
+            "echo",
+            call.params,
+            request_id=call.request_id,
+            delivery=self.config.delivery,
         )
         try:
             handle = await self.queue.send(
@@ -312,7 +443,7 @@ class _AsyncCaller:
                 timeout_s=self.config.call_timeout_s,
             )
         except Exception as exc:  # send itself failed: no callback is due
-            self.calls.record_end(request_id, tag, None, exc, via="send")
+            self.calls.record_end(call.request_id, call.tag, None, exc, via="send")
             return
         self.handles.append(handle)
         with contextlib.suppress(TimeoutError):
@@ -332,28 +463,41 @@ class _SyncCaller:
         self.queue, self.config, self.calls = queue, config, calls
         self.handles: list[BlockingSendHandle] = []
 
-    def one(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
+    def one(self, call: NextCall) -> None:
         if self.config.call_style == "send":
-            self._send(request_id, tag, params)
+            self._send(call)
             return
         result: Any = None
         error: BaseException | None = None
         try:
-            result = self.queue.call(
-                self.config.endpoint,
-                "echo",
-                params,
-                request_id=request_id,
-                timeout_s=self.config.call_timeout_s,
-            )
+            result = self._call(call)
         except Exception as exc:
             error = exc
-        self.calls.record_end(request_id, tag, result, error)
+        self.calls.record_end(call.request_id, call.tag, result, error)
 
-    def _send(self, request_id: str, tag: str, params: dict[str, Any]) -> None:
-        outcome = _Outcome(self.calls, request_id, tag, threading.Event())
+    def _call(self, call: NextCall) -> Any:
+        timeout_s = self.config.call_timeout_s
+        if self.config.delivery == "at_most_once":
+            return self.queue.call(
+                call.endpoint, "echo", call.params, request_id=call.request_id, timeout_s=timeout_s
+            )
         request = self.queue.build_request(
-            self.config.endpoint, "echo", params, request_id=request_id
+            call.endpoint,
+            "echo",
+            call.params,
+            request_id=call.request_id,
+            delivery=self.config.delivery,
+        )
+        return _result(call, self.queue.queue_and_wait(request, timeout_s=timeout_s))
+
+    def _send(self, call: NextCall) -> None:
+        outcome = _Outcome(self.calls, call, threading.Event())
+        request = self.queue.build_request(
+            call.endpoint,
+            "echo",
+            call.params,
+            request_id=call.request_id,
+            delivery=self.config.delivery,
         )
         try:
             handle = self.queue.send(
@@ -363,7 +507,7 @@ class _SyncCaller:
                 timeout_s=self.config.call_timeout_s,
             )
         except Exception as exc:  # send itself failed: no callback is due
-            self.calls.record_end(request_id, tag, None, exc, via="send")
+            self.calls.record_end(call.request_id, call.tag, None, exc, via="send")
             return
         self.handles.append(handle)
         outcome.fired.wait(_outcome_wait_s(self.config))
@@ -388,10 +532,14 @@ async def _sender_async(config: NodeConfig, calls: Calls) -> int:
 
     async def caller(number: int) -> None:
         while not stop.is_set():
-            call = calls.next_call(number)
+            endpoints = calls.open_endpoints()
+            if not endpoints:
+                await asyncio.sleep(SWITCH_POLL_S)  # polls the switch files
+                continue
+            call = calls.next_call(number, endpoints)
             if call is None:
                 return
-            await one.one(*call)
+            await one.one(call)
             if config.think_ms:
                 await asyncio.sleep(config.think_ms / 1000.0)
 
@@ -424,10 +572,14 @@ def _sender_sync(config: NodeConfig, calls: Calls) -> int:
 
     def caller(number: int) -> None:
         while not stop.is_set():
-            call = calls.next_call(number)
+            endpoints = calls.open_endpoints()
+            if not endpoints:
+                stop.wait(SWITCH_POLL_S)  # polls the switch files
+                continue
+            call = calls.next_call(number, endpoints)
             if call is None:
                 return
-            one.one(*call)
+            one.one(call)
             if config.think_ms:
                 stop.wait(config.think_ms / 1000.0)
 

@@ -3,9 +3,10 @@
 `NodeFactory(workdir, redis_url=..., prefix=..., endpoint=...)` builds nodes with shared
 defaults; `factory.receiver("r1", handler="barrier", ...)` / `factory.sender("s1", count=200)`
 return a started `NodeProcess` (ready file seen, bounded). A node can be `kill()`ed (SIGKILL;
-the time is remembered for the checker), `pause()`d / `resume()`d (SIGSTOP / SIGCONT),
-`stop()`ped (SIGTERM, bounded, then SIGKILL) or `wait()`ed for (bounded). `factory.cleanup()`
-(the fixture's teardown) kills whatever is still alive, so no node outlives its test.
+the time is remembered for the checker), `pause()`d / `resume()`d (SIGSTOP / SIGCONT; `frozen`
+once the stop took effect), `stop()`ped (SIGTERM, bounded, then SIGKILL) or `wait()`ed for
+(bounded). `factory.cleanup()` (the fixture's teardown) kills whatever is still alive, so no
+node outlives its test.
 """
 
 from __future__ import annotations
@@ -167,6 +168,15 @@ class NodeProcess:
         """SIGSTOP: the process freezes, its sockets stay open."""
         if self.alive:
             os.kill(self.pid, signal.SIGSTOP)
+
+    @property
+    def frozen(self) -> bool:
+        """A pause() has taken effect: the kernel shows the process stopped (Linux /proc)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
     def resume(self) -> None:
         """SIGCONT after pause()."""

@@ -5,9 +5,14 @@
   scenarios' bounds are built from.
 - `figures(name, **values)` prints one line of a scenario's own figures (next to the checker's
   `report()`), so every scenario reports what it measured in the test output.
-- `hold_fault(seconds)` keeps a fault in place for its scheduled length. It is the scenario's
-  subject (Redis paused 5 s, a node frozen 10 s), not a synchronisation: everything the test
-  then waits for is a condition with a bound (`wait_until`).
+- `hold_fault(seconds)` keeps a fault in place for its scheduled length, and `steady_for(seconds)`
+  lets the load run on between two steps of a schedule. Both are the scenario's subject (Redis
+  paused 5 s, a node frozen 10 s, an endpoint idle 3 s, 2 s of plain load between two faults),
+  not a synchronisation: everything the test then waits for is a condition with a bound
+  (`wait_until`).
+- `held_by` reads which requests Redis shows picked up by a receiver; `freeze_when` freezes a
+  receiver at a moment it is idle (or busy) and says what it held, so that a test killing it
+  knows which callers may rightly hear "maybe executed".
 - `JsonlTail` reads the records appended to a node's ledger or history since the last read.
 - `request_hash` / `wait_request_state` look at one request's hash in Redis, directly.
 - `ends`, `starts`, `events`: records of a node by event; `data_loss_declared`: the data-loss
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ from tests.redis_servers import wait_until
 
 __all__ = [
     "CHECK_S",
+    "CONFIRM_S",
     "ENDPOINT",
     "HEARTBEAT_S",
     "POLL_DRIFT_S",
@@ -43,9 +50,12 @@ __all__ = [
     "ends",
     "events",
     "figures",
+    "freeze_when",
+    "held_by",
     "hold_fault",
     "request_hash",
     "starts",
+    "steady_for",
     "wait_request_state",
 ]
 
@@ -56,6 +66,8 @@ RECEIVER_TIMEOUT_S: float = FAULT_TIMINGS["receiver_timeout_s"]
 SENDER_TIMEOUT_S: float = FAULT_TIMINGS["sender_timeout_s"]
 CHECK_S: float = FAULT_TIMINGS["data_loss_check_interval_s"]
 POLL_S: float = FAULT_TIMINGS["poll_interval_s"]
+#: The hand-off confirmation window of the scenarios that shrink it (production: 2 s).
+CONFIRM_S = 1.0
 SOCKET_TIMEOUT_S: float = FAULT_REDIS_SETTINGS["socket_timeout_s"]
 #: Slack every timing bound of the issue carries ("within X + 1 s").
 SLACK_S = 1.0
@@ -79,6 +91,63 @@ def hold_fault(seconds: float) -> None:
     """Keep the fault in place for `seconds` (its scheduled length; see the module docstring)."""
     if seconds > 0:
         time.sleep(seconds)
+
+
+def steady_for(seconds: float) -> None:
+    """Let the load run on for `seconds` between two steps of a schedule (module docstring)."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def held_by(
+    client: redis.Redis, prefix: str, node: str, endpoints: Iterable[str] = (ENDPOINT,)
+) -> set[str]:
+    """The requests Redis shows picked up (state taken) by receiver `node` on `endpoints`: if
+    it dies now, their callers may rightly hear "maybe executed", whether or not its handler
+    had written a ledger line."""
+    held = set()
+    for endpoint in endpoints:
+        keys = KeySchema(prefix).endpoint(endpoint)
+        raw_ids: list[bytes] = client.zrange(keys.running, 0, -1)  # type: ignore[assignment]
+        for raw_id in raw_ids:
+            request_id = raw_id.decode()
+            state, receiver = client.hmget(keys.request(request_id), "st", "rcv")
+            if state == b"taken" and receiver == node.encode():
+                held.add(request_id)
+    return held
+
+
+def freeze_when(
+    node: NodeProcess,
+    client: redis.Redis,
+    prefix: str,
+    endpoints: Iterable[str] = (ENDPOINT,),
+    *,
+    busy: bool,
+    timeout_s: float = 20.0,
+) -> set[str]:
+    """Freeze receiver `node` (SIGSTOP) at a moment it holds nothing (`busy` false) or holds
+    something (`busy` true), and return what it holds; it stays frozen for the test to kill or
+    stop. Each look freezes it until the kernel shows it stopped, then reads Redis after a PING
+    of the test's own: the node's last commands reached Redis's socket before that PING was
+    sent, and Redis runs what is ready in one turn of its event loop before replying, so the
+    reading sees everything the node did. A node caught in the other state is resumed and
+    looked at again a moment later (bounded)."""
+    endpoints = list(endpoints)
+
+    def look() -> tuple[set[str]] | None:
+        node.pause()
+        wait_until(lambda: node.frozen, 5.0, 0.001, f"node {node.name} stopped")
+        client.ping()
+        held = held_by(client, prefix, node.name, endpoints)
+        if bool(held) == busy:
+            return (held,)
+        node.resume()
+        return None
+
+    state = "busy" if busy else "idle"
+    caught: tuple[set[str]] = wait_until(look, timeout_s, 0.05, f"node {node.name} {state}")
+    return caught[0]
 
 
 def data_loss_declared(node: NodeProcess) -> list[str]:

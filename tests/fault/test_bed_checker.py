@@ -142,3 +142,68 @@ def test_a_second_outcome_for_one_call_is_detected() -> None:
     assert [c.outcome for c in result.calls] == ["ok", "ok", "ok"]
     with pytest.raises(AssertionError, match=r"repeated_outcomes=2 .*unfinished_handles=1"):
         result.assert_clean()
+
+
+def test_an_id_sent_again_is_a_second_call() -> None:
+    # "job" answered, then sent again (another tag) after its record expired: each ran once
+    history = [
+        start("job", "first", T0), end("job", "first", T0 + 1),
+        start("job", "second", T0 + 10), end("job", "second", T0 + 11),
+    ]  # fmt: skip
+    ledger = [executed("job", "first", T0 + 0.5), executed("job", "second", T0 + 10.5)]
+    result = check([ledger], [history], name="again", now=T0 + 100)
+    result.assert_clean(min_calls=2)
+    assert [c.runs for c in result.calls] == [1, 1]
+    # and the second call run with the first one's params is a duplicate of the first and
+    # leaves the second unexecuted, whatever the second call's answer said
+    ledger[1] = executed("job", "first", T0 + 10.5)
+    result = check([ledger], [history], name="again-stale", now=T0 + 100)
+    assert result.duplicates == {"job": 2}
+    assert result.ok_not_executed == ["job"]
+
+
+def test_at_least_once_runs_again_without_duplicates() -> None:
+    history = [
+        {**start("alo", "alo", T0), "delivery": "at_least_once"},
+        end("alo", "alo", T0 + 8),
+    ]
+    ledger = [executed("alo", "alo", T0 + 0.1, node="r1"), executed("alo", "alo", T0 + 6)]
+    result = check([ledger], [history], name="alo", now=T0 + 100)
+    result.assert_clean()
+    assert result.reruns == {"alo": 2}
+
+
+def test_maybe_executed_reports_need_a_start_or_an_excuse() -> None:
+    lost = {"maybe_executed": True, "retryable": True}
+    history = [
+        # ran, then its receiver died: honest
+        start("ran", "ran", T0), end("ran", "ran", T0 + 6, "ReceiverLost", **lost),
+        # held by a receiver the test killed before its handler wrote a line: honest
+        start("held", "held", T0), end("held", "held", T0 + 6, "ReceiverLost", **lost),
+        # never ran, nobody held it: a false alarm
+        start("swallowed", "swallowed", T0),
+        end("swallowed", "swallowed", T0 + 6, "ReceiverLost", **lost),
+        # in flight while Redis lost data: honest DataLoss
+        start("flushed", "flushed", T0 + 20),
+        end("flushed", "flushed", T0 + 22, "DataLoss", **lost),
+        # DataLoss long after the window: a false alarm twice over
+        start("idle", "idle", T0 + 40), end("idle", "idle", T0 + 41, "DataLoss", **lost),
+        # told it never ran: no "maybe" report at all
+        start("timeout", "timeout", T0),
+        end("timeout", "timeout", T0 + 10, "PickupTimeout", maybe_executed=False),
+    ]  # fmt: skip
+    ledger = [executed("ran", "ran", T0 + 0.1)]
+    result = check(
+        [ledger],
+        [history],
+        name="maybe",
+        now=T0 + 100,
+        picked_up={"held"},
+        data_loss_windows=[(T0 + 21, T0 + 23)],
+    )
+    print(result.report())
+    assert result.false_maybe_executed == ["swallowed", "idle"]
+    assert result.false_data_loss == ["idle"]
+    result.assert_clean()  # (not judged unless asked)
+    with pytest.raises(AssertionError, match=r"false_maybe_executed=2 .*false_data_loss=1"):
+        result.assert_clean(max_false_maybe_executed=0, max_false_data_loss=0)
