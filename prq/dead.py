@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from prq._types import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
-from prq.errors import SerializationError
+from prq.errors import SerializationError, SignatureError
 from prq.flows import Context
 from prq.models import validate_endpoint
 from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
@@ -172,8 +172,10 @@ def bodies_to_read(sizes: Sequence[int]) -> list[bool]:
 
 def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flow[ReplayOutcome]:
     """Queue a dead letter again under its id (see replay_dead.lua), with its locator so that
-    status and cancel by id find it; what happened."""
+    status and cancel by id find it, and with a signing key, its signature renewed; what
+    happened."""
     keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    renew = () if ctx.signer is None else (yield from _renewal(ctx, endpoint, request_id))
     settings = ctx.settings
     now_ms = ctx.wall_ms()
     pickup_ms = int(settings.pickup_timeout_s * 1000)
@@ -190,10 +192,32 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
     )
     locator_ms = int(settings.locator_ttl_s(settings.pickup_timeout_s) * 1000)
     locate = Call(("SET", ctx.keys.locator(request_id), endpoint, "PX", locator_ms))
-    outcome = reply_text(first_reply((yield Exec((call, locate)))))
+    replies = yield Exec((*renew, call, locate))
+    assert isinstance(replies, list)
+    outcome = reply_text(replies[len(renew)])
     if outcome not in ("replayed", "live", "missing"):
         raise SerializationError(f"unexpected replay_dead reply from Redis: {outcome!r:.100}")
     return outcome  # type: ignore[return-value]
+
+
+def _renewal(ctx: Context, endpoint: str, request_id: str) -> Flow[tuple[Call, ...]]:
+    """The call that renews a dead letter's signature for as long as a request enqueued now
+    gets (prq.signing), if its envelope is authentic: an operator who replays a dead letter
+    vouches for it, however old it is. A forged or tampered one is replayed as it is, and is
+    dead-lettered again with its reason."""
+    signer = ctx.signer
+    assert signer is not None
+    keys = ctx.keys.endpoint(endpoint)
+    body = first_reply((yield Exec((Call(("HGET", keys.dead[2], request_id)),))))
+    if not isinstance(body, bytes):
+        return ()
+    valid_ms = int(ctx.settings.signature_renewal_s() * 1000)
+    try:
+        header = signer.renewal("request", request_id, endpoint, body, ctx.wall_ms() + valid_ms)
+    except SignatureError:
+        return ()
+    ttl_ms = valid_ms + int(ctx.settings.signing_clock_skew_s * 1000)
+    return (Call(("SET", keys.renewal(request_id), header, "PX", ttl_ms)),)
 
 
 def purge_dead_letters_flow(

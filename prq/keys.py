@@ -7,6 +7,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      start time (scripts/_queue.lua)
     prq:{<e>}:q:<p>:vt       hash    priority p's clock: g, p<producer>, s  TTL 1 day, refreshed
     prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
+    prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
     prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
@@ -83,6 +84,11 @@ class EndpointKeys:
 
     def request(self, request_id: str) -> str:
         return f"{self.tag}:r:{request_id}"
+
+    def renewal(self, request_id: str) -> str:
+        """A signed request's renewed signature header (prq.signing), written by a node that
+        holds or replays it."""
+        return f"{self.tag}:rs:{request_id}"
 
     def take_receipt(self, token: str) -> str:
         return f"{self.tag}:t:{token}"

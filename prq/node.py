@@ -8,6 +8,7 @@ answered: id → PendingRequest with the owner token that answering needs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -70,7 +71,7 @@ from prq.scripts import (
     parse_unpark,
     unpark_call,
 )
-from prq.signing import Signer, unwrap
+from prq.signing import Renewals, Signer, unwrap
 from prq.stream_keeper import StreamKeeper
 from prq.taken import TakenRequests
 from prq.watch import NodeWatch
@@ -179,6 +180,11 @@ class QueueBase:
             signer=Signer.from_settings(self.settings),
             bodies=self._streams,
         )
+        #: Signed at_least_once requests this node holds, whose signatures it renews while
+        #: it holds them, so that they can be handed out again however long it ran them.
+        self._renewals = Renewals(
+            self.settings.heartbeat_initial_delay_s, self.settings.signature_renewal_s()
+        )
         #: Markers of the large bodies (prq.bodies) of held requests: deleted once answered.
         self._held_bodies: dict[str, bytes] = {}
         #: Requests this node took and has not answered: id → PendingRequest (owner token).
@@ -282,20 +288,22 @@ class QueueBase:
         self, endpoint: str, items: list[TakenItem]
     ) -> Flow[tuple[dict[str, bytes | SerializationError], dict[str, bytes]]]:
         """Taken items' request JSON by id, or why it cannot be had: the signature checked
-        (with a signing key), and bodies kept beside Redis read back off the event loop; and
-        the markers of those (prq.bodies), by id."""
+        (with a signing key; an expired one under the request's renewal, if a node renewed
+        it), and bodies kept beside Redis read back off the event loop; and the markers of
+        those (prq.bodies), by id."""
         opened: dict[str, bytes | SerializationError] = {}
-        spilled: list[tuple[str, bytes]] = []
+        expired: list[tuple[TakenItem, SignatureError]] = []
         for item in items:
             try:
-                data = self._open_request(endpoint, item)
+                opened[item.request_id] = self._open_request(endpoint, item)
             except SerializationError as exc:
-                opened[item.request_id] = exc
-                continue
-            if is_spilled(data):
-                spilled.append((item.request_id, data))
-            else:
-                opened[item.request_id] = data
+                if isinstance(exc, SignatureError) and exc.reason == "expired":
+                    expired.append((item, exc))
+                else:
+                    opened[item.request_id] = exc
+        if expired:
+            opened.update((yield from self._open_renewed(endpoint, expired)))
+        spilled = [(i, d) for i, d in opened.items() if isinstance(d, bytes) and is_spilled(d)]
         if spilled:
             loaded = yield Offload(partial(self._streams.load_request_bodies, spilled))
             assert isinstance(loaded, dict)
@@ -348,6 +356,8 @@ class QueueBase:
             )
             pending = PendingRequest(request, delivery, token)
             self._held[request.id] = pending
+            if self.ctx.signer is not None and request.delivery == "at_least_once":
+                self._renewals.hold(request.id, endpoint, item.body, time.monotonic())
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
             metrics.TAKEN.labels(endpoint).inc()
@@ -676,6 +686,59 @@ class QueueBase:
                 self._streams.delete_body(body)
 
         return clean_up
+
+    def _open_renewed(
+        self, endpoint: str, expired: list[tuple[TakenItem, SignatureError]]
+    ) -> Flow[dict[str, bytes | SerializationError]]:
+        """Taken items whose signature expired, checked under their renewals (one round
+        trip): the request JSON by id, or the expiry error where no valid renewal is found."""
+        signer = self.ctx.signer
+        assert signer is not None  # (only a signer finds a signature expired)
+        keys = self.keys.endpoint(endpoint)
+        replies = yield Exec(tuple(Call(("GET", keys.renewal(i.request_id))) for i, _ in expired))
+        assert isinstance(replies, list)
+        opened: dict[str, bytes | SerializationError] = {}
+        for (item, error), renewal in zip(expired, replies, strict=True):
+            opened[item.request_id] = error
+            if isinstance(renewal, bytes):
+                with contextlib.suppress(SignatureError):
+                    renewed = signer.renewed(item.body, renewal)
+                    opened[item.request_id] = signer.open(
+                        "request", item.request_id, endpoint, renewed
+                    )
+        return opened
+
+    def _renewal_due(self, now: float) -> bool:
+        """Whether a held request's signature is due for renewal (the facade's watch loop
+        then runs `_renew_flow`)."""
+        return bool(self._renewals.due(now, self._watch.liveness.held.__contains__))
+
+    def _renew_flow(self) -> Flow[None]:
+        """Renew the signatures of the signed requests this node holds that are due, in one
+        round trip (prq.signing.Renewals): each is valid twice the renewal period from now."""
+        signer = self.ctx.signer
+        now = time.monotonic()
+        due = self._renewals.due(now, self._watch.liveness.held.__contains__)
+        if signer is None or not due:
+            return
+        valid_ms = int(2 * self._renewals.every_s * 1000)
+        until_ms = self.ctx.wall_ms() + valid_ms
+        ttl_ms = valid_ms + int(self.settings.signing_clock_skew_s * 1000)
+        calls: list[Call] = []
+        renewed: dict[str, bytes | None] = {}
+        for request_id, endpoint, envelope in due:
+            try:
+                header = signer.renewal("request", request_id, endpoint, envelope, until_ms)
+            except SignatureError as exc:  # (its key retired meanwhile: it expires in time)
+                logger.warning("signature not renewed request_id=%s error=%s", request_id, exc)
+                renewed[request_id] = None
+                continue
+            key = self.keys.endpoint(endpoint).renewal(request_id)
+            calls.append(Call(("SET", key, header, "PX", ttl_ms)))
+            renewed[request_id] = signer.renewed(envelope, header)
+        if calls:
+            yield Exec(tuple(calls))
+        self._renewals.renewed(renewed, now)
 
     def _open_request(self, endpoint: str, item: TakenItem) -> bytes:
         """A taken request's JSON: its signature checked (SignatureError when it fails) with

@@ -218,7 +218,8 @@ class AsyncQueue(QueueBase):
             logger.debug("data-loss check failed error=%s", exc)
 
     async def _watch_loop(self) -> None:
-        """Beat, look for cancellations, check for data loss; never dies on an error."""
+        """Beat, look for cancellations, check for data loss, renew the signatures and extend
+        the stored data of held requests; never dies on an error."""
         while not self._closed:
             plan = self._watch.plan(time.monotonic())
             if plan.steps:
@@ -230,6 +231,11 @@ class AsyncQueue(QueueBase):
                     self._watch.settle(plan, results, time.monotonic())
             if self._streams.sweep_due(time.monotonic()):
                 await asyncio.to_thread(self._streams.sweep)
+            if self._renewal_due(time.monotonic()):
+                try:
+                    await self._run(self._renew_flow(), closing_ok=True)
+                except PrqError as exc:
+                    logger.debug("signature renewal failed error=%s", exc)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._watch.wait_s(time.monotonic())):
                     await self._watch_wake.wait()

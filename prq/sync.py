@@ -209,7 +209,8 @@ class Queue(QueueBase):
             logger.debug("data-loss check failed error=%s", exc)
 
     def _watch_loop(self) -> None:
-        """Beat, look for cancellations, check for data loss; never dies on an error."""
+        """Beat, look for cancellations, check for data loss, renew the signatures and extend
+        the stored data of held requests; never dies on an error."""
         while not self._closed:
             plan = self._watch.plan(time.monotonic())
             if plan.steps:
@@ -221,6 +222,11 @@ class Queue(QueueBase):
                     self._watch.settle(plan, results, time.monotonic())
             if self._streams.sweep_due(time.monotonic()):
                 self._streams.sweep()
+            if self._renewal_due(time.monotonic()):
+                try:
+                    self._run(self._renew_flow(), closing_ok=True)
+                except PrqError as exc:
+                    logger.debug("signature renewal failed error=%s", exc)
             self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
             self._watch_wake.clear()
 

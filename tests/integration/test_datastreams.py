@@ -171,22 +171,6 @@ def test_the_file_store_opens_only_its_own_references(tmp_path: Path) -> None:
         store.rehydrate("1-" + "a" * 32)
 
 
-def test_the_file_store_keeps_extended_data_past_the_expiry_in_its_name(tmp_path: Path) -> None:
-    # Given two pieces of data past the expiry they were stored with, one of them extended
-    store = FileSystemStore(tmp_path / "streams")
-    now_ms = int(time.time() * 1000)
-    kept = store.store("a" * 32, [b"kept"], now_ms - 1)
-    store.store("b" * 32, [b"gone"], now_ms - 1)
-    store.extend(kept, now_ms + 60_000)
-    store.extend(kept, now_ms + 1_000)  # (an extension never shortens)
-    store.extend("1-" + "c" * 32, now_ms)  # (data gone already: nothing happens)
-    # Then a sweep removes only the other one, and the extended one after its new expiry
-    assert store.cleanup(now_ms + 1_000) == 1
-    assert stored_files(store) == [kept]
-    assert store.cleanup(now_ms + 59_000) == 0
-    assert store.cleanup(now_ms + 60_001) == 1
-
-
 async def test_the_sender_sees_the_receivers_progress_through_heartbeats(
     make_queue: QueueFactory, tmp_path: Path
 ) -> None:

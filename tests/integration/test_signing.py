@@ -9,6 +9,7 @@ response written by a node without the key never reaches the caller either.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,10 +18,12 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from prq import RemoteError, RequestState, Response, SignatureError
+from prq import ReceiverLost, RemoteError, Request, RequestState, Response, SignatureError
 from prq.keys import KeySchema
 from prq.signing import ENVELOPE_MAGIC, Signer, unwrap
 from tests.queue_facades import AnyQueue, QueueFactory, run_all, wait_for_state
+from tests.queued import silent_take
+from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -193,6 +196,97 @@ async def test_rotation_accepts_the_previous_key_until_its_grace_window_ends(
     assert await serve_one(strict, timeout_s=1.0) is None
     [letter] = [d for d in await strict.dead_letters(ENDPOINT) if d.id == victim]
     assert letter.reason.startswith("signature unknown_key:")
+
+
+#: Signed nodes whose request signatures last a few seconds: 2 s of pickup per attempt and a
+#: receiver timeout before each redelivery, judged with no clock skew; quick beats.
+SHORT_LIVED: dict[str, Any] = {
+    "pickup_timeout_s": 2.0,
+    "receiver_timeout_s": 1.0,
+    "heartbeat_interval_s": 0.3,
+    "heartbeat_initial_delay_s": 0.2,
+    "signing_clock_skew_s": 0.0,
+}
+
+
+def _expiry_ms(redis_client: redis.Redis, key: str, field: str) -> int:
+    """The expiry named in the signed envelope stored at `key`'s `field`."""
+    stored = redis_client.hget(key, field)
+    assert isinstance(stored, bytes) and stored.startswith(ENVELOPE_MAGIC)
+    return int(stored[len(ENVELOPE_MAGIC) :].split(b" ")[1])
+
+
+async def _past(expiry_ms: int) -> None:
+    """Wait (bounded) until a signature with that expiry has expired."""
+    await async_wait_until(
+        lambda: time.time() * 1000 > expiry_ms, 30, 0.05, "the signature expired"
+    )
+
+
+async def test_a_signed_request_handed_back_after_a_long_run_runs_elsewhere(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a signed at_least_once call, taken by a receiver whose handler runs on
+    timing = signed(**SHORT_LIVED, max_attempts=2, shutdown_timeout_s=0.0)
+    caller, first, second = make_queue(**timing), make_queue(**timing), make_queue(**timing)
+    started, release = threading.Event(), threading.Event()
+
+    def long_run(request: Request) -> str:
+        started.set()
+        release.wait(30)
+        return "first"
+
+    make_queue.serve(first, ENDPOINT, long_run)
+    request = Request(endpoint=ENDPOINT, method="m", delivery="at_least_once")
+    call = asyncio.ensure_future(caller.queue_and_wait(request))
+    try:
+        await async_wait_until(started.is_set, 10, 0.02, "the first run started")
+        # When the run outlasts the signature the request was enqueued with, and its
+        # receiver then shuts down, giving the request back
+        keys = KeySchema(key_prefix).endpoint(ENDPOINT)
+        await _past(_expiry_ms(redis_client, keys.request(request.id), "b"))
+        await first.aclose()
+
+        # Then another receiver runs it, and the caller gets that answer
+        make_queue.serve(second, ENDPOINT, lambda request: "second")
+        response = await asyncio.wait_for(call, 20)
+        assert (response.error, response.result) == (None, "second")
+    finally:
+        release.set()
+
+
+async def test_an_old_signed_dead_letter_replays_and_a_tampered_one_stays_refused(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given two signed at_least_once requests dead-lettered when their only receiver died,
+    # one of them then tampered with where dead letters are kept
+    timing = signed(**SHORT_LIVED, max_attempts=1)
+    caller, receiver = make_queue(**timing), make_queue(**timing)
+    await receiver.start()
+    keys = KeySchema(key_prefix).endpoint(ENDPOINT)
+    for request_id in ("dead-kept", "dead-tampered"):
+        request = Request(endpoint=ENDPOINT, method="work", params={"n": 1}, id=request_id,
+                          delivery="at_least_once")  # fmt: skip
+        call = asyncio.ensure_future(caller.queue_and_wait(request))
+        await wait_for_state(caller, request_id, RequestState.QUEUED)
+        assert len(silent_take(redis_client, key_prefix, ENDPOINT)) == 1
+        with pytest.raises(ReceiverLost, match="used up its attempts"):
+            await asyncio.wait_for(call, 10)
+    bodies = keys.dead[2]
+    stored = redis_client.hget(bodies, "dead-tampered")
+    assert isinstance(stored, bytes)
+    redis_client.hset(bodies, "dead-tampered", _tamper(stored))
+
+    # When their signatures have expired, and an operator replays both
+    await _past(_expiry_ms(redis_client, bodies, "dead-kept"))
+    assert await caller.replay_dead_letter(ENDPOINT, "dead-kept") == "replayed"
+    assert await caller.replay_dead_letter(ENDPOINT, "dead-tampered") == "replayed"
+
+    # Then the authentic one runs; the tampered one is dead-lettered again, for its signature
+    assert await serve_one(receiver) == "dead-kept"
+    assert await serve_one(receiver, timeout_s=1.0) is None
+    [letter] = [d for d in await receiver.dead_letters(ENDPOINT) if d.id == "dead-tampered"]
+    assert letter.reason.startswith("signature mismatch:"), letter.reason
 
 
 def test_signing_settings_are_checked() -> None:

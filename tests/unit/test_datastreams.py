@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,19 @@ def test_an_unstored_stream_cannot_be_encoded_and_a_stored_one_counts_its_bytes(
     stored.bind(store, delete_after_read=True)
     assert stored.read() == b"abcde" and stored.bytes_read == 5
     assert list(tmp_path.iterdir()) == []  # deleted once read
+
+
+def test_the_file_store_keeps_extended_data_past_the_expiry_in_its_name(tmp_path: Path) -> None:
+    # Given two pieces of data past the expiry they were stored with, one of them extended
+    store = FileSystemStore(tmp_path)
+    now_ms = int(time.time() * 1000)
+    kept = store.store("a" * 32, [b"kept"], now_ms - 1)
+    store.store("b" * 32, [b"gone"], now_ms - 1)
+    store.extend(kept, now_ms + 60_000)
+    store.extend(kept, now_ms + 1_000)  # (an extension never shortens)
+    store.extend("1-" + "c" * 32, now_ms)  # (data gone already: nothing happens)
+    # Then a sweep removes only the other one, and the extended one after its new expiry
+    assert store.cleanup(now_ms + 1_000) == 1
+    assert [path.name for path in tmp_path.iterdir()] == [kept]
+    assert store.cleanup(now_ms + 59_000) == 0
+    assert store.cleanup(now_ms + 60_001) == 1

@@ -37,7 +37,13 @@ def test_distinct_endpoints_never_share_a_key(a: str, b: str) -> None:
 @given(printable)
 def test_every_key_of_an_endpoint_has_one_hash_tag(endpoint: str) -> None:
     keys = KeySchema("prq").endpoint(endpoint)
-    for key in (keys.levels, keys.request("abc"), keys.sequence, keys.take_receipt("t")):
+    for key in (
+        keys.levels,
+        keys.request("abc"),
+        keys.renewal("abc"),
+        keys.sequence,
+        keys.take_receipt("t"),
+    ):
         assert key.count("{") == 1
         assert key.count("}") == 1
         assert key.startswith(keys.tag)
