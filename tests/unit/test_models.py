@@ -7,15 +7,26 @@ import pickle
 import pytest
 
 from prq import InvalidEndpoint, Request, Response, SerializationError, ServerError
-from prq.models import decode_request, decode_response
+from prq.models import COMPACT_ID_LENGTH, decode_request, decode_response, new_request_id
 
 
 def test_request_defaults() -> None:
     request = Request(endpoint="poll://a", method="ping")
-    assert len(request.id) == 32
+    assert len(request.id) == COMPACT_ID_LENGTH == 22
     assert request.delivery == "at_most_once"
     assert request.priority == 0
     assert request.headers == {}
+
+
+def test_ids_prq_makes_are_22_letters_and_digits_and_carry_a_whole_uuid4() -> None:
+    ids = {new_request_id() for _ in range(20_000)}
+    assert len(ids) == 20_000
+    assert all(len(i) == 22 and i.isascii() and i.isalnum() for i in ids)
+    # base 62, most significant digit first: 62**22 > 2**128, so no uuid4 is cut short
+    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    values = [sum(alphabet.index(c) * 62**k for k, c in enumerate(reversed(i))) for i in ids]
+    assert all(v < 2**128 for v in values)
+    assert all((v >> 76) & 0xF == 4 for v in values)  # the uuid4 version nibble survives
 
 
 def test_bad_endpoint_raises_the_typed_error() -> None:
