@@ -382,12 +382,16 @@ async def test_a_refused_late_answer_leaves_the_body_and_streams_to_the_new_rece
     # Given an at_least_once request with a large body and a stream, taken by a receiver whose
     # first beat comes late (4 s), and a caller that judges receivers silent after 1 s
     store = FileSystemStore(tmp_path / "store")
-    quick = {
+    quick: dict[str, Any] = {
         "receiver_timeout_s": 1.0,
         "heartbeat_interval_s": 0.3,
         "heartbeat_initial_delay_s": 0.2,
     }
-    slow = {"receiver_timeout_s": 6, "heartbeat_initial_delay_s": 4, "heartbeat_interval_s": 2}
+    slow: dict[str, Any] = {
+        "receiver_timeout_s": 6,
+        "heartbeat_initial_delay_s": 4,
+        "heartbeat_interval_s": 2,
+    }
     sender = make_queue(datastreams=store, pickup_timeout_s=30, **SETTINGS, **quick)
     first = make_queue(datastreams=store, **SETTINGS, **slow)
     second = make_queue(datastreams=store, **SETTINGS)

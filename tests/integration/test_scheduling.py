@@ -236,7 +236,7 @@ async def test_a_level_that_never_empties_forgets_producers_it_served(
 
     # Then the level's clock remembers a bounded number of producers, not all 401
     assert redis_client.exists(bulk.keys.endpoint(endpoint).level(0))
-    fields = redis_client.hkeys(clock)
+    fields: list[bytes] = redis_client.hkeys(clock)  # type: ignore[assignment]
     producers = [f for f in fields if f.startswith(b"p")]
     assert b"psteady" in producers
     assert len(producers) <= 80, len(producers)
