@@ -33,6 +33,20 @@ from tests.redis_servers import (
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The fault bed's operations soak (tests/fault/test_scenario_18_operations_soak.py)."""
+    group = parser.getgroup("soak", "the fault bed's operations soak")
+    group.addoption(
+        "--soak-minutes",
+        type=float,
+        metavar="N",
+        help="run the operations soak's schedule for N minutes, with a random seed",
+    )
+    group.addoption(
+        "--soak-seed", type=int, metavar="S", help="the operations soak's seed (to replay a run)"
+    )
+
+
 @pytest.fixture(scope="session")
 def shared_server(
     tmp_path_factory: pytest.TempPathFactory,

@@ -12,6 +12,9 @@ The shrunk timings (FAULT_TIMINGS, FAULT_REDIS_SETTINGS) live in tests/fault/tim
   `fault_queues.serve(queue, endpoint, handler)` a serve loop; all closed at teardown.
 - `nodes`: a `NodeFactory` on `fault_redis` with the test's prefix and FAULT_TIMINGS; every node
   still alive at teardown is killed (SIGKILL, by pid).
+
+A test module that defines `soak_timeout_s(minutes)` (the operations soak) gets its timeout
+from it, for the length `--soak-minutes` asks for (None: its CI length).
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ from tests.fault.nodes import NodeFactory
 from tests.fault.proxy import FaultProxy
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS, FaultQueueFactory
 from tests.redis_servers import new_prefix
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    minutes = config.getoption("--soak-minutes")
+    for item in items:
+        timeout_for = getattr(getattr(item, "module", None), "soak_timeout_s", None)
+        if timeout_for is not None:
+            item.add_marker(pytest.mark.timeout(timeout_for(minutes)))
 
 
 @pytest.fixture
