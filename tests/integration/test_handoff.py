@@ -299,3 +299,29 @@ async def test_a_request_is_not_handed_past_queued_work(
         assert pending is not None
         await receiver.apply_response(Response(id=pending.id, result="ok"))
     assert (await asyncio.wait_for(call, CALL_BOUND_S)).result == "ok"
+
+
+async def test_a_take_whose_receipt_holds_only_cancelled_requests_takes_afresh(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given two queued requests, and a take that got the first but whose reply was lost (its
+    # receiver will send the same take again, with the same token)
+    endpoint = "poll://receipt-of-cancelled"
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    with BulkClient.from_url(redis_url, prefix=key_prefix) as bulk:
+        batch = [Request(endpoint=endpoint, method="m", id=f"r-{n}") for n in range(2)]
+        assert bulk.enqueue_many(batch).accepted == 2
+    token = uuid.uuid4().hex
+    settings = QueueSettings()
+    call = take_call(
+        keys, token, "receiver", 2000, 1, 100, 60_000, 60_000, 0, 86_400_000, 60_000,
+        Redelivery.of(settings, KeySchema(key_prefix).node_channel_prefix),
+    )  # fmt: skip
+    redis_client.script_load(TAKE.source)
+    first = parse_take(redis_client.execute_command(*call.args))  # type: ignore[no-untyped-call]
+    assert [item.request_id for item in first.items] == ["r-0"]
+    # When that request is cancelled before the take is sent again
+    assert await make_queue().cancel("r-0")
+    again = parse_take(redis_client.execute_command(*call.args))  # type: ignore[no-untyped-call]
+    # Then the take goes on as a fresh one instead of coming back empty until its receipt expires
+    assert [item.request_id for item in again.items] == ["r-1"]
