@@ -4,7 +4,8 @@ within poll interval + service time + 1 s (for `call`, and for `send` and its on
 And a dequeue with a 1-day long-poll, whose link is
 cut and restored while it waits, still gets a request enqueued after the restore. And a
 request handed to a parked take whose pulse was lost, when that receiver then shuts down, is
-given back at once (at_least_once queued again, at_most_once cancelled and its caller told).
+given back at once, whatever its delivery: never confirmed, it never ran, so it is queued again
+for another receiver, its attempt not counted, and its caller never hears of it.
 
 On the latency bound: with no pulse at all, a request can wait up to one poll interval at the
 receiver (its parked take looks again every poll) and up to one at the sender (it reads the
@@ -20,7 +21,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from prq import QueueShutdown, ReceiverLost, Request, Response
+from prq import QueueShutdown, Request, Response
 from prq.keys import KeySchema
 from prq.models import Delivery
 from tests.fault.checker import check_nodes
@@ -178,11 +179,11 @@ async def test_a_hand_off_the_receiver_never_heard_of_is_given_back_when_it_shut
     delivery: Delivery,
 ) -> None:
     # Given a receiver whose link drops pub/sub messages, parked in a long dequeue that looks
-    # again only every 30 s
+    # again only every 30 s, and a sender whose hand-offs wait 30 s for their confirmation
     link = make_proxy()
     link.drop_pubsub_messages(True)
     receiver = fault_queues(url=link.url, poll_interval_s=30.0)
-    sender = fault_queues()
+    sender = fault_queues(handoff_confirm_s=30.0)
     endpoint = "poll://unheard"
     keys = KeySchema(fault_prefix).endpoint(endpoint)
     waiting = asyncio.ensure_future(receiver.dequeue(endpoint, timeout_s=120))
@@ -192,7 +193,7 @@ async def test_a_hand_off_the_receiver_never_heard_of_is_given_back_when_it_shut
     request = Request(endpoint=endpoint, method="m", params="unheard", delivery=delivery)
     call = asyncio.ensure_future(sender.queue_and_wait(request, pickup_timeout_s=30))
     await async_wait_until(
-        lambda: fault_client.hget(keys.request(request.id), "st") == b"taken",
+        lambda: fault_client.hget(keys.request(request.id), "st") == b"handed",
         10,
         0.01,
         "the request handed to the parked take",
@@ -200,24 +201,20 @@ async def test_a_hand_off_the_receiver_never_heard_of_is_given_back_when_it_shut
     # And the receiver shuts down before it looks again
     await receiver.aclose()
 
-    # Then its park is gone, and the request was given back as it shut down: at_least_once
-    # queued again for another receiver, at_most_once cancelled (its caller told at once)
+    # Then its park is gone, and the request was given back as it shut down, whatever its
+    # delivery: it was never confirmed, so it never ran and counts no attempt
     with pytest.raises(QueueShutdown):
         await asyncio.wait_for(waiting, 10)
     assert fault_client.hlen(keys.parks) == 0
     fields = request_hash(fault_client, fault_prefix, request.id, endpoint)
     figures("S08-unheard", facade=fault_facade, delivery=delivery, state=fields.get("st"))
-    if delivery == "at_most_once":
-        assert (fields.get("st"), fields.get("why")) == ("cancelled", "receiver_shutdown")
-        with pytest.raises(ReceiverLost, match="shut down"):
-            await asyncio.wait_for(call, 5)
-    else:
-        assert fields.get("st") == "queued"
-        # ... and another receiver gets it (its second attempt) and answers it
-        other = fault_queues()
-        pending = await other.dequeue(endpoint, timeout_s=10)
-        assert pending is not None and pending.request.params == "unheard"
-        assert pending.delivery.attempt == 2
-        await other.apply_response(Response(id=pending.id, result="answered"))
-        response = await asyncio.wait_for(call, 10)
-        assert response.result == "answered"
+    assert fields.get("st") == "queued"
+    assert not call.done()
+    # ... and another receiver gets it (its first attempt) and answers it
+    other = fault_queues()
+    pending = await other.dequeue(endpoint, timeout_s=10)
+    assert pending is not None and pending.request.params == "unheard"
+    assert pending.delivery.attempt == 1
+    await other.apply_response(Response(id=pending.id, result="answered"))
+    response = await asyncio.wait_for(call, 10)
+    assert response.result == "answered"
