@@ -8,8 +8,9 @@ speculative batch with deterministic ids enqueues nothing twice.
 
 `BulkClient` is blocking and light: one owned Redis connection (the retry policy, error
 translation and script loading of the queue's own I/O), no background thread, no pub/sub. It
-sends up to `batch_size` requests per round trip (one script call per endpoint and batch, plus
-each id's locator so that `status`/`cancel` by id work from any node) and checks every reply:
+sends up to `batch_size` requests per round trip (one script call per endpoint and batch, and
+the endpoints' registry entry, through which `status`/`cancel` by id find a request from any
+node; each id's locator too with `QueueSettings.request_locators`) and checks every reply:
 a full or failing Redis raises, it never loses requests silently.
 
 Example:
@@ -199,7 +200,7 @@ class BulkClient:
         *,
         pickup_timeout_s: float | None = None,
         nonce: str | None = None,
-        locators: bool = True,
+        locators: bool | None = None,
         priority: int = 0,
         producer: str = BULK_PRODUCER,
         delivery: Delivery = "at_most_once",
@@ -211,10 +212,11 @@ class BulkClient:
         For encoders that write request JSON faster than `Request` models can (prq.spark).
         Each body must be the JSON of a `Request` with that id and endpoint, within
         max_body_bytes: the caller checks; a receiver answers anything else as a
-        SerializationError. `locators=False` skips the id → endpoint locators, most of the
-        cost of a small request: lookups by id alone (`Queue.status`, `Queue.cancel`, the
-        admin service) then ask the registered endpoints instead, a little slower. At most
-        MAX_BATCH_SIZE items; otherwise as `enqueue_many`.
+        SerializationError. `locators=True` writes an id → endpoint locator per request (None:
+        as `QueueSettings.request_locators` says, off by default), so lookups by id alone
+        (`Queue.status`, `Queue.cancel`, the admin service) read it instead of asking the
+        registered endpoints; it costs a key per request. At most MAX_BATCH_SIZE items;
+        otherwise as `enqueue_many`.
         """
         if not items:
             return BulkResult()
@@ -223,6 +225,8 @@ class BulkClient:
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         validate_endpoint(endpoint)
         lane = (endpoint, priority, producer, self._attempts(delivery))
+        if locators is None:
+            locators = self.settings.request_locators
         return self._send({lane: items}, pickup, nonce or uuid.uuid4().hex, locators)
 
     def _attempts(self, delivery: Delivery) -> int:
@@ -243,7 +247,7 @@ class BulkClient:
             attempts = self._attempts(request.delivery)
             lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER, attempts)
             by_lane.setdefault(lane, []).append(encoded)
-        result = self._send(by_lane, pickup_timeout_s, nonce, locators=True)
+        result = self._send(by_lane, pickup_timeout_s, nonce, self.settings.request_locators)
         result.rejected += rejected
         return result
 

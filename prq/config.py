@@ -143,6 +143,10 @@ class QueueSettings(BaseSettings):
     sender_timeout_s: float = Field(DEFAULT_SENDER_TIMEOUT_S, gt=0)
     data_loss_check_interval_s: float = Field(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S, gt=0)
     handoff_confirm_s: float = Field(DEFAULT_HANDOFF_CONFIRM_S, gt=0)
+    #: Also write an id -> endpoint locator key per request, so that status and cancel by id
+    #: find it in one read. Off: they ask the registered endpoints (one more round trip), and a
+    #: request costs Redis no key beside its record.
+    request_locators: bool = False
     retry_budget_s: float = Field(DEFAULT_RETRY_BUDGET_S, ge=0)
     response_ttl_s: float = Field(DEFAULT_RESPONSE_TTL_S, gt=0)
     request_ttl_extra_s: float = Field(DEFAULT_REQUEST_TTL_EXTRA_S, gt=0)

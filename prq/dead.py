@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from prq._types import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.errors import SerializationError, SignatureError
-from prq.flows import Context
+from prq.flows import Context, locator_calls, registry_calls
 from prq.models import validate_endpoint
 from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
 from prq.signing import unwrap
@@ -171,9 +171,9 @@ def bodies_to_read(sizes: Sequence[int]) -> list[bool]:
 
 
 def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flow[ReplayOutcome]:
-    """Queue a dead letter again under its id (see replay_dead.lua), with its locator so that
-    status and cancel by id find it, and with a signing key, its signature renewed; what
-    happened."""
+    """Queue a dead letter again under its id (see replay_dead.lua), its endpoint registered
+    (and its locator written, with `request_locators`) so that status and cancel by id find
+    it, and with a signing key, its signature renewed; what happened."""
     keys = ctx.keys.endpoint(validate_endpoint(endpoint))
     renew = () if ctx.signer is None else (yield from _renewal(ctx, endpoint, request_id))
     settings = ctx.settings
@@ -190,9 +190,11 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
             keys.pulse_channel,
         ),
     )
-    locator_ms = int(settings.locator_ttl_s(settings.pickup_timeout_s) * 1000)
-    locate = Call(("SET", ctx.keys.locator(request_id), endpoint, "PX", locator_ms))
-    replies = yield Exec((*renew, call, locate))
+    beside = [
+        *locator_calls(ctx.keys, settings, request_id, endpoint, settings.pickup_timeout_s),
+        *registry_calls(ctx.keys, settings, [endpoint], now_ms),
+    ]
+    replies = yield Exec((*renew, call, *beside))
     assert isinstance(replies, list)
     outcome = reply_text(replies[len(renew)])
     if outcome not in ("replayed", "live", "missing"):

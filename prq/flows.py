@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ from prq.errors import (
     QueueUnavailable,
     SerializationError,
 )
-from prq.keys import KeySchema, decode_endpoint
+from prq.keys import KeySchema, decode_endpoint, encode_endpoint
 from prq.models import (
     Request,
     RequestState,
@@ -122,19 +122,23 @@ def _wait(signal: Waitable, seen: int, timeout_s: float) -> Wait:
     return Wait(signal, seen, max(0.0, timeout_s))
 
 
-def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s: float) -> Exec:
-    """The enqueue script and the id → endpoint locator, for one round trip."""
+def _enqueue_calls(
+    ctx: Context, request: Request, body: bytes, pickup_timeout_s: float, register: bool
+) -> Exec:
+    """The enqueue script, for one round trip with what goes beside it: the endpoint's entry
+    in the registry when `register` (the node's first use of it: status and cancel by id from
+    any node find requests through the registry, and an endpoint is listed as soon as anything
+    is queued for it), and the id → endpoint locator with `request_locators`."""
     settings = ctx.settings
     keys = ctx.keys.endpoint(request.endpoint)
     now_ms = ctx.wall_ms()
     request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
-    locator_ttl_s = settings.locator_ttl_s(pickup_timeout_s)
     attempts = settings.max_attempts if request.delivery == "at_least_once" else 0
     if ctx.signer is not None:
         valid_s = settings.signature_ttl_s(pickup_timeout_s, max(1, attempts))
         body = ctx.signer.sign("request", request.id, request.endpoint, body,
                                now_ms + _ms(valid_s))  # fmt: skip
-    return _exec(
+    calls = [
         enqueue_call(
             keys,
             request.id,
@@ -152,9 +156,35 @@ def _enqueue_calls(ctx: Context, request: Request, body: bytes, pickup_timeout_s
             request.priority,
             request.producer or ctx.node_id,
             attempts,
-        ),
-        Call(("SET", ctx.keys.locator(request.id), request.endpoint, "PX", _ms(locator_ttl_s))),
-    )
+        )
+    ]
+    if register:
+        calls += registry_calls(ctx.keys, settings, [request.endpoint], now_ms)
+    calls += locator_calls(ctx.keys, settings, request.id, request.endpoint, pickup_timeout_s)
+    return _exec(*calls)
+
+
+def locator_calls(
+    keys: KeySchema, settings: QueueSettings, request_id: str, endpoint: str, pickup_s: float
+) -> list[Call]:
+    """The id → endpoint locator of a request, with `request_locators` (else nothing)."""
+    if not settings.request_locators:
+        return []
+    ttl_ms = _ms(settings.locator_ttl_s(pickup_s))
+    return [Call(("SET", keys.locator(request_id), endpoint, "PX", ttl_ms))]
+
+
+def registry_calls(
+    keys: KeySchema, settings: QueueSettings, endpoints: Sequence[str], now_ms: int
+) -> list[Call]:
+    """Add `endpoints` to the registry (`prq:endpoints`, scored by last use: newest wins)."""
+    members: list[str | int] = []
+    for endpoint in endpoints:
+        members += [now_ms, encode_endpoint(endpoint)]
+    return [
+        Call(("ZADD", keys.endpoints, "GT", *members)),
+        Call(("PEXPIRE", keys.endpoints, _ms(settings.list_ttl_s))),
+    ]
 
 
 def _pulse_response(ctx: Context, signal: Waitable, request: Request) -> Flow[Response | None]:
@@ -250,9 +280,11 @@ def call_flow(
     timeout_s: float | None,
     on_counter: Callable[[int | None], None] | None = None,
     on_redelivered: Callable[[str], None] | None = None,
+    register: bool = False,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring).
 
+    `register`: add the endpoint to the registry with the enqueue (the node's first use of it).
     `on_counter` is called once the enqueue step answered, with the endpoint's enqueue counter
     (for the data-loss watch), or None when the id was known already;
     `on_redelivered` gets the request's new state when this call's poll handed it out again
@@ -272,7 +304,7 @@ def call_flow(
             yield from _await_outcome(
                 ctx,
                 request,
-                body,
+                _enqueue_calls(ctx, request, body, pickup_timeout_s, register),
                 signal,
                 seen,
                 pickup_timeout_s,
@@ -293,7 +325,7 @@ def call_flow(
 def _await_outcome(
     ctx: Context,
     request: Request,
-    body: bytes,
+    enqueue: Exec,
     signal: Waitable,
     seen: int,
     pickup_timeout_s: float,
@@ -303,7 +335,7 @@ def _await_outcome(
     on_redelivered: Callable[[str], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
-    replies = yield _enqueue_calls(ctx, request, body, pickup_timeout_s)
+    replies = yield enqueue
     outcome = parse_enqueue(_first(replies), request.endpoint)
     clock.saw(outcome.handed, ctx.monotonic(), ctx.settings.handoff_confirm_s)
     if on_counter is not None:
@@ -537,17 +569,20 @@ def respond_flow(
 def locate_flow(ctx: Context, request_id: str) -> Flow[str | None]:
     """The endpoint a request id was sent to, or None if Redis does not know it.
 
-    Its locator says, in one round trip. Without one (bulk requests may be enqueued without
-    locators, see BulkClient.enqueue_encoded) the endpoints in the registry are asked, newest
-    first and at most MAX_PROBED_ENDPOINTS, whether they hold the id: two more round trips.
+    Requests carry no locator by default (`QueueSettings.request_locators`): the endpoints in
+    the registry are asked, newest first and at most MAX_PROBED_ENDPOINTS, whether they hold
+    the id, in two round trips. A request with a locator is found by the first already (the
+    locator is read with the registry).
     """
-    replies = yield _exec(Call(("GET", ctx.keys.locator(request_id))))
-    endpoint = _first(replies)
+    replies = yield _exec(
+        Call(("GET", ctx.keys.locator(request_id))),
+        Call(("ZRANGE", ctx.keys.endpoints, 0, MAX_PROBED_ENDPOINTS - 1, "REV")),
+    )
+    assert isinstance(replies, list)
+    endpoint, registered = replies
     if isinstance(endpoint, bytes):
         return endpoint.decode("utf-8", errors="replace")
-    registry = ctx.keys.endpoints
-    replies = yield _exec(Call(("ZRANGE", registry, 0, MAX_PROBED_ENDPOINTS - 1, "REV")))
-    names = _registered(_first(replies))
+    names = _registered(registered)
     if not names:
         return None
     probes = [Call(("EXISTS", ctx.keys.endpoint(name).request(request_id))) for name in names]

@@ -42,7 +42,9 @@ from prq.flows import (
     Context,
     TakeResult,
     cancel_flow,
+    locator_calls,
     new_token,
+    registry_calls,
     respond_flow,
     take_flow,
 )
@@ -564,8 +566,9 @@ class QueueBase:
     def _notify_flow(
         self, request: Request, body: bytes, pickup_timeout_s: float | None
     ) -> Flow[str]:
-        """Queue a one-way message (a detached request whose answer is not kept) with its
-        locator, in one round trip; its id. A known id is not queued again."""
+        """Queue a one-way message (a detached request whose answer is not kept), in one round
+        trip with the endpoint's registry entry on this node's first use of it (and a locator
+        with `request_locators`); its id. A known id is not queued again."""
         settings = self.settings
         pickup_s = self._pickup_timeout(pickup_timeout_s)
         now_ms = int(time.time() * 1000)
@@ -580,10 +583,12 @@ class QueueBase:
             int(settings.list_ttl_s * 1000), request.priority, request.producer or self.node_id,
             attempts, one_way=True,
         )  # fmt: skip
-        locator_ms = int(settings.locator_ttl_s(pickup_s) * 1000)
-        locate = Call(("SET", self.keys.locator(request.id), request.endpoint, "PX", locator_ms))
-        replies = yield Exec((call, locate))
+        beside = locator_calls(self.keys, settings, request.id, request.endpoint, pickup_s)
+        if self._first_use(request.endpoint):
+            beside += registry_calls(self.keys, settings, [request.endpoint], now_ms)
+        replies = yield Exec((call, *beside))
         assert isinstance(replies, list)
+        self._watch.presence.sent(request.endpoint, time.monotonic())
         outcome = parse_enqueue_many(replies[0], 1)
         if outcome.refused_ids:
             raise QueueFull(
@@ -593,6 +598,13 @@ class QueueBase:
         if outcome.accepted:
             metrics.ENQUEUED.labels(request.endpoint).inc()
         return request.id
+
+    def _first_use(self, endpoint: str) -> bool:
+        """Whether this node has not used `endpoint` lately: its first enqueue then registers
+        the endpoint in the same round trip (later ones leave it to the presence reports), so
+        the admin view lists it, and status and cancel by id find its requests, even if this
+        process exits right after sending."""
+        return endpoint not in self._watch.presence.used
 
     def _serving_held(self) -> bool:
         """Whether a `serve` handler still works on a held request that can be answered (what

@@ -293,6 +293,7 @@ class AsyncQueue(QueueBase):
                     timeout_s,
                     partial(self._enqueued, request.endpoint, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
+                    register=self._first_use(request.endpoint),
                 )
                 response = await self._run(flow, self._watch.epoch)
         except BaseException as exc:

@@ -280,6 +280,7 @@ class Queue(QueueBase):
                     timeout_s,
                     partial(self._enqueued, request.endpoint, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
+                    register=self._first_use(request.endpoint),
                 )
                 response = self._run(flow, self._watch.epoch)
         except BaseException as exc:

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import redis
 
-from prq import CancelledBeforePickup, PayloadTooLarge, PickupTimeout, Request, RequestState
+from prq import (
+    CancelledBeforePickup,
+    PayloadTooLarge,
+    PickupTimeout,
+    QueueSettings,
+    Request,
+    RequestState,
+)
+from prq.bulk import BulkClient
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until, request_keys, scan_keys
 
 pytestmark = pytest.mark.integration
 
-#: Tiny TTLs, so that a test can watch every key expire. With them the longest-lived key is a
-#: locator: request TTL (pickup 2 s + extra 1 s) + in-flight TTL (max(response 1 s, receiver
-#: timeout 1 s + extra 1 s) = 2 s) + response TTL 1 s = 6 s.
+#: Tiny TTLs, so that a test can watch every key expire. With them the longest-lived key would
+#: be a locator (with request_locators): request TTL (pickup 2 s + extra 1 s) + in-flight TTL
+#: (max(response 1 s, receiver timeout 1 s + extra 1 s) = 2 s) + response TTL 1 s = 6 s.
 TINY_TTLS: dict[str, Any] = {
     "response_ttl_s": 1.0,
     "request_ttl_extra_s": 1.0,
@@ -64,7 +74,8 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
 
     # Then every key of the prefix has a TTL, and a short one
     keys = scan_keys(redis_client, key_prefix)
-    assert sender.keys.locator(request.id).encode() in keys, "the scan must see the traffic"
+    tombstone = sender.keys.endpoint(unserved).request(request.id).encode()
+    assert tombstone in keys, "the scan must see the traffic"
     ttls = {key: redis_client.pttl(key) for key in keys}
     ttls = {key: ttl for key, ttl in ttls.items() if ttl != -2}  # -2: expired meanwhile
     assert [key for key, ttl in ttls.items() if ttl == -1] == [], "keys without a TTL"
@@ -78,6 +89,49 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
         0.2,
         "every key of the prefix expired",
     )
+
+
+@pytest.mark.parametrize("locators", [False, True])
+async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
+    make_queue: QueueFactory,
+    redis_url: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    locators: bool,
+) -> None:
+    # Given requests queued by every way of sending, with nobody serving the endpoint
+    endpoint = "poll://one-record"
+    sender = make_queue(request_locators=locators, pickup_timeout_s=30)
+    called = Request(endpoint=endpoint, method="call")
+    call = asyncio.create_task(sender.queue_and_wait(called))
+    await wait_for_state(sender, called.id, RequestState.QUEUED)
+    sent = Request(endpoint=endpoint, method="send")
+    handle = await sender.send(sent, on_response=lambda _r: None, on_failure=lambda _e: None)
+    notified = await sender.notify(endpoint, "notify")
+    settings = QueueSettings(request_locators=locators)
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
+        bulked = Request(endpoint=endpoint, method="bulk", id="bulk-1")
+        assert bulk.enqueue_many([bulked]).accepted == 1
+    ids = [called.id, sent.id, notified, bulked.id]
+
+    # Then each leaves one key of its own, its record, with a TTL (and its locator if asked)
+    keys = sender.keys
+    for request_id in ids:
+        own = sorted(k for k in scan_keys(redis_client, key_prefix) if request_id.encode() in k)
+        expected = [keys.endpoint(endpoint).request(request_id).encode()]
+        if locators:
+            expected = sorted([*expected, keys.locator(request_id).encode()])
+        assert own == expected, request_id
+        assert all(redis_client.pttl(key) > 0 for key in own)
+    # And any other node finds each by id alone
+    other = make_queue()
+    for request_id in ids:
+        status = await other.status(request_id)
+        assert (status.state, status.endpoint) == (RequestState.QUEUED, endpoint), request_id
+    assert await other.cancel(called.id)
+    with pytest.raises(CancelledBeforePickup):
+        await asyncio.wait_for(call, 10)
+    assert await handle.withdraw()
 
 
 def body_bytes(request: Request) -> int:
@@ -133,3 +187,29 @@ async def test_a_body_at_max_body_bytes_goes_through(make_queue: QueueFactory) -
 
     # Then it is served
     assert response.error is None and response.result == len(str(at_limit.params))
+
+
+async def test_a_request_from_a_process_that_exited_at_once_is_found_by_id(
+    make_queue: QueueFactory, redis_url: str, key_prefix: str
+) -> None:
+    # Given a process that sends one message and exits at once (before any presence report)
+    endpoint = "poll://short-lived-sender"
+    script = (
+        "import sys\n"
+        "from prq import Queue\n"
+        "with Queue.from_url(sys.argv[1], prefix=sys.argv[2]) as queue:\n"
+        "    print(queue.notify(sys.argv[3], 'm'))\n"
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script, redis_url, key_prefix, endpoint],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    request_id = done.stdout.strip()
+    # When another node asks for it by id alone
+    status = await make_queue().status(request_id)
+    # Then it is found, queued, on its endpoint (its first enqueue registered the endpoint)
+    assert (status.state, status.endpoint) == (RequestState.QUEUED, endpoint)
