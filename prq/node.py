@@ -821,5 +821,18 @@ class QueueBase:
                 "may or may not have run. Retry if it is safe (the same request id is fine)."
             )
 
-    def _shutdown_error(self) -> QueueShutdown:
-        return QueueShutdown("the queue was closed while the call was waiting; retry elsewhere")
+    @staticmethod
+    def _shutdown_error(sent: bool = False) -> QueueShutdown:
+        """QueueShutdown for a step cut short by closing; `sent`: it had sent something to
+        Redis already (a call's request may be enqueued and may run, so maybe_executed)."""
+        if not sent:
+            return QueueShutdown(
+                "the queue was closed before the call reached Redis; nothing was sent. Retry "
+                "elsewhere."
+            )
+        return QueueShutdown(
+            "the queue was closed while the call was waiting; its request may have been "
+            "enqueued and may still run. Retrying elsewhere with the same request id is safe "
+            "(it is never enqueued twice).",
+            maybe_executed=True,
+        )

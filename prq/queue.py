@@ -27,7 +27,7 @@ from prq.dead import (
     purge_dead_letters_flow,
     replay_dead_letter_flow,
 )
-from prq.errors import DataLoss, PrqError
+from prq.errors import DataLoss, PrqError, QueueShutdown
 from prq.flows import (
     call_flow,
     cancel_flow,
@@ -178,6 +178,7 @@ class AsyncQueue(QueueBase):
         """
         reply: object = None
         error: PrqError | None = None
+        sent = False
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(reply)
@@ -190,7 +191,7 @@ class AsyncQueue(QueueBase):
             error = None
             if self._closed or (self._closing and not closing_ok):
                 flow.close()
-                raise self._shutdown_error()
+                raise self._shutdown_error(sent)
             try:
                 self._check_epoch(epoch)
             except DataLoss:
@@ -198,6 +199,7 @@ class AsyncQueue(QueueBase):
                 raise
             try:
                 if isinstance(effect, Exec):
+                    sent = True
                     reply = await self._io.execute(effect.calls)
                 elif isinstance(effect, Offload):
                     reply = await asyncio.to_thread(effect.work)
@@ -206,6 +208,8 @@ class AsyncQueue(QueueBase):
                     assert isinstance(signal, AsyncSignal)
                     await signal.wait(effect.seen, effect.timeout_s)
                     reply = None
+            except QueueShutdown:  # closed while the calls were on their way
+                error = self._shutdown_error(sent=True)
             except PrqError as exc:
                 error = exc
 

@@ -26,7 +26,7 @@ from prq.dead import (
     purge_dead_letters_flow,
     replay_dead_letter_flow,
 )
-from prq.errors import DataLoss, PrqError
+from prq.errors import DataLoss, PrqError, QueueShutdown
 from prq.flows import (
     call_flow,
     cancel_flow,
@@ -169,6 +169,7 @@ class Queue(QueueBase):
         """
         reply: object = None
         error: PrqError | None = None
+        sent = False
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(reply)
@@ -181,7 +182,7 @@ class Queue(QueueBase):
             error = None
             if self._closed or (self._closing and not closing_ok):
                 flow.close()
-                raise self._shutdown_error()
+                raise self._shutdown_error(sent)
             try:
                 self._check_epoch(epoch)
             except DataLoss:
@@ -189,6 +190,7 @@ class Queue(QueueBase):
                 raise
             try:
                 if isinstance(effect, Exec):
+                    sent = True
                     reply = self._io.execute(effect.calls)
                 elif isinstance(effect, Offload):
                     reply = effect.work()
@@ -197,6 +199,8 @@ class Queue(QueueBase):
                     assert isinstance(signal, ThreadSignal)
                     signal.wait(effect.seen, effect.timeout_s)
                     reply = None
+            except QueueShutdown:  # closed while the calls were on their way
+                error = self._shutdown_error(sent=True)
             except PrqError as exc:
                 error = exc
 

@@ -38,6 +38,8 @@ __all__ = ["build_response", "current_request", "serve_async", "serve_sync"]
 
 #: Largest pause after a failed dequeue before the loop tries again.
 DEFAULT_ERROR_BACKOFF_MAX_S = 5.0
+#: How often a main thread waiting for its serve threads wakes (so that signals are handled).
+JOIN_WAKE_S = 0.2
 
 _current: contextvars.ContextVar[PendingRequest | None] = contextvars.ContextVar(
     "prq_current_request", default=None
@@ -251,7 +253,10 @@ def serve_sync(
         for worker in workers:
             worker.start()
         for worker in workers:
-            worker.join()
+            # In short joins: a signal the kernel delivers to another thread only reaches its
+            # Python handler (SIGTERM's stop, prq.sigterm) when the main thread next wakes.
+            while worker.is_alive():
+                worker.join(JOIN_WAKE_S)
     logger.info("stopped serving endpoint=%r", endpoint)
 
 

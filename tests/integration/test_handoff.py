@@ -325,3 +325,22 @@ async def test_a_take_whose_receipt_holds_only_cancelled_requests_takes_afresh(
     again = parse_take(redis_client.execute_command(*call.args))  # type: ignore[no-untyped-call]
     # Then the take goes on as a fresh one instead of coming back empty until its receipt expires
     assert [item.request_id for item in again.items] == ["r-1"]
+
+
+async def test_a_threaded_serve_stops_on_sigterm_whichever_thread_the_kernel_picks(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a plain sync serve with four threads, stopped and continued just before SIGTERM (a
+    # process signalled while it wakes up: the kernel then often delivers SIGTERM to one of the
+    # serve threads, which Python only handles once the main thread wakes)
+    endpoint = "poll://threaded-sigterm"
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    for _ in range(4):
+        async with serve_child(redis_url, key_prefix, endpoint, "sync", 4) as (child, node):
+            await async_wait_until(lambda: parks_of(redis_client, keys, node), 30, 0.02, "parked")
+            # When it gets SIGSTOP, SIGCONT and SIGTERM in quick succession
+            for sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGTERM):
+                child.send_signal(sig)
+            # Then it still stops gracefully, at once
+            code = await asyncio.to_thread(child.wait, 15)
+            assert code == 0, child.stderr.read() if child.stderr else ""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import redis
 
-from prq import QueueShutdown
-from tests.queue_facades import QueueFactory
+from prq import PrqError, QueueShutdown, Request, RequestState
+from tests.queue_facades import QueueFactory, wait_for_state
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
 
@@ -46,3 +47,37 @@ async def test_closing_a_node_fails_its_callers_and_closes_its_connections(
     assert kinds == {QueueShutdown.__name__}, kinds
     # And none of the node's connections stays open on the server (only this test's client)
     await async_wait_until(lambda: connected_clients(own_redis_client) == 1, 5)
+    # And a caller whose request reached Redis is told it may run (so a retry reuses the id)
+    if when == "all queued":
+        assert all(isinstance(o, PrqError) and o.maybe_executed for o in outcomes)
+
+
+async def test_a_call_cut_short_by_closing_while_it_runs_says_it_may_have_run(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a call whose request a receiver is running
+    sender, receiver = make_queue(), make_queue()
+    endpoint = "poll://closed-mid-run"
+    release = threading.Event()
+
+    def handler(request: Request) -> str:
+        release.wait(30)  # the handler's work: held until the test lets it go
+        return "ran"
+
+    make_queue.serve(receiver, endpoint, handler)
+    request = Request(endpoint=endpoint, method="m")
+    try:
+        call = asyncio.create_task(sender.queue_and_wait(request))
+        await wait_for_state(sender, request.id, RequestState.TAKEN)
+        # When the sender's queue closes
+        await asyncio.wait_for(sender.aclose(), 10)
+        # Then the caller learns it may have run (retrying elsewhere with the same id is safe)
+        with pytest.raises(QueueShutdown) as caught:
+            await asyncio.wait_for(call, 10)
+        assert caught.value.maybe_executed is True and caught.value.retryable is True
+    finally:
+        release.set()
+    # And a call on a queue already closed sent nothing: it says so
+    with pytest.raises(QueueShutdown) as refused:
+        await sender.call(endpoint, "m")
+    assert refused.value.maybe_executed is False
