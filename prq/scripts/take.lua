@@ -78,6 +78,24 @@ end
 
 local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0}
 local now_server = server_ms()
+
+-- a request picked up now joins the in-flight set (and the lease set, if at_least_once)
+local function in_flight(id, ma)
+  redis.call('ZADD', KEYS[7], now_server, id)
+  if ma then
+    redis.call('ZADD', KEYS[10], now_server, id)
+    redis.call('PEXPIRE', KEYS[10], ARGV[9])
+  end
+end
+
+local function hand_out(id, body, att, ct, sq)
+  out[#out + 1] = id
+  out[#out + 1] = body
+  out[#out + 1] = tostring(att)
+  out[#out + 1] = ct or '0'
+  out[#out + 1] = sq or '0'
+end
+
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
@@ -90,17 +108,9 @@ if #receipt > 0 then
         redis.call('HSET', key, 'st', 'taken', 'tk', now_server, 'att', att)
         redis.call('HDEL', key, 'ho')
         redis.call('ZREM', KEYS[14], id)
-        redis.call('ZADD', KEYS[7], now_server, id)
-        if ma then
-          redis.call('ZADD', KEYS[10], now_server, id)
-          redis.call('PEXPIRE', KEYS[10], ARGV[9])
-        end
+        in_flight(id, ma)
       end
-      out[#out + 1] = id
-      out[#out + 1] = body
-      out[#out + 1] = att
-      out[#out + 1] = ct or '0'
-      out[#out + 1] = sq or '0'
+      hand_out(id, body, att, ct, sq)
     end
   end
   if #out > 3 then return out end
@@ -162,16 +172,8 @@ while got < want and budget > 0 do
       'att', att)
     redis.call('PEXPIRE', key, ARGV[6])
     redis.call('RPUSH', KEYS[3], id)
-    redis.call('ZADD', KEYS[7], now_server, id)
-    if ma then
-      redis.call('ZADD', KEYS[10], now_server, id)
-      redis.call('PEXPIRE', KEYS[10], ARGV[9])
-    end
-    out[#out + 1] = id
-    out[#out + 1] = body
-    out[#out + 1] = tostring(att)
-    out[#out + 1] = ct or '0'
-    out[#out + 1] = sq or '0'
+    in_flight(id, ma)
+    hand_out(id, body, att, ct, sq)
     got = got + 1
   else
     skipped = skipped + 1
