@@ -66,7 +66,7 @@ SEND_CALLBACKS_TIMEOUT_S = 5.0
 
 
 class AsyncQueue(QueueBase):
-    """The pending-request queue for asyncio code (see DESIGN.md §2)."""
+    """The pending-request queue for asyncio code (the README shows its API)."""
 
     _io: AsyncRedisIO
     _pulses: AsyncPulses

@@ -62,7 +62,7 @@ T = TypeVar("T")
 
 
 class Queue(QueueBase):
-    """The pending-request queue for blocking code (see DESIGN.md §2)."""
+    """The pending-request queue for blocking code (the README shows its API)."""
 
     _io: SyncRedisIO
     _pulses: ThreadPulses

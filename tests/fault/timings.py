@@ -1,11 +1,11 @@
 """The shrunk timings of every fault scenario, and in-process queues that use them.
 
-`FAULT_TIMINGS` / `FAULT_REDIS_SETTINGS` are the knobs of reliability-lessons.md §3 (heartbeat
-1 s, receiver timeout 5 s, sender timeout 6 s, poll 1 s, data-loss check 1 s, pickup 10 s, retry
-budget 5 s, socket timeout 2 s); production values are in DESIGN.md §5, so every bound a
-scenario asserts scales to production. `fault_settings(**overrides)` and
-`fault_redis_settings(url, **overrides)` build the typed objects; `FaultQueueFactory` is the
-integration suite's `QueueFactory` with these timings.
+`FAULT_TIMINGS` / `FAULT_REDIS_SETTINGS` are the reliability knobs, shrunk (heartbeat 1 s,
+receiver timeout 5 s, sender timeout 6 s, poll 1 s, data-loss check 1 s, pickup 10 s, retry
+budget 5 s, socket timeout 2 s); production values are prq.config's defaults (the README's
+Configuration table), so every bound a scenario asserts scales to production.
+`fault_settings(**overrides)` and `fault_redis_settings(url, **overrides)` build the typed
+objects; `FaultQueueFactory` is the integration suite's `QueueFactory` with these timings.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
     "fault_settings",
 ]
 
-#: QueueSettings of every fault scenario (production values in DESIGN.md §5).
+#: QueueSettings of every fault scenario (production values: prq.config's defaults).
 FAULT_TIMINGS: dict[str, Any] = {
     "heartbeat_interval_s": 1.0,
     # The first beat must come well inside the receiver timeout (7 s in production, of 60 s).

@@ -1,4 +1,4 @@
-"""The public names are a contract (DESIGN.md §2, §4)."""
+"""The public names are a contract (the README's API, Configuration and Errors)."""
 
 from __future__ import annotations
 
