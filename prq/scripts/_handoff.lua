@@ -93,7 +93,8 @@ end
 -- `k.lease` names the at_least_once in-flight set. The caller checked that it is "taken".
 local function untake(k, id, now, o)
   local att, pd, pw = unpack(redis.call('HMGET', k.hash, 'att', 'pd', 'pw'))
-  redis.call('HSET', k.hash, 'att', math.max(0, (tonumber(att) or 1) - 1))
+  att = (tonumber(att) or 1) - 1
+  if att > 0 then redis.call('HSET', k.hash, 'att', att) else redis.call('HDEL', k.hash, 'att') end
   if (tonumber(pd) or 0) < now then
     redis.call('HSET', k.hash, 'pd', now + (tonumber(pw) or tonumber(o.confirm_ms)))
   end

@@ -4,7 +4,7 @@ Scripts include this file where they say `-- include: _redeliver`; it is not a s
 
 The request hash of an at_least_once request holds, besides the common fields: ma (max
 attempts), pw (its pickup window, ms), pro (its producer), sq (its sequence number) and att (the
-attempts handed out so far). `k` names the keys: hash, run (in-flight zset), lease (the
+attempts handed out so far; absent while none). `k` names the keys: hash, run (in-flight zset), lease (the
 at_least_once in-flight zset), levels, prefix (level prefix) and dead (the three dead-letter
 keys); `o` the settings: extra_ttl (request TTL beyond the pickup window, ms), list_ttl,
 dead_ttl, dead_cap, pulse (the endpoint's channel) and node_prefix (`prq:node:`).

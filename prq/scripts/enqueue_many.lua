@@ -73,7 +73,7 @@ for i = 11, #ARGV, 2 do
     if room then room = room - 1 end
     sequence = sequence + 1
     redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
-      'att', '0', 'bn', nonce, 'pri', ARGV[7], 'sq', sequence, unpack(extra))
+      'bn', nonce, 'pri', ARGV[7], 'sq', sequence, unpack(extra))
     redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1

@@ -53,8 +53,7 @@ redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
 redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2],
-  'pd', server_ms() + tonumber(ARGV[3]), 'att', '0',
-  'pri', priority, 'sq', sequence)
+  'pd', server_ms() + tonumber(ARGV[3]), 'pri', priority, 'sq', sequence)
 if attempts then
   redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', ARGV[3],
     'pro', producer)

@@ -213,7 +213,7 @@ async def test_a_handoff_given_back_unconfirmed_goes_to_another_receiver_uncount
     unpark = unpark_call(keys, token, redelivery)
     assert parse_unpark(redis_client.execute_command(*unpark.args)) == 1  # type: ignore[no-untyped-call]
     # Then the request is queued again, no attempt counted, and another receiver runs it
-    assert redis_client.hmget(hash_key, "st", "att") == [b"queued", b"0"]
+    assert redis_client.hmget(hash_key, "st", "att") == [b"queued", None]  # no attempt yet
     receiver = make_queue()
     pending = await receiver.dequeue(endpoint, timeout_s=5)
     assert pending is not None and pending.id == request.id and pending.delivery.attempt == 1

@@ -44,6 +44,10 @@ TINY_TTLS: dict[str, Any] = {
 LONGEST_TTL_MS = 7_000
 #: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
 ALL_EXPIRED_WITHIN_S = 15.0
+#: What a queued at_most_once request's record may hold: state, body, creation time, pickup
+#: deadline, priority, sequence, and the sender (a call) or batch nonce and one-way mark (bulk,
+#: notify). Attempts, owner, receiver and pickup time are written at pickup.
+QUEUED_FIELDS = {b"st", b"b", b"ct", b"pd", b"pri", b"sq", b"snd", b"bn", b"ow"}
 #: Body limit in the payload tests.
 MAX_BODY_BYTES = 1024
 
@@ -123,6 +127,9 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
             expected = sorted([*expected, keys.locator(request_id).encode()])
         assert own == expected, request_id
         assert all(redis_client.pttl(key) > 0 for key in own)
+        # ...holding only what the queued state needs (what pickup adds is written then)
+        fields = set(redis_client.hkeys(keys.endpoint(endpoint).request(request_id)))
+        assert fields <= QUEUED_FIELDS, (request_id, fields - QUEUED_FIELDS)
     # And any other node finds each by id alone
     other = make_queue()
     for request_id in ids:
