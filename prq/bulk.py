@@ -35,7 +35,8 @@ from prq import bodies
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError, QueueFull, SerializationError
-from prq.keys import KeySchema, encode_endpoint
+from prq.flows import registry_calls
+from prq.keys import KeySchema
 from prq.models import (
     Delivery,
     Request,
@@ -292,14 +293,9 @@ class BulkClient:
                     Call(("SET", self.keys.locator(request_id), endpoint, "PX", locator_ttl_ms))
                     for request_id, _ in items
                 ]
-        registry: list[str | int] = []
-        for endpoint in dict.fromkeys(lane[0] for lane in by_lane):
-            registry += [now_ms, encode_endpoint(endpoint)]
-        list_ttl_ms = int(settings.list_ttl_s * 1000)
-        calls += [
-            Call(("ZADD", self.keys.endpoints, "GT", *registry)),
-            Call(("PEXPIRE", self.keys.endpoints, list_ttl_ms)),
-        ]  # listed where the admin view and lookups by id look (as nodes do, prq.presence)
+        # listed where the admin view and lookups by id look (as nodes do, prq.presence)
+        endpoints = list(dict.fromkeys(lane[0] for lane in by_lane))
+        calls += registry_calls(self.keys, settings, endpoints, now_ms)
         replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
         at = 0
         refused: dict[str, int] = {}
