@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -84,12 +86,12 @@ def translate_errors() -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError, BusyLoadingError, ReadOnlyError) as exc:
         tls = tls_failure(exc)
         if tls is not None:
-            raise _tls_configuration_error(tls) from exc
+            raise tls_configuration_error(tls) from exc
         raise RedisUnavailable(str(exc)) from exc
     except (ConnectionError, TimeoutError, ssl.SSLError) as exc:  # raised by sockets
         tls = tls_failure(exc)
         if tls is not None:
-            raise _tls_configuration_error(tls) from exc
+            raise tls_configuration_error(tls) from exc
         raise RedisUnavailable(str(exc)) from exc
     except NoScriptError:
         raise
@@ -149,7 +151,55 @@ def tls_failure(exc: BaseException) -> ssl.SSLError | None:
     return None
 
 
-def _tls_configuration_error(error: ssl.SSLError) -> ConfigurationError:
+def tls_eof(exc: BaseException) -> bool:
+    """Whether a connection failure is a TLS connection that ended without saying why."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def tls_probe(settings: RedisSettings) -> ssl.SSLError | None:
+    """Ask the server why a TLS connection ended: connect once more and read before writing.
+
+    Under TLS 1.3 a server refuses a missing or unknown client certificate only after the
+    handshake, with an alert. A client that writes first can race the server's close and see a
+    bare EOF, which a restart also causes, so it would retry for its whole budget. Reading first
+    gets the alert. Returns the refusal a retry cannot mend; None if the server is fine with
+    this client or did not say (it was restarting, or is slow): the caller retries then.
+    """
+    parts = urlsplit(settings.url)
+    host = parts.hostname or "localhost"
+    context = ssl.create_default_context(cafile=settings.ssl_ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = settings.ssl_check_hostname
+    if settings.ssl_cert_file is not None:
+        context.load_cert_chain(settings.ssl_cert_file, settings.ssl_key_file)
+    try:
+        with (
+            socket.create_connection(
+                (host, parts.port or 6379), timeout=settings.connect_timeout_s
+            ) as raw,
+            context.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            tls.settimeout(TLS_PROBE_WAIT_S)
+            tls.recv(1)  # a healthy server says nothing until asked: this times out
+    except ssl.SSLError as exc:
+        return tls_failure(exc)
+    except OSError:
+        return None
+    return None
+
+
+#: How long a TLS probe waits for the server's alert after the handshake.
+TLS_PROBE_WAIT_S = 1.0
+
+
+def tls_configuration_error(error: ssl.SSLError) -> ConfigurationError:
     if isinstance(error, ssl.SSLCertVerificationError):
         what = (
             f"the server's certificate did not verify ({error.verify_message}): check "
@@ -507,8 +557,15 @@ class AsyncRedisIO(IOCounters):
 
     async def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
-        with translate_errors():
-            return await self._link.round_trip(calls)
+        try:
+            with translate_errors():
+                return await self._link.round_trip(calls)
+        except RedisUnavailable as exc:
+            if self.redis_settings.tls and tls_eof(exc):
+                refused = await asyncio.to_thread(tls_probe, self.redis_settings)
+                if refused is not None:
+                    raise tls_configuration_error(refused) from exc
+            raise
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""

@@ -31,6 +31,9 @@ from prq.redis_io import (
     _split,
     _unavailable,
     client_kwargs,
+    tls_configuration_error,
+    tls_eof,
+    tls_probe,
     translate_errors,
 )
 from prq.scripts import script_load_calls
@@ -209,8 +212,15 @@ class SyncRedisIO(IOCounters):
 
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
-        with translate_errors():
-            return self._link.round_trip(calls)
+        try:
+            with translate_errors():
+                return self._link.round_trip(calls)
+        except RedisUnavailable as exc:
+            if self.redis_settings.tls and tls_eof(exc):
+                refused = tls_probe(self.redis_settings)
+                if refused is not None:
+                    raise tls_configuration_error(refused) from exc
+            raise
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""

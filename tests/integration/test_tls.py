@@ -21,6 +21,7 @@ import trustme
 
 from prq import ConfigurationError, QueueUnavailable, RedisSettings, Response
 from prq.embedded import find_server_binary, free_port
+from prq.redis_io import tls_failure, tls_probe
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import wait_until
 
@@ -218,6 +219,24 @@ async def test_mutual_tls_needs_the_client_certificate(
         ssl_key_file=str(pki.client_key),
     )
     await echo_round_trip(make_queue, settings)
+
+
+def test_a_probe_reads_why_the_server_refuses_a_client(pki: Pki, mtls_port: int) -> None:
+    # Given a server that requires client certificates (under TLS 1.3 it refuses one only
+    # after the handshake, so a client that writes first may see a bare EOF instead)
+    url = f"rediss://localhost:{mtls_port}/0"
+    # Then a probe that reads first gets the refusal, which a retry cannot mend
+    refused = tls_probe(tls_settings(url, ssl_ca_file=str(pki.ca)))
+    assert refused is not None
+    assert tls_failure(refused) is refused
+    # And with the client certificate the server waits for a command: nothing to report
+    accepted = tls_settings(
+        url,
+        ssl_ca_file=str(pki.ca),
+        ssl_cert_file=str(pki.client_cert),
+        ssl_key_file=str(pki.client_key),
+    )
+    assert tls_probe(accepted) is None
 
 
 def test_tls_options_need_a_tls_url_and_existing_files(pki: Pki, tmp_path: Path) -> None:
