@@ -48,6 +48,7 @@ from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
+from prq.records import body_size_bound, first_fields, join_body, rest_fields
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
 from prq.signing import unwrap
 
@@ -330,14 +331,14 @@ class Inspector:
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
             for request_id in ids:
-                pipe.hmget(keys.request(request_id), ["st", "ct"])
+                pipe.hmget(keys.request(request_id), ["st", "ct", "bk"])
                 pipe.hstrlen(keys.request(request_id), "b")
             now_reply, *replies = await pipe.execute()
         now_ms = _server_ms(now_reply)
         states, sizes = replies[::2], replies[1::2]
         queued = [
-            (request_id, created, size)
-            for request_id, (st, created), size in zip(ids, states, sizes, strict=True)
+            (request_id, created, body_size_bound(size, count))
+            for request_id, (st, created, count), size in zip(ids, states, sizes, strict=True)
             if _text(st) == "queued"
         ]
         wanted = bodies_to_read([size for _, _, size in queued])
@@ -361,9 +362,17 @@ class Inspector:
         with _reading():
             pipe = self.client.pipeline(transaction=False)
             for request_id in ids:
-                pipe.hmget(keys.request(request_id), ["b"])
-            rows = await pipe.execute()
-        return {request_id: body for request_id, (body,) in zip(ids, rows, strict=True)}
+                pipe.hmget(keys.request(request_id), first_fields())
+            firsts = dict(zip(ids, await pipe.execute(), strict=True))
+            pieced = {i: rest_fields(count) for i, (_, count) in firsts.items()}
+            pieced = {i: names for i, names in pieced.items() if names}
+            rests: dict[str, list[bytes | None]] = {}
+            if pieced:  # bodies kept in pieces (prq.records): a second read for the rest
+                pipe = self.client.pipeline(transaction=False)
+                for request_id, names in pieced.items():
+                    pipe.hmget(keys.request(request_id), names)
+                rests = dict(zip(pieced, await pipe.execute(), strict=True))
+        return {i: join_body(first, rests.get(i, [])) for i, (first, _) in firsts.items()}
 
     async def dead_letters(
         self, endpoint: str, offset: int = 0, limit: int = 100

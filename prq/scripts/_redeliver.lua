@@ -1,5 +1,5 @@
 --[[ _redeliver: an at_least_once request whose receiver went silent is handed out again, or,
-with its attempts used up, dead-lettered. Needs _queue and _dead (included before it).
+with its attempts used up, dead-lettered. Needs _body, _queue and _dead (included before it).
 Scripts include this file where they say `-- include: _redeliver`; it is not a script of its own.
 
 The request hash of an at_least_once request holds, besides the common fields: ma (max
@@ -17,8 +17,9 @@ dead_ttl, dead_cap, pulse (the endpoint's channel) and node_prefix (`prq:node:`)
   that reason, and its sender and watchers are pulsed
 ]]
 local function redeliver(k, id, now, o)
-  local att, ma, pri, pro, body, snd, watchers, pw = unpack(redis.call('HMGET', k.hash, 'att',
-    'ma', 'pri', 'pro', 'b', 'snd', 'w', 'pw'))
+  local att, ma, pri, pro, body, snd, watchers, pw, bk = unpack(redis.call('HMGET', k.hash,
+    'att', 'ma', 'pri', 'pro', 'b', 'snd', 'w', 'pw', 'bk'))
+  body = body_rest(k.hash, body, bk)
   att, ma, pw = tonumber(att) or 1, tonumber(ma) or 1, tonumber(pw) or 120000
   redis.call('ZREM', k.run, id)
   redis.call('ZREM', k.lease, id)
@@ -36,7 +37,7 @@ local function redeliver(k, id, now, o)
     dead_letter(k.dead, id, details, body, now, o.dead_ttl, o.dead_cap)
   end
   redis.call('HSET', k.hash, 'st', 'cancelled', 'why', 'attempts_exhausted', 'dn', now)
-  redis.call('HDEL', k.hash, 'b', 'own')
+  drop_body(k.hash, {'own'})
   local msg = 'r|' .. id .. '|'
   if snd then redis.call('PUBLISH', o.node_prefix .. snd, msg) end
   if watchers then

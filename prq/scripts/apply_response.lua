@@ -27,6 +27,7 @@ Invariants:
 - value and TTL are written together; the request body is dropped with the answer
 - a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
 ]]
+-- include: _body
 local st, own, snd, watchers, ma, ow = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd',
   'w', 'ma', 'ow'))
 if not st then return 'unknown' end
@@ -42,7 +43,7 @@ if ow then
 else
   redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 end
-redis.call('HDEL', KEYS[1], 'b')
+drop_body(KEYS[1], {})
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ma then redis.call('ZREM', KEYS[5], ARGV[1]) end

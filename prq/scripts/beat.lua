@@ -31,6 +31,7 @@ Invariants:
 - the sender side is judged by its last beat "hs", or before its first beat by "tk"; a detached
   request (no "snd") has no sender to judge
 ]]
+-- include: _body
 local st, why, own, hs, tk, snd, pg = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own',
   'hs', 'tk', 'snd', 'pg'))
 if not st then return {'missing', '', ''} end
@@ -53,7 +54,7 @@ local last = math.max(tonumber(hs) or 0, tonumber(tk) or 0)
 -- a detached request (bulk enqueue) names no sender: nobody's silence can cancel it
 if snd and now - last > tonumber(ARGV[4]) then
   redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'sender_lost', 'dn', now)
-  redis.call('HDEL', KEYS[1], 'b')
+  drop_body(KEYS[1], {})
   redis.call('ZREM', KEYS[2], ARGV[7])
   if snd then
     redis.call('PUBLISH', ARGV[6] .. snd, 'r|' .. ARGV[7] .. '|')

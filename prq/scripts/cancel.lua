@@ -25,6 +25,7 @@ Invariants:
 - a cancel and a response race through one atomic step each: exactly one of them wins
 - the sender and the watchers are pulsed so that their waits end at once
 ]]
+-- include: _body
 -- include: _queue
 local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(redis.call('HMGET', KEYS[1], 'st',
   'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'))
@@ -35,7 +36,7 @@ if st == 'queued' or st == 'handed' or st == 'taken' then
   st = after and 'cancelled' or 'withdrawn'
   local now = server_ms()
   redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
-  redis.call('HDEL', KEYS[1], 'b')
+  drop_body(KEYS[1], {})
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if after then
     redis.call('ZREM', KEYS[2], ARGV[4])

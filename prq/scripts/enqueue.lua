@@ -63,6 +63,7 @@ Invariants:
   keeps its data and the counter lives (receivers track what they took and ran by it, per life
   of the counter)
 ]]
+-- include: _body
 -- include: _queue
 -- include: _handoff
 local state = redis.call('HGET', KEYS[1], 'st')
@@ -95,8 +96,8 @@ redis.call('PEXPIRE', KEYS[3], ARGV[7])
 
 local now = server_ms()
 -- what the hash holds in every state (the state's own fields are added to it)
-local fields = {'b', ARGV[2], 'snd', ARGV[3], 'ct', ARGV[4], 'pd', now + tonumber(ARGV[16]),
-  'pri', ARGV[13], 'sq', counter}
+local fields = body_fields({'snd', ARGV[3], 'ct', ARGV[4], 'pd', now + tonumber(ARGV[16]),
+  'pri', ARGV[13], 'sq', counter}, ARGV[2])
 if tonumber(ARGV[15]) > 0 then
   for _, v in ipairs({'ma', ARGV[15], 'pw', ARGV[16], 'pro', ARGV[14]}) do
     fields[#fields + 1] = v

@@ -41,6 +41,7 @@ Invariants:
 - each new request's sequence number "sq" is the counter's value for it, in batch order
 - capacity: new requests are written only while fewer than max_pending ids are queued
 ]]
+-- include: _body
 -- include: _queue
 local prefix, nonce, now, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[4]
 local deadline = server_ms() + tonumber(ARGV[3])
@@ -72,8 +73,9 @@ for i = 11, #ARGV, 2 do
   elseif not st then
     if room then room = room - 1 end
     sequence = sequence + 1
-    redis.call('HSET', key, 'st', 'queued', 'b', ARGV[i + 1], 'ct', now, 'pd', deadline,
-      'bn', nonce, 'pri', ARGV[7], 'sq', sequence, unpack(extra))
+    local fields = {'st', 'queued', 'ct', now, 'pd', deadline, 'bn', nonce, 'pri', ARGV[7],
+      'sq', sequence, unpack(extra)}
+    redis.call('HSET', key, unpack(body_fields(fields, ARGV[i + 1])))
     redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1

@@ -28,6 +28,7 @@ Invariants:
 - only the owner gives a request back, in one atomic step with the check
 - an at_most_once request is never handed out again
 ]]
+-- include: _body
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
@@ -45,7 +46,7 @@ if ma then
   return redeliver(k, ARGV[1], now, o)
 end
 redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'receiver_shutdown', 'dn', now)
-redis.call('HDEL', KEYS[1], 'b')
+drop_body(KEYS[1], {})
 redis.call('ZREM', KEYS[2], ARGV[1])
 local msg = 'r|' .. ARGV[1] .. '|'
 if snd then redis.call('PUBLISH', ARGV[8] .. snd, msg) end

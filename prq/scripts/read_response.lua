@@ -43,6 +43,7 @@ Invariants:
   live park, or to the front of its level), so a caller whose request was handed to a receiver
   that died parked waits about one confirmation window, not a receiver timeout
 ]]
+-- include: _body
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
@@ -76,7 +77,7 @@ if st == 'taken' and timeout > 0 then
   end
   if now - last > timeout then
     redis.call('HSET', KEYS[1], 'st', 'cancelled', 'why', 'receiver_lost', 'dn', now)
-    redis.call('HDEL', KEYS[1], 'b')
+    drop_body(KEYS[1], {})
     redis.call('ZREM', KEYS[2], ARGV[3])
     if rcv then
       redis.call('PUBLISH', ARGV[2] .. rcv, 'c|' .. ARGV[3] .. '|receiver_lost')

@@ -27,6 +27,7 @@ Invariants:
   name none, e.g. undecodable bytes), as at_least_once when they name max attempts, with a
   fresh sequence number
 ]]
+-- include: _body
 -- include: _queue
 local body = redis.call('HGET', KEYS[3], ARGV[1])
 if not body then return 'missing' end
@@ -52,8 +53,8 @@ if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
-redis.call('HSET', KEYS[4], 'st', 'queued', 'b', body, 'ct', ARGV[2],
-  'pd', server_ms() + tonumber(ARGV[3]), 'pri', priority, 'sq', sequence)
+redis.call('HSET', KEYS[4], unpack(body_fields({'st', 'queued', 'ct', ARGV[2],
+  'pd', server_ms() + tonumber(ARGV[3]), 'pri', priority, 'sq', sequence}, body)))
 if attempts then
   redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', ARGV[3],
     'pro', producer)

@@ -68,6 +68,7 @@ Invariants:
   with no free slot gets nothing and does not park (apply_response pulses the endpoint when it
   frees a slot of a limited endpoint with work waiting)
 ]]
+-- include: _body
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
@@ -100,8 +101,9 @@ local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
     local key = KEYS[2] .. id
-    local st, own, body, att, ct, sq, ma = unpack(redis.call('HMGET', key, 'st', 'own', 'b',
-      'att', 'ct', 'sq', 'ma'))
+    local st, own, body, att, ct, sq, ma, bk = unpack(redis.call('HMGET', key, 'st', 'own', 'b',
+      'att', 'ct', 'sq', 'ma', 'bk'))
+    body = body_rest(key, body, bk)
     if (st == 'taken' or st == 'handed') and own == ARGV[1] and body then
       if st == 'handed' then  -- confirmed: picked up now
         att = tostring((tonumber(att) or 0) + 1)
@@ -163,8 +165,9 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  local st, deadline, body, att, ct, sq, ma = unpack(redis.call('HMGET', key, 'st', 'pd', 'b',
-    'att', 'ct', 'sq', 'ma'))
+  local st, deadline, body, att, ct, sq, ma, bk = unpack(redis.call('HMGET', key, 'st', 'pd',
+    'b', 'att', 'ct', 'sq', 'ma', 'bk'))
+  body = body_rest(key, body, bk)
   deadline = tonumber(deadline)
   if st == 'queued' and body and deadline and deadline >= now_server then
     att = (tonumber(att) or 0) + 1

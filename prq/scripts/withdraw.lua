@@ -28,13 +28,14 @@ Invariants:
 - removing the id is O(log n) wherever it sits in the queue
 - the tombstone keeps the reason (for other waiters and status) and has a TTL
 ]]
+-- include: _body
 -- include: _queue
 local st, rsp, why, wn, pri = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn',
   'pri'))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'handed' then
   redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
-  redis.call('HDEL', KEYS[1], 'b', 'own', 'ho')
+  drop_body(KEYS[1], {'own', 'ho'})
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if st == 'queued' then
     queue_remove(KEYS[2], KEYS[3], pri or '0', ARGV[5])

@@ -21,6 +21,7 @@ from tests.api.test_metrics import gauge, scrape
 from tests.queue_facades import wait_for_state
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
+from tests.stored_bodies import read_body, write_body
 
 pytestmark = pytest.mark.integration
 
@@ -345,7 +346,7 @@ async def test_undecodable_bytes_show_as_text_and_replay_as_they_were(
     await wait_for_state(sender, request.id, RequestState.QUEUED)
     keys = KeySchema(key_prefix).endpoint(ENDPOINT)
     garbage = b'<script>alert("x")</script>\xff\xfe{"endpoint": '
-    redis_client.hset(keys.request(request.id), "b", garbage)
+    write_body(redis_client, keys.request(request.id), garbage)
 
     # When a receiver takes it
     async with serving(redis_url, key_prefix):
@@ -365,7 +366,7 @@ async def test_undecodable_bytes_show_as_text_and_replay_as_they_were(
         REPLAY, params={"endpoint": ENDPOINT}, json={"id": request.id}, headers=admin
     )
     assert answer.json() == {"id": request.id, "outcome": "replayed"}
-    assert redis_client.hget(keys.request(request.id), "b") == garbage
+    assert read_body(redis_client, keys.request(request.id)) == garbage
     assert pending_length(redis_client, key_prefix) == 1
 
 

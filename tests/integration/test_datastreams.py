@@ -23,6 +23,7 @@ from prq.datastreams import DataStream, FileSystemStore
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
+from tests.stored_bodies import read_body
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,7 @@ async def test_streams_go_both_ways_beside_redis_and_are_deleted_after_use(
         pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
         assert pending is not None
         # (Redis holds the reference only: the stored body is small)
-        body = redis_client.hget(KeySchema(key_prefix).endpoint(ENDPOINT).request(pending.id), "b")
+        body = read_body(redis_client, KeySchema(key_prefix).endpoint(ENDPOINT).request(pending.id))
         assert isinstance(body, bytes) and len(body) < 1024
         stream = pending.request.streams["file"]
         got = stream.read()

@@ -20,6 +20,7 @@ from prq._types import Call
 from prq.dead import dead_letter_call
 from tests.queue_facades import AnyQueue, QueueFactory, wait_for_state
 from tests.queued import queued_ids
+from tests.stored_bodies import write_body
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ async def test_malformed_bytes_are_dead_lettered_and_the_receiver_keeps_serving(
     requests, calls = await enqueue_waiting(sender, endpoint, len(bodies) + 1)
     keys = sender.keys.endpoint(endpoint)
     for request, body in zip(requests, bodies.values(), strict=False):
-        redis_client.hset(keys.request(request.id), "b", body)
+        write_body(redis_client, keys.request(request.id), body)
     served: list[object] = []
     counted_before = dead_lettered(endpoint)
 

@@ -21,6 +21,7 @@ from prq import (
 from prq.bulk import BulkClient
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until, request_keys, scan_keys
+from tests.stored_bodies import body_field_names, read_body
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +45,10 @@ TINY_TTLS: dict[str, Any] = {
 LONGEST_TTL_MS = 7_000
 #: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
 ALL_EXPIRED_WITHIN_S = 15.0
-#: What a queued at_most_once request's record may hold: state, body, creation time, pickup
-#: deadline, priority, sequence, and the sender (a call) or batch nonce and one-way mark (bulk,
-#: notify). Attempts, owner, receiver and pickup time are written at pickup.
-QUEUED_FIELDS = {b"st", b"b", b"ct", b"pd", b"pri", b"sq", b"snd", b"bn", b"ow"}
+#: What a queued at_most_once request's record may hold besides its body: state, creation
+#: time, pickup deadline, priority, sequence, and the sender (a call) or batch nonce and one-way
+#: mark (bulk, notify). Attempts, owner, receiver and pickup time are written at pickup.
+QUEUED_FIELDS = {b"st", b"ct", b"pd", b"pri", b"sq", b"snd", b"bn", b"ow"}
 #: Body limit in the payload tests.
 MAX_BODY_BYTES = 1024
 
@@ -128,8 +129,13 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
         assert own == expected, request_id
         assert all(redis_client.pttl(key) > 0 for key in own)
         # ...holding only what the queued state needs (what pickup adds is written then)
-        fields = set(redis_client.hkeys(keys.endpoint(endpoint).request(request_id)))
+        record = keys.endpoint(endpoint).request(request_id)
+        fields = set(redis_client.hkeys(record))
+        fields -= body_field_names(fields)
         assert fields <= QUEUED_FIELDS, (request_id, fields - QUEUED_FIELDS)
+        # ...in Redis's compact encoding (a body over 64 bytes is kept in pieces: prq.records)
+        assert len(read_body(redis_client, record) or b"") > 64
+        assert redis_client.object("encoding", record) == b"listpack", request_id
     # And any other node finds each by id alone
     other = make_queue()
     for request_id in ids:

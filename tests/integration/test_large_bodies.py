@@ -35,6 +35,7 @@ from prq.datastreams import DataStream, FileSystemStore
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
+from tests.stored_bodies import read_body
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,12 @@ SETTINGS: dict[str, Any] = {"inline_limit_bytes": LIMIT, "max_body_bytes": 4 * 1
 
 def stored(store: FileSystemStore) -> list[str]:
     return sorted(name for name in os.listdir(store.directory) if not name.startswith("."))
+
+
+def stored_request_body(redis_client: redis.Redis, prefix: str, request_id: str) -> bytes:
+    body = read_body(redis_client, KeySchema(prefix).endpoint(ENDPOINT).request(request_id))
+    assert body is not None
+    return body
 
 
 def request_hash(redis_client: redis.Redis, prefix: str, request_id: str) -> dict[bytes, bytes]:
@@ -78,7 +85,7 @@ async def test_large_request_and_response_bodies_go_beside_redis(
         pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
         assert pending is not None
         seen["request"] = pending.request
-        seen["stored"] = request_hash(redis_client, key_prefix, pending.id)[b"b"]
+        seen["stored"] = stored_request_body(redis_client, key_prefix, pending.id)
         seen["files"] = stored(store)
         await receiver.apply_response(Response(id=pending.id, result={"back": "y" * 200_000}))
 
@@ -133,7 +140,7 @@ async def test_the_inline_limit_is_inclusive_and_a_node_without_a_store_keeps_bo
         call = asyncio.ensure_future(queue.queue_and_wait(request, timeout_s=20))
         pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
         assert pending is not None and pending.request == request
-        body = request_hash(redis_client, key_prefix, request.id)[b"b"]
+        body = stored_request_body(redis_client, key_prefix, request.id)
         await receiver.apply_response(Response(id=pending.id, result="ok"))
         assert (await asyncio.wait_for(call, 10)).result == "ok"
         return body

@@ -16,6 +16,7 @@ from prq.dead import BODY_READ_BUDGET_BYTES, BODY_READ_MAX_BYTES, PREVIEW_BYTES,
 from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
 from tests.queue_facades import AnyQueue, QueueFactory
+from tests.stored_bodies import read_body
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def sent_bytes(client: redis.Redis) -> int:
 
 
 def stored_body(client: redis.Redis, prefix: str, request_id: str) -> bytes:
-    body = client.hget(KeySchema(prefix).endpoint(ENDPOINT).request(request_id), "b")
+    body = read_body(client, KeySchema(prefix).endpoint(ENDPOINT).request(request_id))
     assert isinstance(body, bytes)
     return body
 
