@@ -46,7 +46,7 @@ from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.keys import EndpointKeys, KeySchema, decode_endpoint, encode_endpoint
 from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
-from prq.models import decode_request, validate_endpoint
+from prq.models import decode_stored_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 from prq.records import body_size_bound, first_fields, join_body, rest_fields
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
@@ -477,7 +477,7 @@ def _queued_item(
     size = len(body)
     try:
         data = unwrap(body)
-        request = decode_request(bodies.stub(data))
+        request = decode_stored_request(bodies.stub(data), endpoint, request_id)
         if bodies.is_spilled(data):  # kept beside Redis (prq.bodies): its size is the body's
             size = bodies.parse(data).length
     except SerializationError as exc:
@@ -485,11 +485,10 @@ def _queued_item(
             id=request_id, method="", service="", priority=0, producer=None,
             created_ms=created_ms, age_s=age_s, body_bytes=size, error=str(exc)[:200],
         )  # fmt: skip
-    error = None if request.endpoint == endpoint else "stored request names another endpoint"
     return QueuedItem(
         id=request_id, method=request.method, service=request.service,
         priority=request.priority, producer=request.producer, created_ms=created_ms,
-        age_s=age_s, body_bytes=size, error=error,
+        age_s=age_s, body_bytes=size, error=None,
     )  # fmt: skip
 
 

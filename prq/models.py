@@ -38,9 +38,12 @@ __all__ = [
     "RequestStatus",
     "Response",
     "ServerError",
+    "StoredRequest",
     "check_body_size",
     "decode_request",
     "decode_response",
+    "decode_stored_request",
+    "encode_stored_request",
     "validate_endpoint",
 ]
 
@@ -205,11 +208,61 @@ def check_body_size(body: bytes, limit: int, what: str, request_id: str) -> None
 
 
 def decode_request(raw: bytes | str) -> Request:
-    """Parse a stored request; raise SerializationError on anything that is not one."""
+    """Parse a request's whole JSON (`Request.model_dump_json`); raise SerializationError on
+    anything that is not one."""
     try:
         return Request.model_validate_json(raw)
     except (ValidationError, ValueError) as exc:
         raise SerializationError(f"stored request is not valid: {exc}") from exc
+
+
+class StoredRequest(BaseModel):
+    """A request as its record keeps it: only what the record's key does not say (the endpoint
+    and the id), under one-letter names, with every field at its default left out. So
+    `{"m":"resize","p":{"w":64}}` is a call of `resize` with those params, priority 0, no
+    producer named, at_most_once, no service, headers or streams. `decode_stored_request`
+    rebuilds the Request with the endpoint and id the record's key names."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    m: str
+    p: JsonValue = None
+    s: str = ""
+    q: int = 0
+    r: str | None = None
+    d: Delivery = "at_most_once"
+    h: dict[str, str] = Field(default_factory=dict)
+    x: dict[StreamName, DataStream] = Field(default_factory=dict)
+
+
+def encode_stored_request(request: Request) -> bytes:
+    """The bytes a record keeps for `request` (StoredRequest)."""
+    stored = StoredRequest.model_construct(
+        m=request.method, p=request.params, s=request.service, q=request.priority,
+        r=request.producer, d=request.delivery, h=request.headers, x=request.streams,
+    )  # fmt: skip
+    return stored.model_dump_json(exclude_defaults=True).encode()
+
+
+def decode_stored_request(raw: bytes | str, endpoint: str, request_id: str) -> Request:
+    """The request a record for `request_id` at `endpoint` keeps: a StoredRequest, or the whole
+    JSON of a Request (as an earlier prq wrote it) that must name that id and endpoint; raise
+    SerializationError on anything else."""
+    head = raw[:16] if isinstance(raw, bytes) else raw[:16].encode()
+    if head.startswith(b'{"endpoint":'):  # a whole Request: its JSON starts with its endpoint
+        request = decode_request(raw)
+        if request.id != request_id or request.endpoint != endpoint:
+            raise SerializationError(f"stored request {request_id} names another id or endpoint")
+        return request
+    try:
+        stored = StoredRequest.model_validate_json(raw)
+        return Request(
+            endpoint=endpoint, id=request_id, method=stored.m, params=stored.p,
+            service=stored.s, priority=stored.q, producer=stored.r, delivery=stored.d,
+            headers=stored.h, streams=stored.x,
+        )  # fmt: skip
+    except (ValidationError, ValueError) as exc:
+        raise SerializationError(f"stored request {request_id} is not valid: {exc}") from exc
 
 
 def decode_response(raw: bytes | str) -> Response:

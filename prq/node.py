@@ -58,7 +58,7 @@ from prq.models import (
     Response,
     ServerError,
     check_body_size,
-    decode_request,
+    decode_stored_request,
     validate_endpoint,
 )
 from prq.pulses import PulseRouter, PulsesBase
@@ -332,11 +332,7 @@ class QueueBase:
                 data = opened[item.request_id]
                 if isinstance(data, SerializationError):
                     raise data
-                request = decode_request(data)
-                if request.id != item.request_id or request.endpoint != endpoint:
-                    raise SerializationError(
-                        f"stored request {item.request_id} names another id or endpoint"
-                    )
+                request = decode_stored_request(data, endpoint, item.request_id)
                 self._streams.bind(request.streams, delete_after_read=False)
             except SerializationError as exc:
                 logger.warning(
