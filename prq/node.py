@@ -59,6 +59,7 @@ from prq.models import (
     ServerError,
     check_body_size,
     decode_stored_request,
+    encode_stored_request,
     validate_endpoint,
 )
 from prq.pulses import PulseRouter, PulsesBase
@@ -258,7 +259,7 @@ class QueueBase:
         validate_endpoint(request.endpoint)
         if request.producer is None:
             request = request.model_copy(update={"producer": self.node_id})
-        body = request.model_dump_json().encode()
+        body = encode_stored_request(request)
         self._check_size(body, "request", request.id)
         return request, body
 

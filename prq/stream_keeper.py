@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from prq import bodies
 from prq.datastreams import DEFAULT_CHUNK_BYTES
 from prq.errors import ConfigurationError, PrqError, SerializationError
-from prq.models import Response
+from prq.models import Response, encode_stored_request
 
 if TYPE_CHECKING:
     from prq.config import QueueSettings
@@ -130,7 +130,7 @@ class StreamKeeper:
         """Write a request's JSON to the store (blocking); the marker Redis keeps instead."""
         expires = self._request_data_expiry(request, pickup_timeout_s)
         stub = request.model_copy(update={"params": None, "headers": {}})
-        return self._spill(body, stub.model_dump_json().encode(), expires)
+        return self._spill(body, encode_stored_request(stub), expires)
 
     def spill_response(self, response: Response, body: bytes) -> bytes:
         """Write a response's JSON to the store (blocking); the marker Redis keeps instead,

@@ -1,8 +1,9 @@
 """Rows to request bodies, without building a Request model per row.
 
-A row becomes the JSON of a detached Request: {"endpoint", "method", "priority", "producer",
-["delivery",] "id", "params": {column: value, ...}}, which `prq.models.decode_request` reads
-back on the receiver.
+A row becomes the stored form of a detached Request (prq.models.StoredRequest): {"m": method,
+"p": {column: value, ...}, "r": producer[, "q": priority][, "d": delivery]}, which
+`prq.models.decode_stored_request` reads back on the receiver with the endpoint and id its
+record's key names.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
 
@@ -99,14 +100,15 @@ def param_columns(cfg: SparkQueueConfig, names: Sequence[str]) -> list[str]:
 
 
 def _head(cfg: SparkQueueConfig) -> str:
-    """The body's text up to the id's opening quote (the same for every row of a job)."""
-    endpoint, method = json.dumps(cfg.endpoint), json.dumps(cfg.method)
-    producer = json.dumps(cfg.producer)
-    delivery = f',"delivery":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
-    return (
-        f'{{"endpoint":{endpoint},"method":{method},"priority":{cfg.priority:d},'
-        f'"producer":{producer}{delivery},"id":"'
-    )
+    """The body's text before the params object (the same for every row of a job)."""
+    return f'{{"m":{json.dumps(cfg.method)},"p":'
+
+
+def _tail(cfg: SparkQueueConfig) -> str:
+    """The body's text after the params object: what is not at its default (StoredRequest)."""
+    priority = f',"q":{cfg.priority:d}' if cfg.priority else ""
+    delivery = f',"d":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
+    return f',"r":{json.dumps(cfg.producer)}{priority}{delivery}}}'
 
 
 # -- Arrow ---------------------------------------------------------------------------------------
@@ -134,10 +136,10 @@ def _encode_batch(
 
     names = param_columns(cfg, batch.schema.names)
     ids, valid = _ids(cfg, batch.column(cfg.key_column))
-    parts: list[Any] = [_head(cfg), pc.fill_null(ids, ""), '","params":{']
+    parts: list[Any] = [_head(cfg) + "{"]
     for i, name in enumerate(names):
         parts += [("," if i else "") + json.dumps(name) + ":", _json_text(batch.column(name))]
-    parts.append("}}")
+    parts.append("}" + _tail(cfg))
     bodies = pc.binary_join_element_wise(*parts, "")
     fits = pc.less_equal(pc.binary_length(bodies), pa.scalar(max_body_bytes, pa.int64()))
     return ids, bodies, pc.and_(valid, fits)
@@ -240,7 +242,7 @@ def _place(
 
 def row_chunks(cfg: SparkQueueConfig, rows: Iterable[Row], max_body_bytes: int) -> Iterator[Chunk]:
     """Chunks of at most `cfg.batch_size` rows from Spark Rows (foreachPartition)."""
-    head = _head(cfg)
+    head, tail = _head(cfg), _tail(cfg)
     chunk = Chunk()
     key_at: int | None = None
     params: list[tuple[str, int]] = []
@@ -251,7 +253,7 @@ def row_chunks(cfg: SparkQueueConfig, rows: Iterable[Row], max_body_bytes: int) 
             key_at = names.index(cfg.key_column)
         key = row[key_at]
         rid = request_id(cfg.namespace, key)
-        body = "" if rid is None else f'{head}{rid}","params":{_params_json(row, params)}}}'
+        body = "" if rid is None else f"{head}{_params_json(row, params)}{tail}"
         _place(chunk, cfg, key, rid, body, rid is not None and _fits(body, max_body_bytes))
         if chunk.rows >= cfg.batch_size:
             yield chunk

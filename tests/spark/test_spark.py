@@ -23,8 +23,8 @@ import redis
 from prq.admin import EndpointInfo, Inspector
 from prq.bodies import MARKER
 from prq.embedded import EmbeddedRedis
-from prq.keys import KeySchema
-from prq.models import decode_request
+from prq.keys import EndpointKeys, KeySchema
+from prq.models import Request, decode_stored_request
 from prq.signing import ENVELOPE_MAGIC
 from prq.spark import (
     PartitionCounts,
@@ -38,11 +38,19 @@ from prq.spark import (
 from tests.integration.test_cli import Prq, PrqRunner
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import wait_until
+from tests.stored_bodies import read_body
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+
+def stored_request(client: redis.Redis, keys: EndpointKeys, endpoint: str, rid: str) -> Request:
+    """The request Redis holds for `rid`, decoded as a receiver would."""
+    body = read_body(client, keys.request(rid))
+    assert body is not None, rid
+    return decode_stored_request(body, endpoint, rid)
 
 
 def config(redis_url: str, prefix: str, endpoint: str, **overrides: Any) -> SparkQueueConfig:
@@ -114,8 +122,8 @@ def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
     assert int(redis_client.get(keys.sequence) or 0) == 200_000
     pending = queued_ids(redis_client, keys)
     assert len(set(pending)) == 200_000
-    first = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:7"), "b") or b"{}")
-    assert (first["method"], first["params"]) == ("square", {"doubled": 14})
+    first = stored_request(redis_client, keys, endpoint, f"{cfg.namespace}:7")
+    assert (first.method, first.params) == ("square", {"doubled": 14})
     # And operators see the job in the admin view (the registry lists the endpoint)
     seen = asyncio.run(admin_view(redis_url, key_prefix))
     assert (seen[endpoint].depth, seen[endpoint].enqueued_total) == (200_000, 200_000)
@@ -144,8 +152,7 @@ def test_rows_with_keys_that_make_no_request_id_are_rejected(
     # Then the 20 good rows are queued, with only the chosen params, and the others are not
     keys = KeySchema(key_prefix).endpoint(endpoint)
     assert queue_depth(redis_client, keys) == 20
-    body = json.loads(redis_client.hget(keys.request(f"{cfg.namespace}:k3"), "b") or b"{}")
-    assert body["params"] == {"n": 3}
+    assert stored_request(redis_client, keys, endpoint, f"{cfg.namespace}:k3").params == {"n": 3}
     # And the Arrow variant reports the bad rows as rejected, the good ones as duplicates
     counts = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
     assert totals(counts) == (0, 20, 4)
@@ -176,14 +183,13 @@ def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
     assert len(level_ids(redis_client, keys, 0)) == 30
     assert len(level_ids(redis_client, keys, 4)) == 30
     stored = redis_client.hgetall(keys.request(f"{urgent.namespace}:k7"))
-    body = json.loads(stored[b"b"])
-    assert (body["priority"], body["producer"], body["params"]) == (4, "nightly", {"n": 7})
-    decoded = decode_request(json.dumps(body).encode())
-    assert (decoded.priority, decoded.producer) == (4, "nightly")
+    decoded = stored_request(redis_client, keys, endpoint, f"{urgent.namespace}:k7")
+    assert (decoded.priority, decoded.producer, decoded.params) == (4, "nightly", {"n": 7})
     # And the at_least_once job's requests may be handed out 5 times; the other's once
     assert (decoded.delivery, stored.get(b"ma")) == ("at_least_once", b"5")
     plain_stored = redis_client.hgetall(keys.request(f"{plain.namespace}:k7"))
-    assert json.loads(plain_stored[b"b"]).get("delivery", "at_most_once") == "at_most_once"
+    plain_request = stored_request(redis_client, keys, endpoint, f"{plain.namespace}:k7")
+    assert plain_request.delivery == "at_most_once"
     assert plain_stored.get(b"ma") in (None, b"0")
     # And a bad priority or producer is refused when the job is configured
     with pytest.raises(ValueError, match="priority"):

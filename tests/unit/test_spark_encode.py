@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prq.models import decode_request
+from prq.models import decode_stored_request
 from prq.spark import SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks, row_chunks
 
@@ -35,9 +35,7 @@ def decoded(chunks: list[Chunk]) -> dict[str, Any]:
     out = {}
     for chunk in chunks:
         for rid, body in zip(chunk.ids, chunk.bodies, strict=True):
-            request = decode_request(body)
-            assert request.id == rid
-            assert request.endpoint == 'poll://spark "quoted" é'
+            request = decode_stored_request(body, 'poll://spark "quoted" é', rid)
             assert request.method == "score"
             assert request.producer == "bulk"
             out[rid] = request.params
@@ -122,7 +120,7 @@ def test_bad_keys_and_big_bodies_are_set_aside_not_sent(source: str) -> None:
 def test_params_columns_pick_and_order_the_params() -> None:
     batch = pa.RecordBatch.from_pydict({"key": [7], "a": [1], "b": ["two"], "c": [3.5]})
     chunk = next(arrow_chunks(config(params_columns=("c", "a")), [batch], LIMIT))
-    assert json.loads(chunk.bodies[0])["params"] == {"c": 3.5, "a": 1}
+    assert json.loads(chunk.bodies[0])["p"] == {"c": 3.5, "a": 1}
     with pytest.raises(ValueError, match="params columns"):
         list(arrow_chunks(config(params_columns=("zz",)), [batch], LIMIT))
     with pytest.raises(ValueError, match="key column"):
@@ -143,7 +141,11 @@ def test_the_delivery_mode_travels_in_every_body(delivery: str) -> None:
         *arrow_chunks(cfg, [pa.RecordBatch.from_pydict({"key": [1], "n": [5]})], LIMIT),
         *row_chunks(cfg, rows, LIMIT),
     ]
-    requests = [decode_request(body) for chunk in chunks for body in chunk.bodies]
+    requests = [
+        decode_stored_request(body, cfg.endpoint, rid)
+        for chunk in chunks
+        for rid, body in zip(chunk.ids, chunk.bodies, strict=True)
+    ]
     assert len(requests) == 3
     assert {(r.delivery, r.priority, r.producer) for r in requests} == {(delivery, -3, "night")}
 
