@@ -114,7 +114,7 @@ class Backlog:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def depth(self) -> int:
-        return int(self.monitor.zcard(self.level))
+        return int(self.monitor.hget(self.level, "n") or 0)  # the level's depth (_queue.lua)
 
     def fill(self) -> None:
         while (missing := self.size - self.depth()) > 0:

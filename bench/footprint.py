@@ -339,9 +339,9 @@ class Bench:
             ("request hash", lambda key: key.startswith(endpoint.request_prefix)),
             ("locator", lambda key: key.startswith(f"{self.prefix}:loc:")),
             (
-                "level sorted set",
+                "producer lane (list)",
                 lambda key: (
-                    re.fullmatch(re.escape(endpoint.level_prefix) + r"-?\d+", key) is not None
+                    re.fullmatch(re.escape(endpoint.level_prefix) + r"-?\d+:p.*", key) is not None
                 ),
             ),
             ("other keys (one per endpoint or node)", lambda key: True),

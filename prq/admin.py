@@ -73,7 +73,7 @@ SHOWN_LEVELS = 32
 #: Most queued requests one page may list.
 MAX_PAGE = 500
 #: The only commands a flow driven by the Inspector may send (see `_read_flows`).
-_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "HSTRLEN", "GET"})
+_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "HSTRLEN", "GET", "LRANGE"})
 
 
 class PriorityDepth(BaseModel):

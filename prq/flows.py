@@ -26,6 +26,7 @@ from prq import bodies
 from prq._types import Call, Exec, Flow, Offload, Reply, Wait, Waitable
 from prq.config import QueueSettings
 from prq.errors import (
+    ConfigurationError,
     PrqError,
     QueueUnavailable,
     SerializationError,
@@ -67,6 +68,7 @@ __all__ = [
     "TakeResult",
     "call_flow",
     "cancel_flow",
+    "layout_flow",
     "locate_flow",
     "new_token",
     "respond_flow",
@@ -172,6 +174,29 @@ def locator_calls(
         return []
     ttl_ms = _ms(settings.locator_ttl_s(pickup_s))
     return [Call(("SET", keys.locator(request_id), endpoint, "PX", ttl_ms))]
+
+
+def layout_flow(ctx: Context, endpoint: str) -> Flow[None]:
+    """Refuse an endpoint that still holds the previous layout's scheduling lanes (ids queued
+    there would never be taken by this version): one EXISTS, sent once per endpoint per node
+    (its first use), before anything is queued or taken. Raises ConfigurationError."""
+    keys = ctx.keys.endpoint(endpoint)
+    replies = yield Exec((Call(("EXISTS", keys.old_levels)),))
+    assert isinstance(replies, list)
+    if replies[0]:
+        raise ConfigurationError(old_layout_message(endpoint, keys.old_levels, keys.tag))
+
+
+def old_layout_message(endpoint: str, old_levels: str, tag: str) -> str:
+    """What to do about an endpoint whose requests were queued by the previous layout."""
+    return (
+        f"endpoint {endpoint!r} holds requests queued by a previous prq version, in the "
+        f"previous scheduling layout ({old_levels} exists), which this version does not read. "
+        "Drain that endpoint first with receivers of the previous prq version (stop its "
+        "senders; when the previous receivers have taken everything, that key is gone), or, "
+        f"if nothing queued there is worth keeping, delete {old_levels} and the keys matching "
+        f"{tag}:q:* (those requests then expire unanswered); then start again."
+    )
 
 
 def registry_calls(
@@ -299,6 +324,8 @@ def call_flow(
         last_contact=started,
     )
     seen = signal.generation
+    if register:
+        yield from layout_flow(ctx, request.endpoint)
     try:
         return (
             yield from _await_outcome(

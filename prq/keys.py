@@ -2,10 +2,18 @@
 
 Layout, for prefix `prq` and an endpoint encoded as `<e>`:
 
-    prq:{<e>}:lv             zset    priorities with queued ids (p -> p)    TTL 1 day, refreshed
-    prq:{<e>}:q:<p>          zset    queued ids of priority p -> virtual    TTL 1 day, refreshed
-                                     start time (scripts/_queue.lua)
-    prq:{<e>}:q:<p>:vt       hash    priority p's clock: g, p<producer>, s  TTL 1 day, refreshed
+    prq:{<e>}:pri            zset    priorities with queued ids (p -> p)    TTL 1 day, refreshed
+    prq:{<e>}:l:<p>          hash    priority p's clock: g, s, n (depth),   TTL 1 day, refreshed
+                                     x, t (scripts/_queue.lua)
+    prq:{<e>}:l:<p>:o        zset    priority p's lanes: f (the front lane, TTL 1 day, refreshed
+                                     -inf), p<producer> -> virtual time of
+                                     that producer's first queued id
+    prq:{<e>}:l:<p>:f        list    priority p's front lane (ids given     TTL 1 day, refreshed
+                                     back), taken before the producers'
+    prq:{<e>}:l:<p>:p<pro>   list    ids producer <pro> queued at p, in     TTL 1 day, refreshed
+                                     order (one entry per queued request)
+    prq:{<e>}:l:<p>:x        set     ids removed from p's lists but still   TTL 1 day, refreshed
+                                     in them (withdraw, cancel; lazy)
     prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
@@ -27,7 +35,15 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:node:<node>          channel responses (and later signals) for one node
     prq:endpoints            zset    encoded endpoint -> last used, ms      TTL 1 day, refreshed
 
+Not written any more: `prq:{<e>}:lv` (zset of priorities) and `prq:{<e>}:q:<p>` (one sorted-set
+member per queued id) were the scheduling lanes of the previous layout. A node refuses an
+endpoint whose `prq:{<e>}:lv` exists (`EndpointKeys.old_levels`; README, "Upgrading from the
+previous layout").
+
 Invariants:
+- A level's keys are its clock's name plus `:` and a suffix: `o`, `f`, `x`, or `p` followed by
+  the producer (any text: it comes after the hash tag, and the suffixes differ in their first
+  character), so no two levels, lanes or producers share a key.
 - Every key of one endpoint carries the same hash tag `{<e>}`, so one endpoint's keys share a
   cluster slot and each script touches one slot only.
 - `<e>` is an injective encoding of the endpoint: percent-encoding of its UTF-8 bytes with only
@@ -66,16 +82,44 @@ class EndpointKeys:
     @property
     def levels(self) -> str:
         """Sorted set of the priorities that hold queued ids (member and score: the priority)."""
+        return f"{self.tag}:pri"
+
+    @property
+    def old_levels(self) -> str:
+        """The previous layout's sorted set of priorities (`prq:{e}:lv`): never written any
+        more; read once per endpoint and node to refuse an endpoint that still holds it."""
         return f"{self.tag}:lv"
 
     @property
     def level_prefix(self) -> str:
-        """Prefix of the per-priority queues; scripts append the priority (same hash tag)."""
-        return f"{self.tag}:q:"
+        """Prefix of the per-priority keys; scripts append the priority (same hash tag)."""
+        return f"{self.tag}:l:"
 
     def level(self, priority: int | str) -> str:
-        """Sorted set of the ids queued at `priority`, in the order they will be taken."""
-        return f"{self.tag}:q:{priority}"
+        """Priority `priority`'s clock (hash: g, s, n = depth, x, t; scripts/_queue.lua); its
+        other keys are this name plus a suffix."""
+        return f"{self.tag}:l:{priority}"
+
+    def level_lanes(self, priority: int | str) -> str:
+        """Sorted set of the level's lanes: `f` (the front lane, score -inf) and `p<producer>`
+        scored by the virtual time of that producer's first queued id."""
+        return f"{self.tag}:l:{priority}:o"
+
+    def level_lane(self, priority: int | str, member: str) -> str:
+        """The list of ids of one lane of `level_lanes` (`member` as in that set)."""
+        return f"{self.tag}:l:{priority}:{member}"
+
+    def producer_lane(self, priority: int | str, producer: str) -> str:
+        """The ids `producer` queued at `priority`, in order."""
+        return self.level_lane(priority, f"p{producer}")
+
+    def front_lane(self, priority: int | str) -> str:
+        """Ids given back to the level (redeliveries, hand-offs taken back), taken first."""
+        return self.level_lane(priority, "f")
+
+    def level_removed(self, priority: int | str) -> str:
+        """Set of ids withdrawn or cancelled while queued that are still in a lane."""
+        return f"{self.tag}:l:{priority}:x"
 
     @property
     def request_prefix(self) -> str:

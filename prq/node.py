@@ -42,6 +42,7 @@ from prq.flows import (
     Context,
     TakeResult,
     cancel_flow,
+    layout_flow,
     locator_calls,
     new_token,
     registry_calls,
@@ -200,6 +201,8 @@ class QueueBase:
         #: Take tokens whose take failed on the client side (it may still run in Redis): the
         #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.
         self._spare_tokens: dict[str, list[str]] = {}
+        #: Endpoints this node took from after checking they hold no previous-layout lanes.
+        self._layout_checked: set[str] = set()
         #: Take tokens that may be parked, or hold hand-offs this node never collected: token
         #: → endpoint, from the take's start until it returns (a take cut short by shutdown
         #: stays here, and closing withdraws its park and gives back what it was handed).
@@ -428,7 +431,9 @@ class QueueBase:
         """Take requests (waiting for the first), and deal with what must not run: requests a
         rolled-back Redis handed out again are cancelled, undecodable ones are answered with an
         error. Returns what the handler may run. `current` gets the token of the take under
-        way, so a driver whose take is cut short can give back what it got (`_unpark_flow`)."""
+        way, so a driver whose take is cut short can give back what it got (`_unpark_flow`).
+        The node's first take of an endpoint checks its layout first (flows.layout_flow)."""
+        yield from self._check_layout_flow(endpoint)
         while True:
             if self._watch.presence.took(endpoint, time.monotonic()):
                 self._watch.wake()
@@ -477,6 +482,13 @@ class QueueBase:
                 yield from cancel_flow(self.ctx, request_id, endpoint, "data_loss")
             if good or not result.items:
                 return good
+
+    def _check_layout_flow(self, endpoint: str) -> Flow[None]:
+        """Once per endpoint (until it passes): refuse one that holds the previous scheduling
+        layout (flows.layout_flow; ConfigurationError)."""
+        if endpoint not in self._layout_checked:
+            yield from layout_flow(self.ctx, endpoint)
+            self._layout_checked.add(endpoint)
 
     def _take_token(self, endpoint: str) -> str:
         spare = self._spare_tokens.get(endpoint)
@@ -582,6 +594,7 @@ class QueueBase:
         )  # fmt: skip
         beside = locator_calls(self.keys, settings, request.id, request.endpoint, pickup_s)
         if self._first_use(request.endpoint):
+            yield from layout_flow(self.ctx, request.endpoint)
             beside += registry_calls(self.keys, settings, [request.endpoint], now_ms)
         replies = yield Exec((call, *beside))
         assert isinstance(replies, list)

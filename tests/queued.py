@@ -1,8 +1,12 @@
 """What an endpoint has queued, read straight from Redis (independently of prq.levels), and a
 take by a receiver that then dies (`silent_take`).
 
-Queued ids live in one sorted set per priority level (`prq:{e}:q:<p>`), listed in `prq:{e}:lv`;
-see prq/scripts/_queue.lua. Take order: highest level first, then by score within a level.
+Queued ids live in lanes per priority level (prq/scripts/_queue.lua): a front lane taken first,
+and one list per producer, the lanes set scoring each producer by its first id's virtual time
+(index i: that time + i). Levels are listed in `prq:{e}:pri`, each level's depth is its clock's
+`n`. Take order: highest level first, then the front lane, then by virtual time (ties in member
+order). Ids withdrawn or cancelled while queued stay in their lane until a take skips them: the
+readers here leave them out (the level's removed set names them).
 """
 
 from __future__ import annotations
@@ -21,18 +25,34 @@ def queued_ids(client: redis.Redis, keys: EndpointKeys) -> list[bytes]:
     """Every queued id, highest priority first, then in the order the level hands them out."""
     ids: list[bytes] = []
     for level in _levels(client, keys, "REV"):
-        ids += _send(client, "ZRANGE", keys.level(level), 0, -1)
+        ids += _level_order(client, keys, level)
     return ids
 
 
 def level_ids(client: redis.Redis, keys: EndpointKeys, priority: int) -> list[str]:
     """The ids queued at one priority, in the order that level hands them out."""
-    return [i.decode() for i in _send(client, "ZRANGE", keys.level(priority), 0, -1)]
+    return [i.decode() for i in _level_order(client, keys, str(priority))]
 
 
 def queue_depth(client: redis.Redis, keys: EndpointKeys) -> int:
-    """How many ids are queued over all priority levels."""
-    return sum(int(_send(client, "ZCARD", keys.level(p))) for p in _levels(client, keys))
+    """How many ids are queued over all priority levels (the levels' depth counters)."""
+    return sum(int(_send(client, "HGET", keys.level(p), "n") or 0) for p in _levels(client, keys))
+
+
+def _level_order(client: redis.Redis, keys: EndpointKeys, priority: str) -> list[bytes]:
+    """A level's ids in take order, read in full, removed ones left out."""
+    removed = set(_send(client, "SMEMBERS", keys.level_removed(priority)))
+    lanes = client.zrange(keys.level_lanes(priority), 0, -1, withscores=True)
+    entries: list[tuple[int, float, bytes, bytes]] = []
+    for member, score in lanes:  # type: ignore[union-attr]
+        ids = _send(client, "LRANGE", keys.level_lane(priority, member.decode()), 0, -1)
+        for i, request_id in enumerate(ids):
+            if member == b"f":
+                entries.append((0, i, b"", request_id))
+            else:
+                entries.append((1, float(score) + i, member, request_id))
+    entries.sort(key=lambda e: e[:3])
+    return [e[3] for e in entries if e[3] not in removed]
 
 
 def _levels(client: redis.Redis, keys: EndpointKeys, *order: str) -> list[str]:

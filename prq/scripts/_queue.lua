@@ -1,12 +1,16 @@
 --[[ _queue: the scheduling helpers shared by the scripts that queue, take or remove requests.
 Scripts include this file where they say `-- include: _queue`; it is not a script of its own.
 
-Layout, for one endpoint (the caller passes LEVELS and PREFIX as KEYS):
-  LEVELS          zset    priorities that hold queued ids (member = score = the priority)
-  PREFIX .. p     zset    level p: queued ids, scored by virtual start time
-  PREFIX .. p .. ':vt'    level p's clock (hash): g = the virtual time of the last id taken,
-                  p<producer> = the last virtual time given to that producer, s = the takes this
-                  level made while a lower level waited, c = the producer sweep's cursor
+Layout, for one endpoint (the caller passes LEVELS and PREFIX as KEYS; prq/keys.py spells them):
+  LEVELS                 zset   priorities whose depth is above 0 (member = score = the priority)
+  PREFIX .. p            hash   level p's clock: g = the virtual time of the last id taken from a
+                                producer's lane, n = its depth (ids queued, not taken, not
+                                removed), x = how many ids its removed set holds, s = the takes
+                                it made while a lower level waited, t = its keys' TTL (ms)
+  PREFIX .. p .. ':o'    zset   level p's lanes: 'p' .. producer, scored by the virtual time of
+                                that producer's first queued id; 'f' (the front lane) at -inf
+  PREFIX .. p .. ':' .. lane   list   that lane's ids, in take order (one entry per id)
+  PREFIX .. p .. ':x'    set    ids removed (withdraw, cancel) that are still in a lane
 
 The rules:
 - Priority: a take serves the highest level; but while lower levels hold work, every SHARE-th
@@ -14,23 +18,41 @@ The rules:
   level's 's'). The highest level gets SHARE - 1 of every SHARE takes, and each of n lower
   levels with work at least one in SHARE * n: slowed, never starved.
 - Fairness within a level (start-time fair queueing): a producer's next id gets virtual time
-  max(g, its last) + 1; the lowest virtual time is taken first. A producer that queued 100,000
-  ids holds 1, 2, ..., 100,000; a request from another producer arriving when g = 500 gets 501,
-  so it waits behind at most one id per producer with work.
+  max(g, its last) + 1; the lowest virtual time is taken first (equal times: in member order,
+  as the sorted set sorts them). A producer that queued 100,000 ids holds 1, 2, ..., 100,000; a
+  request from another producer arriving when g = 500 gets 501, so it waits behind at most one
+  id per producer with work.
 - FIFO for one producer at one level: its virtual times strictly increase.
-- A level that empties is forgotten (its set, its clock and its entry in LEVELS).
-- A producer whose last virtual time is behind g has nothing queued (ids are taken lowest
-  virtual time first, and none is given a time below g): its field says no more than its
-  absence would (max(g, last) = g), so a level whose clock holds
-  more than SWEEP_ABOVE fields forgets such producers, SWEEP_COUNT fields a take (HSCAN from a
-  cursor kept in the clock as 'c'). g never goes back (the lowest virtual time is taken first,
-  and an id queued at the front gets g itself), so forgetting them changes no order. Without
-  this, a level that never empties would keep a field for every producer it ever served (one per
-  node restart, with the default producer).
+- Why one list per producer is enough: while a producer has ids queued at a level, their
+  virtual times are consecutive (a push continues from its last, and its last >= g while it has
+  anything queued: ids are taken lowest time first). So its lane holds them in order and the
+  lanes set keeps only the first one's time: the id at index i has time score + i. A take pops
+  the lowest-scored lane, sets g to its score, and scores the lane one higher (or drops it when
+  empty). A producer with no queued id at the level is not in the set: its next push gets
+  g + 1 (max(g, last) = g, its last being behind g), so no producer is remembered beyond its
+  queued ids, and a level's clock never grows with the producers it served.
+- Front lane: an id given back (a redelivery, a hand-off taken back) waited its turn once; it
+  joins the front lane, taken before every producer of its level, in the order given back; g
+  does not move.
+- Removal (withdraw, cancel) is lazy and O(1): the id stays in its lane and joins the removed
+  set; the depth goes down at once. A take that pops an id of that set drops it from the set
+  and skips it, without counting it again; the set is looked at only while x > 0.
+- Depth: n is exact (pushes minus takes minus removals); a record that expired while queued
+  counts until a take pops it (take.lua skips it then).
+- A level whose depth reaches 0 leaves LEVELS (so take parks, and reads see it empty). Its keys
+  are deleted then, with the lanes that hold only removed ids when there are at most
+  FORGET_MAX of them (never more work than that in one call); else they stay, skipped by the
+  takes once a push brings the level back, or until their TTL.
+- Bounded work: a take step costs the same whatever the depth and the number of producers; one
+  pop skips at most POP_STEPS removed ids (then it returns nil: the take hands out nothing this
+  time, and does not park while LEVELS says work is queued).
+- TTL: a push refreshes every key of its level (t remembers the TTL), a take the lane it popped.
 ]]
 local SHARE = 10
-local SWEEP_ABOVE = 64
-local SWEEP_COUNT = 16
+local POP_STEPS = 256
+local FORGET_MAX = 128
+local PUSH_BATCH = 1000
+local DEFAULT_TTL = 86400000
 
 -- a limit is a positive integer; anything else written into the limits hash is no limit
 local function limit(value)
@@ -44,89 +66,125 @@ local function server_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
+-- after a push to `lane` of level p: the level is listed, its keys live for ttl more ms
+local function touch_level(levels, level, p, lane, ttl, x)
+  redis.call('ZADD', levels, p, p)
+  redis.call('PEXPIRE', levels, ttl)
+  redis.call('PEXPIRE', level, ttl)
+  redis.call('PEXPIRE', level .. ':o', ttl)
+  redis.call('PEXPIRE', lane, ttl)
+  if (tonumber(x) or 0) > 0 then redis.call('PEXPIRE', level .. ':x', ttl) end
+end
+
 -- queue ids (in this order) at level p for one producer; ttl (ms) for the level's keys
 local function queue_push(levels, prefix, p, producer, ids, ttl)
-  local q, clock = prefix .. p, prefix .. p .. ':vt'
-  local g, last = unpack(redis.call('HMGET', clock, 'g', 'p' .. producer))
-  local t = math.max(tonumber(g) or 0, tonumber(last) or 0)
-  local args = {}
-  for i = 1, #ids do
-    args[#args + 1] = t + i
-    args[#args + 1] = ids[i]
-    if #args >= 4000 then
-      redis.call('ZADD', q, unpack(args))
-      args = {}
-    end
+  if #ids == 0 then return end
+  local level = prefix .. p
+  local member = 'p' .. producer
+  local lane = level .. ':' .. member
+  local g, n, x = unpack(redis.call('HMGET', level, 'g', 'n', 'x'))
+  redis.call('ZADD', level .. ':o', 'NX', (tonumber(g) or 0) + 1, member)
+  for i = 1, #ids, PUSH_BATCH do
+    redis.call('RPUSH', lane, unpack(ids, i, math.min(i + PUSH_BATCH - 1, #ids)))
   end
-  if #args > 0 then redis.call('ZADD', q, unpack(args)) end
-  redis.call('HSET', clock, 'p' .. producer, t + #ids)
-  redis.call('ZADD', levels, p, p)
-  redis.call('PEXPIRE', q, ttl)
-  redis.call('PEXPIRE', clock, ttl)
-  redis.call('PEXPIRE', levels, ttl)
+  redis.call('HSET', level, 'n', (tonumber(n) or 0) + #ids, 't', ttl)
+  touch_level(levels, level, p, lane, ttl, x)
 end
 
 -- queue an id at the front of level p (a redelivery: it waited its turn once already)
 local function queue_push_front(levels, prefix, p, id, ttl)
-  local q, clock = prefix .. p, prefix .. p .. ':vt'
-  local g = tonumber(redis.call('HGET', clock, 'g')) or 0
-  redis.call('ZADD', q, g, id)
-  redis.call('HSET', clock, 'g', g)  -- a level's clock exists (with its TTL) while it does
-  redis.call('ZADD', levels, p, p)
-  redis.call('PEXPIRE', q, ttl)
-  redis.call('PEXPIRE', clock, ttl)
-  redis.call('PEXPIRE', levels, ttl)
+  local level = prefix .. p
+  local lane = level .. ':f'
+  local n, x = unpack(redis.call('HMGET', level, 'n', 'x'))
+  redis.call('RPUSH', lane, id)
+  redis.call('ZADD', level .. ':o', '-inf', 'f')
+  redis.call('HSET', level, 'n', (tonumber(n) or 0) + 1, 't', ttl)
+  touch_level(levels, level, p, lane, ttl, x)
 end
 
-local function forget_level(levels, prefix, p)
-  redis.call('DEL', prefix .. p, prefix .. p .. ':vt')
+-- level p's depth reached 0: it leaves LEVELS; its keys go when that is at most FORGET_MAX
+-- deletions (x: the removed ids its lanes still hold, so at most x lanes remain)
+local function forget_level(levels, prefix, p, x)
   redis.call('ZREM', levels, p)
+  if (tonumber(x) or 0) > FORGET_MAX then return end
+  local level = prefix .. p
+  local gone = {level, level .. ':o', level .. ':x'}
+  for _, member in ipairs(redis.call('ZRANGE', level .. ':o', 0, FORGET_MAX)) do
+    gone[#gone + 1] = level .. ':' .. member
+  end
+  redis.call('DEL', unpack(gone))
 end
 
--- take one id out of level p (withdraw, cancel); nothing when it is not there
+-- take one id out of level p (withdraw, cancel), lazily; nothing when p holds nothing. The
+-- caller knows the id is queued there (its record says so).
 local function queue_remove(levels, prefix, p, id)
-  local q = prefix .. p
-  if redis.call('ZREM', q, id) == 1 and redis.call('EXISTS', q) == 0 then
-    forget_level(levels, prefix, p)
-  end
+  local level = prefix .. p
+  local n, x, t = unpack(redis.call('HMGET', level, 'n', 'x', 't'))
+  n = tonumber(n) or 0
+  if n <= 0 or redis.call('SADD', level .. ':x', id) == 0 then return end
+  x = (tonumber(x) or 0) + 1
+  redis.call('HSET', level, 'n', n - 1, 'x', x)
+  redis.call('PEXPIRE', level .. ':x', t or DEFAULT_TTL)
+  if n <= 1 then forget_level(levels, prefix, p, x) end
 end
 
--- forget up to SWEEP_COUNT producers of a level's clock whose last virtual time is behind g
-local function sweep_producers(clock, g)
-  local cursor = redis.call('HGET', clock, 'c') or '0'
-  local scan = redis.call('HSCAN', clock, cursor, 'COUNT', SWEEP_COUNT)
-  local fields = scan[2]
-  for i = 1, #fields, 2 do
-    if string.sub(fields[i], 1, 1) == 'p' and (tonumber(fields[i + 1]) or 0) < g then
-      redis.call('HDEL', clock, fields[i])
-    end
+-- one step at level p: the id taken; false when the step only dropped a removed id (or met a
+-- lane that had expired); nil when the level has no lane left (it is forgotten)
+local function pop_at(levels, prefix, p)
+  local level = prefix .. p
+  local lanes = level .. ':o'
+  local head = redis.call('ZRANGE', lanes, 0, 0, 'WITHSCORES')
+  local member = head[1]
+  if not member then
+    forget_level(levels, prefix, p, 0)
+    return nil
   end
-  redis.call('HSET', clock, 'c', scan[1])
+  local n, x, t = unpack(redis.call('HMGET', level, 'n', 'x', 't'))
+  n, x = tonumber(n) or 0, tonumber(x) or 0
+  local lane = level .. ':' .. member
+  local id = redis.call('LPOP', lane)
+  local more = id and redis.call('PEXPIRE', lane, t or DEFAULT_TTL) == 1
+  local g = nil
+  if member ~= 'f' then
+    g = tonumber(head[2])
+    if more then redis.call('ZADD', lanes, g + 1, member) else redis.call('ZREM', lanes, member) end
+  elseif not more then
+    redis.call('ZREM', lanes, member)
+  end
+  if not id then return false end
+  if x > 0 and redis.call('SREM', level .. ':x', id) == 1 then
+    if g then redis.call('HSET', level, 'g', g, 'x', x - 1)
+    else redis.call('HSET', level, 'x', x - 1) end
+    return false
+  end
+  if g then redis.call('HSET', level, 'g', g, 'n', n - 1)
+  else redis.call('HSET', level, 'n', n - 1) end
+  if n <= 1 then forget_level(levels, prefix, p, x) end
+  return id
 end
 
 -- the next id to hand out, by the rules above, removed from its level; nil when none is queued
+-- (or when POP_STEPS steps only met removed ids)
 local function queue_pop(levels, prefix)
-  for _ = 1, 100000 do
+  local steps = 0
+  while steps < POP_STEPS do
     local top = redis.call('ZREVRANGE', levels, 0, 1)
     local p = top[1]
     if not p then return nil end
     if top[2] then  -- a lower level waits: every SHARE-th take goes to one of them, in turn
-      local s = redis.call('HINCRBY', prefix .. p .. ':vt', 's', 1)
+      local s = redis.call('HINCRBY', prefix .. p, 's', 1)
       if s % SHARE == 0 then
         local lower = redis.call('ZCARD', levels) - 1
         local k = 1 + (s / SHARE - 1) % lower
         p = redis.call('ZREVRANGE', levels, k, k)[1] or p
       end
     end
-    local q, clock = prefix .. p, prefix .. p .. ':vt'
-    local got = redis.call('ZPOPMIN', q)
-    if got[1] and redis.call('EXISTS', q) == 1 then
-      redis.call('HSET', clock, 'g', got[2])
-      if redis.call('HLEN', clock) > SWEEP_ABOVE then sweep_producers(clock, tonumber(got[2])) end
-      return got[1]
-    end
-    forget_level(levels, prefix, p)  -- emptied now, or found empty (expired)
-    if got[1] then return got[1] end
+    local id
+    repeat
+      steps = steps + 1
+      id = pop_at(levels, prefix, p)
+    until id ~= false or steps >= POP_STEPS
+    if id then return id end
   end
   return nil
 end
@@ -135,7 +193,7 @@ end
 local function queue_depth(levels, prefix)
   local n = 0
   for _, p in ipairs(redis.call('ZRANGE', levels, 0, -1)) do
-    n = n + redis.call('ZCARD', prefix .. p)
+    n = n + (tonumber(redis.call('HGET', prefix .. p, 'n')) or 0)
   end
   return n
 end

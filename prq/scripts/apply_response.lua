@@ -3,7 +3,7 @@
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
 KEYS[3]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
-KEYS[4]  queued levels         prq:{e}:lv       (present while anything is queued)
+KEYS[4]  queued levels         prq:{e}:pri      (present while anything is queued)
 KEYS[5]  leased ids            prq:{e}:alo      (an answered at_least_once id leaves it)
 ARGV[1]  request id
 ARGV[2]  owner token of the receiver that answers

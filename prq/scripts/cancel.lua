@@ -2,8 +2,8 @@
 
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (a cancelled taken id leaves it)
-KEYS[3]  queued levels         prq:{e}:lv       (a withdrawn queued id leaves its level)
-KEYS[4]  level prefix          prq:{e}:q:       (_queue.lua)
+KEYS[3]  queued levels         prq:{e}:pri      (a withdrawn queued id leaves its level)
+KEYS[4]  level prefix          prq:{e}:l:       (_queue.lua)
 KEYS[5]  leased ids            prq:{e}:alo      (a cancelled at_least_once id leaves it)
 KEYS[6]  hand-offs             prq:{e}:ho       (a withdrawn hand-off leaves it; _handoff.lua)
 ARGV[1]  reason                "cancelled", "call_timeout", ...

@@ -1,14 +1,14 @@
 --[[ enqueue: queue one request for its endpoint, or hand it to a parked receiver; once per id.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
-KEYS[2]  queued levels         prq:{e}:lv       (see _queue.lua)
+KEYS[2]  queued levels         prq:{e}:pri      (see _queue.lua)
 KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
 KEYS[5]  park details          prq:{e}:parks    (token -> "<node>|<until, server ms>")
 KEYS[6]  take receipt prefix   prq:{e}:t:       (the token is appended; same hash tag)
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif, mp; absent = no limit)
-KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
+KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queue.lua)
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
 ARGV[1]  request id

@@ -4,11 +4,11 @@ Detached requests (bulk enqueue, e.g. from Spark) have no sender node waiting on
 response is kept under the request id (response TTL) for whoever asks, and no sender liveness is
 judged (beat.lua judges a sender only when the request names one).
 
-KEYS[1]  queued levels         prq:{e}:lv   (see _queue.lua)
+KEYS[1]  queued levels         prq:{e}:pri  (see _queue.lua)
 KEYS[2]  enqueue counter       prq:{e}:seq
 KEYS[3]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[4]  limits                prq:{e}:lim  (hash: mp = max pending; absent = no limit)
-KEYS[5]  level prefix          prq:{e}:q:   (the priority is appended)
+KEYS[5]  level prefix          prq:{e}:l:   (the priority is appended)
 ARGV[1]  batch nonce (the same when the call is retried)
 ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
 ARGV[3]  pickup window, ms: the pickup deadline "pd" is this much after now by server time

@@ -3,8 +3,8 @@
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run
 KEYS[3]  leased ids            prq:{e}:alo
-KEYS[4]  queued levels         prq:{e}:lv
-KEYS[5]  level prefix          prq:{e}:q:
+KEYS[4]  queued levels         prq:{e}:pri
+KEYS[5]  level prefix          prq:{e}:l:
 KEYS[6]  dead-lettered ids     prq:{e}:dead     (KEYS[6..8]: the dead-letter keys, _dead.lua)
 KEYS[7]  their details         prq:{e}:deadm
 KEYS[8]  their stored bytes    prq:{e}:deadb

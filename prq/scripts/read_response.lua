@@ -4,8 +4,8 @@ that stopped beating is declared lost here.
 KEYS[1]  request hash          prq:{e}:r:<id>
 KEYS[2]  in-flight ids         prq:{e}:run      (a lost receiver's id leaves it)
 KEYS[3]  leased ids            prq:{e}:alo      (at_least_once ids in flight)
-KEYS[4]  queued levels         prq:{e}:lv       (an at_least_once request goes back there)
-KEYS[5]  level prefix          prq:{e}:q:
+KEYS[4]  queued levels         prq:{e}:pri      (an at_least_once request goes back there)
+KEYS[5]  level prefix          prq:{e}:l:
 KEYS[6]  dead-lettered ids     prq:{e}:dead     (KEYS[6..8]: the dead-letter keys, _dead.lua)
 KEYS[7]  their details         prq:{e}:deadm
 KEYS[8]  their stored bytes    prq:{e}:deadb

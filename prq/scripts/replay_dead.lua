@@ -4,9 +4,9 @@ KEYS[1]  dead-lettered ids     prq:{e}:dead
 KEYS[2]  their details         prq:{e}:deadm
 KEYS[3]  their stored bytes    prq:{e}:deadb
 KEYS[4]  request hash          prq:{e}:r:<id>
-KEYS[5]  queued levels         prq:{e}:lv   (see _queue.lua)
+KEYS[5]  queued levels         prq:{e}:pri  (see _queue.lua)
 KEYS[6]  enqueue counter       prq:{e}:seq
-KEYS[7]  level prefix          prq:{e}:q:   (the priority is appended)
+KEYS[7]  level prefix          prq:{e}:l:   (the priority is appended)
 ARGV[1]  request id
 ARGV[2]  now_ms (the replayed request's creation time)
 ARGV[3]  pickup window, ms: the pickup deadline is this much after now by server time (TIME)

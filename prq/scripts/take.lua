@@ -1,6 +1,6 @@
 --[[ take: hand out up to N live requests of one endpoint to one receiver, or park it.
 
-KEYS[1]  queued levels         prq:{e}:lv       (see _queue.lua)
+KEYS[1]  queued levels         prq:{e}:pri      (see _queue.lua)
 KEYS[2]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
@@ -8,7 +8,7 @@ KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, 
 KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif = max in flight; absent = no limit)
-KEYS[9]  level prefix          prq:{e}:q:       (the priority is appended; _queue.lua)
+KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queue.lua)
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] dead-lettered ids     prq:{e}:dead     (KEYS[11..13]: the dead-letter keys, _dead.lua)
 KEYS[12] their details         prq:{e}:deadm

@@ -7,8 +7,8 @@ KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[5]  in-flight ids         prq:{e}:run      (KEYS[5..10]: for what is given back,
 KEYS[6]  hand-offs             prq:{e}:ho        _handoff.lua)
-KEYS[7]  queued levels         prq:{e}:lv
-KEYS[8]  level prefix          prq:{e}:q:
+KEYS[7]  queued levels         prq:{e}:pri
+KEYS[8]  level prefix          prq:{e}:l:
 KEYS[9]  take receipt prefix   prq:{e}:t:
 KEYS[10] leased ids            prq:{e}:alo
 ARGV[1]  owner token

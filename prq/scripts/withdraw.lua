@@ -1,8 +1,8 @@
 --[[ withdraw: the sender takes back a request that no receiver has picked up yet.
 
 KEYS[1]  request hash          prq:{e}:r:<id>
-KEYS[2]  queued levels         prq:{e}:lv  (the withdrawn id leaves its level; _queue.lua)
-KEYS[3]  level prefix          prq:{e}:q:
+KEYS[2]  queued levels         prq:{e}:pri (the withdrawn id leaves its level; _queue.lua)
+KEYS[3]  level prefix          prq:{e}:l:
 KEYS[4]  in-flight ids         prq:{e}:run      (a withdrawn hand-off leaves it)
 KEYS[5]  hand-offs             prq:{e}:ho       (_handoff.lua)
 ARGV[1]  reason                "pickup_timeout", "cancelled", "call_timeout", ...
@@ -25,7 +25,7 @@ Invariants:
 - a withdrawn request is never handed out: its id leaves its level, and take would skip it
   anyway; the levels' sizes are then the queue depth, but for ids of senders that died without
   withdrawing, which stay until a take skips them (past their pickup deadline)
-- removing the id is O(log n) wherever it sits in the queue
+- removing the id is O(1) wherever it sits in the queue (marked removed; _queue.lua)
 - the tombstone keeps the reason (for other waiters and status) and has a TTL
 ]]
 -- include: _body

@@ -21,10 +21,10 @@ from prq import (
     RequestState,
     Response,
 )
-from prq.bulk import BulkClient
+from prq.bulk import BatchRefused, BulkClient
 from prq.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
 from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
-from tests.queued import level_ids, queue_depth, queued_ids
+from tests.queued import level_ids, queue_depth, queued_ids, silent_take
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -219,14 +219,14 @@ def test_priority_and_producer_are_validated_before_anything_is_sent() -> None:
         Request(endpoint="poll://v", method="m", producer="p" * (MAX_PRODUCER_LENGTH + 1))
 
 
-async def test_a_level_that_never_empties_forgets_producers_it_served(
+async def test_a_level_that_never_empties_keeps_no_trace_of_producers_it_served(
     make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
 ) -> None:
     # Given a level that always holds a steady producer's backlog
     receiver = make_queue()
     endpoint = "poll://many-producers"
+    keys = bulk.keys.endpoint(endpoint)
     assert bulk.enqueue_many(batch(endpoint, "steady", 1000)).accepted == 1000
-    clock = bulk.keys.endpoint(endpoint).level(0) + ":vt"
 
     # When 400 short-lived producers (as nodes restarted with their default producer) each
     # queue one request, and the receiver keeps up with them
@@ -234,9 +234,121 @@ async def test_a_level_that_never_empties_forgets_producers_it_served(
         assert bulk.enqueue_many(batch(endpoint, f"node-{n}", 1)).accepted == 1
         await take(receiver, endpoint, 2)
 
-    # Then the level's clock remembers a bounded number of producers, not all 401
-    assert redis_client.exists(bulk.keys.endpoint(endpoint).level(0))
-    fields: list[bytes] = redis_client.hkeys(clock)  # type: ignore[assignment]
-    producers = [f for f in fields if f.startswith(b"p")]
-    assert b"psteady" in producers
-    assert len(producers) <= 80, len(producers)
+    # Then the level's clock holds its fixed fields only, whatever the producers it served
+    fields: list[bytes] = redis_client.hkeys(keys.level(0))  # type: ignore[assignment]
+    assert set(fields) <= {b"g", b"n", b"s", b"t", b"x"}, fields
+    # ... its lanes are the producers with something queued, and the others left no key
+    lanes: list[bytes] = redis_client.zrange(keys.level_lanes(0), 0, -1)  # type: ignore[assignment]
+    assert lanes == [b"psteady"]
+    assert not redis_client.exists(*(keys.producer_lane(0, f"node-{n}") for n in range(400)))
+    assert queue_depth(redis_client, keys) == 600
+
+
+async def test_an_id_removed_from_the_middle_of_a_long_list_is_skipped_and_depth_stays_exact(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given one producer's 1,000 queued requests, and a second producer's 10
+    endpoint = "poll://removed-middle"
+    keys = bulk.keys.endpoint(endpoint)
+    assert bulk.enqueue_many(batch(endpoint, "long", 1000)).accepted == 1000
+    assert bulk.enqueue_many(batch(endpoint, "short", 10)).accepted == 10
+    canceller = make_queue()
+
+    # When three from the middle of the long list and one of the short are cancelled
+    gone = ["long-0:10", "long-0:500", "long-0:501", "short-0:3"]
+    for request_id in gone:
+        assert await canceller.cancel(request_id) is True
+
+    # Then the depth is exact at once, though the ids still sit in their lists
+    assert queue_depth(redis_client, keys) == 1006
+    assert redis_client.llen(keys.producer_lane(0, "long")) == 1000
+    # ... and max_pending sees that depth: room for exactly one more
+    await canceller.set_limits(endpoint, max_pending=1007)
+    with pytest.raises(BatchRefused) as refused:
+        bulk.enqueue_many(batch(endpoint, "late", 2))
+    assert refused.value.partial.accepted == 1 and refused.value.refused == {endpoint: 1}
+    assert queue_depth(redis_client, keys) == 1007
+
+    # When everything is taken
+    taken: list[str] = []
+    for _ in range(200):
+        got = silent_take(redis_client, bulk.keys.prefix, endpoint)
+        if not got:
+            break
+        taken += [item.request_id for item in got]
+
+    # Then every live request was handed out once, in each producer's order, and no removed one
+    assert len(taken) == len(set(taken)) == 1007
+    assert not set(gone) & set(taken)
+    assert [i for i in taken if i.startswith("long")] == [
+        f"long-0:{i}" for i in range(1000) if f"long-0:{i}" not in gone
+    ]
+    # ... and the level left nothing behind
+    assert queue_depth(redis_client, keys) == 0
+    assert not redis_client.exists(keys.levels)
+    assert not redis_client.keys(f"{keys.level_prefix}*")
+
+
+async def test_ten_thousand_producers_at_one_level_take_turns(
+    bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given 10,000 producers with two requests each at one level, and a latecomer with one
+    endpoint = "poll://crowd"
+    keys = bulk.keys.endpoint(endpoint)
+    crowd = [r for n in range(10_000) for r in batch(endpoint, f"c{n}", 2)]
+    assert bulk.enqueue_many(crowd).accepted == 20_000
+    assert queue_depth(redis_client, keys) == 20_000
+
+    # When 5,000 are taken, then a latecomer queues one request, and the rest are taken
+    def take_ids(n: int) -> list[str]:
+        ids: list[str] = []
+        while len(ids) < n:
+            got = silent_take(redis_client, bulk.keys.prefix, endpoint)
+            assert got, f"nothing to take after {len(ids)}"
+            ids += [item.request_id for item in got]
+        return ids
+
+    first = take_ids(5_000)
+    assert bulk.enqueue_many(batch(endpoint, "late", 1)).accepted == 1
+    rest = take_ids(15_001)
+    taken = first + rest
+
+    # Then each round holds every producer once (equal turns in the lanes set's order)
+    producers = [i.split("-")[0] for i in taken if not i.startswith("late")]
+    everyone = {f"c{n}" for n in range(10_000)}
+    assert len(set(producers[:10_000])) == 10_000 and set(producers[:10_000]) == everyone
+    assert producers[10_000:] == producers[:10_000]
+    assert all(i.endswith(":0") for i in taken[:5_000])
+    # ... and the latecomer waited behind the rest of the round and at most one more request
+    # per producer with work (its virtual time equals their next ones': ties go by name)
+    assert taken.index("late-0:0") <= 5_000 + 5_000 + 10_000
+    assert queue_depth(redis_client, keys) == 0
+
+
+async def test_a_request_given_back_goes_to_the_front_of_its_level(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given two producers' at_least_once requests at one level
+    endpoint = "poll://front-lane"
+    keys = bulk.keys.endpoint(endpoint)
+    requests = [
+        r.model_copy(update={"delivery": "at_least_once"})
+        for r in batch(endpoint, "a", 3) + batch(endpoint, "b", 3)
+    ]
+    assert bulk.enqueue_many(requests).accepted == 6
+
+    # When a receiver takes two (one of each producer) and shuts down holding them
+    holder = make_queue()
+    held = [r.id for r in await take(holder, endpoint, 2)]
+    assert sorted(held) == ["a-0:0", "b-0:0"]
+    await holder.aclose()
+
+    # Then they are queued again ahead of everything else of their level, in the order given
+    # back, and taken first
+    order = level_ids(redis_client, keys, 0)
+    assert sorted(order[:2]) == ["a-0:0", "b-0:0"]
+    assert order[2:] == ["a-0:1", "b-0:1", "a-0:2", "b-0:2"]
+    assert redis_client.llen(keys.front_lane(0)) == 2
+    receiver = make_queue()
+    assert [r.id for r in await take(receiver, endpoint, 6)] == order
+    assert not redis_client.keys(f"{keys.level_prefix}*")

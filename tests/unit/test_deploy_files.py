@@ -295,7 +295,10 @@ def test_the_app_user_is_granted_exactly_the_commands_prq_sends() -> None:
 
 
 def test_the_admin_user_is_granted_exactly_the_reads_of_the_inspector() -> None:
-    sent = commands_of(ROOT / "prq" / "admin.py", ROOT / "prq" / "health.py")
+    # prq.levels: the Inspector lists levels and queued ids through its flows
+    sent = commands_of(
+        ROOT / "prq" / "admin.py", ROOT / "prq" / "health.py", ROOT / "prq" / "levels.py"
+    )
     allowed = granted(acl_users()["prq-admin"])
     missing = {command: files for command, files in sent.items() if command not in allowed}
     assert not missing, f"the Inspector sends commands users.acl refuses to prq-admin: {missing}"

@@ -76,13 +76,31 @@ def test_invalid_prefixes_are_rejected(prefix: str) -> None:
         KeySchema(prefix)
 
 
-@given(printable, st.integers(-(2**31), 2**31 - 1), st.integers(-(2**31), 2**31 - 1))
-def test_priority_levels_have_keys_of_their_own(endpoint: str, p: int, q: int) -> None:
+@given(
+    printable,
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**31), 2**31 - 1),
+    st.text(max_size=20),
+    st.text(max_size=20),
+)
+def test_priority_levels_and_their_lanes_have_keys_of_their_own(
+    endpoint: str, p: int, q: int, producer: str, other: str
+) -> None:
     keys = KeySchema("prq").endpoint(endpoint)
-    others = {keys.levels, keys.sequence, keys.parked, keys.parks, keys.running, keys.limits,
-              keys.receivers, *keys.dead, keys.request("1"), keys.take_receipt("t")}  # fmt: skip
-    level, clock = keys.level(p), keys.level(p) + ":vt"  # the clock hash is the level's + ":vt"
-    assert level.startswith(keys.level_prefix) and level.startswith(keys.tag)
-    assert not {level, clock} & others
+    others = {keys.levels, keys.old_levels, keys.sequence, keys.parked, keys.parks,
+              keys.running, keys.limits, keys.receivers, *keys.dead, keys.request("1"),
+              keys.take_receipt("t")}  # fmt: skip
+
+    def level_keys(priority: int, name: str) -> set[str]:
+        return {keys.level(priority), keys.level_lanes(priority), keys.front_lane(priority),
+                keys.level_removed(priority), keys.producer_lane(priority, name)}  # fmt: skip
+
+    mine = level_keys(p, producer)
+    assert len(mine) == 5  # no producer's lane is the level's clock, lanes, front or removed set
+    for key in mine:  # the endpoint's hash tag comes first, whatever text the producer holds
+        assert key.startswith(keys.level_prefix) and key.startswith(keys.tag)
+    assert not mine & others
     if p != q:
-        assert keys.level(q) not in (level, clock)
+        assert not mine & level_keys(q, other)
+    if producer != other:
+        assert keys.producer_lane(p, producer) != keys.producer_lane(p, other)
