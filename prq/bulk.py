@@ -7,7 +7,8 @@ a known id is never enqueued twice, whoever tries (see enqueue_many.lua), so a r
 speculative batch with deterministic ids enqueues nothing twice.
 
 `BulkClient` is blocking and light: one owned Redis connection (the retry policy, error
-translation and script loading of the queue's own I/O), no background thread, no pub/sub. It
+translation and script loading of the queue's own I/O), no background thread (a call of several
+round trips has a helper thread wait on each while it encodes the next), no pub/sub. It
 sends up to `batch_size` requests per round trip (one script call per endpoint and batch, and
 the endpoints' registry entry, through which `status`/`cancel` by id find a request from any
 node; each id's locator too with `QueueSettings.request_locators`) and checks every reply:
@@ -24,12 +25,19 @@ Example:
 
 from __future__ import annotations
 
+import re
+import secrets
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import itemgetter
 from typing import TYPE_CHECKING, Self
+
+from pydantic import JsonValue, TypeAdapter
+from pydantic_core import to_json
 
 from prq import bodies
 from prq._types import Call
@@ -38,11 +46,13 @@ from prq.errors import PrqError, QueueFull, SerializationError
 from prq.flows import registry_calls
 from prq.keys import KeySchema
 from prq.models import (
+    DELIVERY_MODES,
+    REQUEST_ID_PATTERN,
     Delivery,
     Request,
     Response,
     check_body_size,
-    decode_request,
+    decode_stored_request,
     validate_endpoint,
 )
 from prq.outcomes import open_response, resolve, response_of
@@ -74,6 +84,32 @@ BULK_PRODUCER = "bulk"
 #: Where a batch's requests queue: (endpoint, priority, producer, max attempts: 0 for
 #: at_most_once); one script call each.
 Lane = tuple[str, int, str, int]
+#: Encoded requests by lane, and the requests refused before any write: one round trip's worth.
+Encoded = tuple[dict[Lane, list[tuple[str, str | bytes]]], list["Rejected"]]
+#: What the requests of a batch with the same endpoint, method, service, priority, producer and
+#: delivery share: their JSON around the params, the id and the headers, and their lane's list.
+Shape = tuple[bytes, bytes, bytes, list[tuple[str, str | bytes]]]
+#: An id that needs no JSON escaping, as a validated Request's (fullmatch: no trailing newline
+#: slips through `$`); and ids of only such characters, checked a batch at a time.
+_PLAIN_ID = re.compile(REQUEST_ID_PATTERN).fullmatch
+_PLAIN_ID_CHARS = re.compile(r"[A-Za-z0-9_.:\-]*").fullmatch
+#: The fields that make a request's shape (see BulkClient._shape), read from its __dict__.
+_shape_key = itemgetter("endpoint", "method", "service", "priority", "producer", "delivery")
+#: Request.params' JSON, by the serializer of its type (NaN and infinities as null, as the
+#: models write them; pydantic_core.to_json alone would write NaN).
+_params_json = TypeAdapter(JsonValue).serializer.to_json
+
+
+def new_batch_nonce() -> str:
+    """A fresh batch nonce (stored in every record the batch writes, as field `bn`): 11
+    URL-safe characters, 64 random bits.
+
+    A nonce only has to differ from those of the other batches that send the same id while its
+    record lives; two such batches drawing the same one (a chance of 2**-64 per pair) would
+    only count the second's copy as accepted instead of duplicate (nothing is enqueued twice:
+    the record exists). A uuid4's 32 hex characters cost 21 more bytes per queued request.
+    """
+    return secrets.token_urlsafe(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +216,9 @@ class BulkClient:
         `nonce` names the sender of these requests across retries (e.g. a Spark task: its run
         and partition, the same for every attempt): ids that an earlier call with the same
         nonce enqueued count as accepted again, not as duplicates, so the counts of the attempt
-        that succeeds are exact. Default: a fresh nonce per round trip.
+        that succeeds are exact. Default: a fresh nonce per round trip (`new_batch_nonce`).
+        Round trips go one at a time, in order; the next batch is encoded while one is in
+        flight.
 
         Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
         memory) or ConfigurationError; what was sent before stays enqueued, and sending the
@@ -189,10 +227,45 @@ class BulkClient:
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+        locators = self.settings.request_locators
         total = BulkResult()
-        for batch in _chunks(iter(requests), batch_size):
-            total.add(self._enqueue_batch(batch, pickup, nonce or uuid.uuid4().hex))
-        return total
+        batches = _chunks(iter(requests), batch_size)
+        batch = next(batches, None)
+        if batch is None:
+            return total
+        encoded = self._encode_batch(batch)
+        try:
+            batch = next(batches, None)
+        except Exception:  # what the requests raise comes after the batches read before it
+            self._sent(encoded, pickup, nonce or new_batch_nonce(), locators)
+            raise
+        if batch is None:  # one round trip: nothing to overlap with
+            total.add(self._sent(encoded, pickup, nonce or new_batch_nonce(), locators))
+            return total
+        # Several round trips: the next batch is read and encoded while the previous one is in
+        # flight (its thread waits on Redis), and sent only once that one has succeeded: one
+        # round trip at a time, in order, each with its own nonce, and the first error stops
+        # the call, as without the overlap. The requests are read at most a batch ahead.
+        with ThreadPoolExecutor(1, thread_name_prefix="prq-bulk-send") as sender:
+            while True:
+                in_flight: Future[BulkResult] = sender.submit(
+                    self._sent, encoded, pickup, nonce or new_batch_nonce(), locators
+                )
+                if batch is None:
+                    total.add(in_flight.result())
+                    return total
+                try:
+                    encoded = self._encode_batch(batch)
+                except Exception:
+                    in_flight.result()  # its error first, as if nothing had been read after it
+                    raise
+                try:
+                    batch = next(batches, None)
+                except Exception:  # as above: the batches read before it are sent first
+                    in_flight.result()
+                    self._sent(encoded, pickup, nonce or new_batch_nonce(), locators)
+                    raise
+                total.add(in_flight.result())
 
     def enqueue_encoded(
         self,
@@ -211,13 +284,13 @@ class BulkClient:
         same).
 
         For encoders that write request JSON faster than `Request` models can (prq.spark).
-        Each body must be the JSON of a `Request` with that id and endpoint, within
-        max_body_bytes: the caller checks; a receiver answers anything else as a
-        SerializationError. `locators=True` writes an id → endpoint locator per request (None:
-        as `QueueSettings.request_locators` says, off by default), so lookups by id alone
-        (`Queue.status`, `Queue.cancel`, the admin service) read it instead of asking the
-        registered endpoints; it costs a key per request. At most MAX_BATCH_SIZE items;
-        otherwise as `enqueue_many`.
+        Each body must be a stored request (`prq.models.StoredRequest`, or the whole JSON of a
+        `Request` with that id and endpoint), within max_body_bytes: the caller checks; a
+        receiver answers anything else as a SerializationError. `locators=True` writes an id →
+        endpoint locator per request (None: as `QueueSettings.request_locators` says, off by
+        default), so lookups by id alone (`Queue.status`, `Queue.cancel`, the admin service)
+        read it instead of asking the registered endpoints; it costs a key per request. At
+        most MAX_BATCH_SIZE items; otherwise as `enqueue_many`.
         """
         if not items:
             return BulkResult()
@@ -228,18 +301,50 @@ class BulkClient:
         lane = (endpoint, priority, producer, self._attempts(delivery))
         if locators is None:
             locators = self.settings.request_locators
-        return self._send({lane: items}, pickup, nonce or uuid.uuid4().hex, locators)
+        return self._send({lane: items}, pickup, nonce or new_batch_nonce(), locators)
 
     def _attempts(self, delivery: Delivery) -> int:
         """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
         return self.settings.max_attempts if delivery == "at_least_once" else 0
 
-    def _enqueue_batch(
-        self, batch: Sequence[Request], pickup_timeout_s: float, nonce: str
-    ) -> BulkResult:
+    def _encode_batch(self, batch: Sequence[Request], *, check_ids: bool = False) -> Encoded:
+        """The batch's stored bodies by lane, and the requests refused before any write.
+
+        Each body is the bytes of `model_dump_json()` of the request with its producer filled
+        in, built from JSON pieces shared by the requests of a shape (see `_shape`) and one
+        serializer call for its params (and one for its headers when it has any): no model
+        copy, no validation again. A request the pieces do not spell (a Request subclass, one
+        with streams, one whose id needs escaping: built without validation) goes through
+        `_encode`. Ids are checked all at once; when one fails, the batch is encoded again
+        with each id checked.
+        """
         rejected: list[Rejected] = []
         by_lane: dict[Lane, list[tuple[str, str | bytes]]] = {}
+        shapes: dict[tuple[object, ...], Shape | None] = {}
+        limit = self.settings.max_body_bytes
+        join = b"".join
+        ids: list[str] = []
         for request in batch:
+            if type(request) is Request:
+                fields = request.__dict__  # what the attributes read, without their lookup
+                rid = fields["id"]
+                if not fields["streams"] and (not check_ids or _PLAIN_ID(rid)):
+                    key = _shape_key(fields)
+                    try:
+                        shape = shapes[key]
+                    except KeyError:
+                        shape = shapes[key] = self._shape(request, by_lane)
+                    if shape is not None:
+                        head, middle, tail, items = shape
+                        headers = fields["headers"]
+                        body = join((
+                            head, _params_json(fields["params"]), middle, rid.encode(), tail,
+                            to_json(headers) if headers else b"{}", b"}",
+                        ))  # fmt: skip
+                        if len(body) <= limit:
+                            items.append((rid, body))
+                            ids.append(rid)
+                            continue
             try:
                 encoded = self._encode(request)
             except PrqError as exc:
@@ -248,7 +353,47 @@ class BulkClient:
             attempts = self._attempts(request.delivery)
             lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER, attempts)
             by_lane.setdefault(lane, []).append(encoded)
-        result = self._send(by_lane, pickup_timeout_s, nonce, self.settings.request_locators)
+        if not check_ids and not _PLAIN_ID_CHARS("".join(ids)):
+            return self._encode_batch(batch, check_ids=True)
+        return {lane: items for lane, items in by_lane.items() if items}, rejected
+
+    def _shape(
+        self, request: Request, by_lane: dict[Lane, list[tuple[str, str | bytes]]]
+    ) -> Shape | None:
+        """The JSON pieces and the lane's list of the requests with the endpoint, method,
+        service, priority, producer and delivery of `request`, or None when they are not what
+        a validated Request holds. Request's fields, in its JSON's order: endpoint, method,
+        params, service, id, priority, producer, delivery, headers (streams are left out when
+        empty); the pieces are what comes before the params, between them and the id, and
+        between the id and the headers."""
+        endpoint, method, service = request.endpoint, request.method, request.service
+        priority, producer, delivery = request.priority, request.producer, request.delivery
+        if not (
+            type(endpoint) is str and type(method) is str and type(service) is str
+            and type(priority) is int and (producer is None or type(producer) is str)
+            and delivery in DELIVERY_MODES
+        ):  # fmt: skip
+            return None
+        try:
+            validate_endpoint(endpoint)
+        except PrqError:
+            return None  # _encode raises it, for each request
+        lane = (endpoint, priority, producer or BULK_PRODUCER, self._attempts(delivery))
+        head = b'{"endpoint":%b,"method":%b,"params":' % (to_json(endpoint), to_json(method))
+        middle = b',"service":%b,"id":"' % to_json(service)
+        tail = b'","priority":%b,"producer":%b,"delivery":%b,"headers":' % (
+            to_json(priority),
+            to_json(BULK_PRODUCER if producer is None else producer),
+            to_json(delivery),
+        )
+        return head, middle, tail, by_lane.setdefault(lane, [])
+
+    def _sent(
+        self, encoded: Encoded, pickup_timeout_s: float, nonce: str, locators: bool
+    ) -> BulkResult:
+        """One batch's round trip, with its refused requests added to the result."""
+        by_lane, rejected = encoded
+        result = self._send(by_lane, pickup_timeout_s, nonce, locators)
         result.rejected += rejected
         return result
 
@@ -270,7 +415,7 @@ class BulkClient:
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
         calls: list[Call] = []
         for (endpoint, priority, producer, attempts), items in by_lane.items():
-            items = self._spilled(items, pickup_timeout_s)
+            items = self._spilled(endpoint, items, pickup_timeout_s)
             if self.signer is not None:
                 valid_ms = int(settings.signature_ttl_s(pickup_timeout_s, max(1, attempts)) * 1000)
                 items = self._signed(endpoint, items, now_ms + valid_ms)
@@ -311,11 +456,11 @@ class BulkClient:
         return result
 
     def _spilled(
-        self, items: Sequence[tuple[str, str | bytes]], pickup_timeout_s: float
+        self, endpoint: str, items: Sequence[tuple[str, str | bytes]], pickup_timeout_s: float
     ) -> Sequence[tuple[str, str | bytes]]:
-        """`items`, with the bodies over inline_limit_bytes written to the DataStreamStore and
-        a marker in their place (none without a store; prq.bodies). A body that is not a
-        request's JSON goes as it is (its receiver dead-letters it)."""
+        """`items` for `endpoint`, with the bodies over inline_limit_bytes written to the
+        DataStreamStore and a marker in their place (none without a store; prq.bodies). A body
+        that is not a stored request goes as it is (its receiver dead-letters it)."""
         if self.streams.store is None:
             return items
         spilled: list[tuple[str, str | bytes]] = []
@@ -323,7 +468,7 @@ class BulkClient:
             data = body.encode() if isinstance(body, str) else body
             if self.streams.spills(data):
                 try:
-                    request = decode_request(data)
+                    request = decode_stored_request(data, endpoint, request_id)
                 except SerializationError:
                     pass
                 else:
