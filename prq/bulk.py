@@ -53,6 +53,7 @@ from prq.models import (
     Response,
     check_body_size,
     decode_stored_request,
+    encode_stored_request,
     validate_endpoint,
 )
 from prq.outcomes import open_response, resolve, response_of
@@ -88,7 +89,7 @@ Lane = tuple[str, int, str, int]
 Encoded = tuple[dict[Lane, list[tuple[str, str | bytes]]], list["Rejected"]]
 #: What the requests of a batch with the same endpoint, method, service, priority, producer and
 #: delivery share: their JSON around the params, the id and the headers, and their lane's list.
-Shape = tuple[bytes, bytes, bytes, list[tuple[str, str | bytes]]]
+Shape = tuple[bytes, bytes, list[tuple[str, str | bytes]]]
 #: An id that needs no JSON escaping, as a validated Request's (fullmatch: no trailing newline
 #: slips through `$`); and ids of only such characters, checked a batch at a time.
 _PLAIN_ID = re.compile(REQUEST_ID_PATTERN).fullmatch
@@ -310,9 +311,9 @@ class BulkClient:
     def _encode_batch(self, batch: Sequence[Request], *, check_ids: bool = False) -> Encoded:
         """The batch's stored bodies by lane, and the requests refused before any write.
 
-        Each body is the bytes of `model_dump_json()` of the request with its producer filled
-        in, built from JSON pieces shared by the requests of a shape (see `_shape`) and one
-        serializer call for its params (and one for its headers when it has any): no model
+        Each body is the bytes of `encode_stored_request` of the request with its producer
+        filled in, built from JSON pieces shared by the requests of a shape (see `_shape`) and
+        one serializer call for its params (and one for its headers when it has any): no model
         copy, no validation again. A request the pieces do not spell (a Request subclass, one
         with streams, one whose id needs escaping: built without validation) goes through
         `_encode`. Ids are checked all at once; when one fails, the batch is encoded again
@@ -335,11 +336,11 @@ class BulkClient:
                     except KeyError:
                         shape = shapes[key] = self._shape(request, by_lane)
                     if shape is not None:
-                        head, middle, tail, items = shape
-                        headers = fields["headers"]
+                        head, tail, items = shape
+                        params, headers = fields["params"], fields["headers"]
                         body = join((
-                            head, _params_json(fields["params"]), middle, rid.encode(), tail,
-                            to_json(headers) if headers else b"{}", b"}",
+                            head, b"" if params is None else b',"p":' + _params_json(params),
+                            tail, b',"h":' + to_json(headers) if headers else b"", b"}",
                         ))  # fmt: skip
                         if len(body) <= limit:
                             items.append((rid, body))
@@ -362,10 +363,11 @@ class BulkClient:
     ) -> Shape | None:
         """The JSON pieces and the lane's list of the requests with the endpoint, method,
         service, priority, producer and delivery of `request`, or None when they are not what
-        a validated Request holds. Request's fields, in its JSON's order: endpoint, method,
-        params, service, id, priority, producer, delivery, headers (streams are left out when
-        empty); the pieces are what comes before the params, between them and the id, and
-        between the id and the headers."""
+        a validated Request holds. The stored form's fields, in its JSON's order
+        (models.StoredRequest): m (method), p (params, left out when None), then s (service),
+        q (priority), r (producer), d (delivery), each left out at its default, and h
+        (headers, left out when empty); the pieces are what comes before the params and what
+        comes between them and the headers."""
         endpoint, method, service = request.endpoint, request.method, request.service
         priority, producer, delivery = request.priority, request.producer, request.delivery
         if not (
@@ -379,14 +381,14 @@ class BulkClient:
         except PrqError:
             return None  # _encode raises it, for each request
         lane = (endpoint, priority, producer or BULK_PRODUCER, self._attempts(delivery))
-        head = b'{"endpoint":%b,"method":%b,"params":' % (to_json(endpoint), to_json(method))
-        middle = b',"service":%b,"id":"' % to_json(service)
-        tail = b'","priority":%b,"producer":%b,"delivery":%b,"headers":' % (
-            to_json(priority),
-            to_json(BULK_PRODUCER if producer is None else producer),
-            to_json(delivery),
-        )
-        return head, middle, tail, by_lane.setdefault(lane, [])
+        head = b'{"m":%b' % to_json(method)
+        tail = b"".join((
+            b',"s":%b' % to_json(service) if service else b"",
+            b',"q":%d' % priority if priority else b"",
+            b',"r":%b' % to_json(BULK_PRODUCER if producer is None else producer),
+            b',"d":%b' % to_json(delivery) if delivery != "at_most_once" else b"",
+        ))  # fmt: skip
+        return head, tail, by_lane.setdefault(lane, [])
 
     def _sent(
         self, encoded: Encoded, pickup_timeout_s: float, nonce: str, locators: bool
@@ -496,7 +498,7 @@ class BulkClient:
             )
         if request.producer is None:
             request = request.model_copy(update={"producer": BULK_PRODUCER})
-        body = request.model_dump_json().encode()
+        body = encode_stored_request(request)
         check_body_size(body, self.settings.max_body_bytes, "request", request.id)
         return request.id, body
 

@@ -140,7 +140,10 @@ def _encode_batch(
     for i, name in enumerate(names):
         parts += [("," if i else "") + json.dumps(name) + ":", _json_text(batch.column(name))]
     parts.append("}" + _tail(cfg))
-    bodies = pc.binary_join_element_wise(*parts, "")
+    if not names:  # no params column: every body is the same (and the join needs a column)
+        bodies = pa.array(["".join(parts)] * batch.num_rows, pa.string())
+    else:
+        bodies = pc.binary_join_element_wise(*parts, "")
     fits = pc.less_equal(pc.binary_length(bodies), pa.scalar(max_body_bytes, pa.int64()))
     return ids, bodies, pc.and_(valid, fits)
 

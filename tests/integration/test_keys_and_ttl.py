@@ -19,6 +19,8 @@ from prq import (
     RequestState,
 )
 from prq.bulk import BulkClient
+from prq.keys import encode_endpoint
+from prq.models import encode_stored_request
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until, request_keys, scan_keys
 from tests.stored_bodies import body_field_names, read_body
@@ -107,15 +109,16 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
     # Given requests queued by every way of sending, with nobody serving the endpoint
     endpoint = "poll://one-record"
     sender = make_queue(request_locators=locators, pickup_timeout_s=30)
-    called = Request(endpoint=endpoint, method="call")
+    payload = {"data": "x" * 90}  # (a body over 64 bytes: it is kept in pieces)
+    called = Request(endpoint=endpoint, method="call", params=payload)
     call = asyncio.create_task(sender.queue_and_wait(called))
     await wait_for_state(sender, called.id, RequestState.QUEUED)
-    sent = Request(endpoint=endpoint, method="send")
+    sent = Request(endpoint=endpoint, method="send", params=payload)
     handle = await sender.send(sent, on_response=lambda _r: None, on_failure=lambda _e: None)
-    notified = await sender.notify(endpoint, "notify")
+    notified = await sender.notify(endpoint, "notify", payload)
     settings = QueueSettings(request_locators=locators)
     with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
-        bulked = Request(endpoint=endpoint, method="bulk", id="bulk-1")
+        bulked = Request(endpoint=endpoint, method="bulk", params=payload, id="bulk-1")
         assert bulk.enqueue_many([bulked]).accepted == 1
     ids = [called.id, sent.id, notified, bulked.id]
 
@@ -133,8 +136,11 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
         fields = set(redis_client.hkeys(record))
         fields -= body_field_names(fields)
         assert fields <= QUEUED_FIELDS, (request_id, fields - QUEUED_FIELDS)
-        # ...in Redis's compact encoding (a body over 64 bytes is kept in pieces: prq.records)
-        assert len(read_body(redis_client, record) or b"") > 64
+        # ...in Redis's compact encoding (a body over 64 bytes is kept in pieces: prq.records),
+        # its body saying nothing the key says (the id, the endpoint)
+        body = read_body(redis_client, record) or b""
+        assert len(body) > 64 and request_id.encode() not in body, body
+        assert encode_endpoint(endpoint).encode() not in body and endpoint.encode() not in body
         assert redis_client.object("encoding", record) == b"listpack", request_id
     # And any other node finds each by id alone
     other = make_queue()
@@ -149,7 +155,7 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
 
 def body_bytes(request: Request) -> int:
     """Size of a request's stored body, encoded as prq encodes it."""
-    return len(request.model_dump_json().encode())
+    return len(encode_stored_request(request))
 
 
 def request_of_size(endpoint: str, producer: str, size: int) -> Request:

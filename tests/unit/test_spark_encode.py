@@ -153,3 +153,11 @@ def test_the_delivery_mode_travels_in_every_body(delivery: str) -> None:
 def test_an_unknown_delivery_mode_is_refused_when_the_job_is_configured() -> None:
     with pytest.raises(ValueError, match="delivery must be one of at_most_once, at_least_once"):
         config(delivery="exactly_once")
+
+
+def test_a_job_without_params_columns_sends_requests_without_params() -> None:
+    cfg = config(params_columns=())
+    batch = pa.RecordBatch.from_pydict({"key": [1, 2], "ignored": ["a", "b"]})
+    rows = [Row(key=3, ignored="c")]
+    chunks = [*arrow_chunks(cfg, [batch], LIMIT), *row_chunks(cfg, rows, LIMIT)]
+    assert decoded(chunks) == dict.fromkeys([f"job-1:{k}" for k in (1, 2, 3)], {})
