@@ -9,6 +9,7 @@ import redis
 
 from prq import Request, Response
 from prq.bulk import BulkClient
+from prq.models import encode_stored_request
 from prq.records import BODY_PIECE_BYTES, CHUNKED_MAX_BYTES, body_fields
 from tests.queue_facades import QueueFactory
 from tests.stored_bodies import body_field_names, read_body
@@ -25,9 +26,9 @@ SIZES += [CHUNKED_MAX_BYTES + 1, 3 * CHUNKED_MAX_BYTES]
 def request_of_size(index: int, size: int) -> tuple[Request, bytes]:
     """A request whose stored JSON is exactly `size` bytes, or the shortest one there is."""
     request = Request(endpoint=ENDPOINT, method="m", id=f"r{index}", producer="p", params="")
-    base = len(request.model_dump_json().encode())
+    base = len(encode_stored_request(request))
     request = request.model_copy(update={"params": "x" * max(0, size - base)})
-    return request, request.model_dump_json().encode()
+    return request, encode_stored_request(request)
 
 
 async def test_bodies_of_every_size_are_stored_in_pieces_and_handed_out_whole(
