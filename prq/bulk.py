@@ -42,8 +42,8 @@ from pydantic_core import to_json
 from prq import bodies
 from prq._types import Call
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError, QueueFull, SerializationError
-from prq.flows import registry_calls
+from prq.errors import ConfigurationError, PrqError, QueueFull, SerializationError
+from prq.flows import old_layout_message, registry_calls
 from prq.keys import KeySchema
 from prq.models import (
     DELIVERY_MODES,
@@ -174,6 +174,8 @@ class BulkClient:
         self.settings = settings or QueueSettings()
         self.keys = KeySchema(prefix)
         self._io = SyncRedisIO(redis_settings, self.settings)
+        #: Endpoints checked for the previous layout's lanes (flows.layout_flow), once each.
+        self._layout_checked: set[str] = set()
         #: Signs the requests and checks the responses (None: no signing key; prq.signing).
         self.signer = Signer.from_settings(self.settings)
         #: Keeps bodies over inline_limit_bytes beside Redis, and reads them back (prq.bodies).
@@ -411,6 +413,7 @@ class BulkClient:
         result = BulkResult()
         if not by_lane:
             return result
+        self._check_layouts([lane[0] for lane in by_lane])
         settings = self.settings
         now_ms = int(time.time() * 1000)
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
@@ -456,6 +459,21 @@ class BulkClient:
         if refused:
             raise BatchRefused(result, refused)
         return result
+
+    def _check_layouts(self, endpoints: Sequence[str]) -> None:
+        """Refuse endpoints that still hold the previous layout's lanes, before anything is
+        written (ConfigurationError; one EXISTS each, the first time an endpoint is used)."""
+        new = [e for e in dict.fromkeys(endpoints) if e not in self._layout_checked]
+        if not new:
+            return
+        olds = [self.keys.endpoint(e).old_levels for e in new]
+        found = self._io.execute([Call(("EXISTS", old)) for old in olds])
+        for endpoint, old, exists in zip(new, olds, found, strict=True):
+            if exists:
+                raise ConfigurationError(
+                    old_layout_message(endpoint, old, self.keys.endpoint(endpoint).tag)
+                )
+            self._layout_checked.add(endpoint)
 
     def _spilled(
         self, endpoint: str, items: Sequence[tuple[str, str | bytes]], pickup_timeout_s: float

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from prq import ConfigurationError, Request
+from prq.bulk import BulkClient
 from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory
 from tests.queued import queue_depth
@@ -90,3 +91,27 @@ async def test_an_endpoint_without_the_previous_layout_is_not_affected_by_its_ne
     assert taken is not None and taken.request.method == "m"
     call.cancel()
     await asyncio.gather(call, return_exceptions=True)
+
+
+def test_bulk_senders_refuse_an_endpoint_holding_the_previous_layout(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an endpoint holding a request queued by the previous layout, and one without
+    endpoint, clean = "poll://old-layout-bulk", "poll://new-layout-bulk"
+    levels, _ = write_old_layout(redis_client, key_prefix, endpoint)
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    with BulkClient.from_url(redis_url, prefix=key_prefix) as bulk:
+        # When a batch for it is enqueued in bulk (alone, or beside the clean endpoint)
+        for batch in (
+            [Request(endpoint=endpoint, method="m", id="bulk-1")],
+            [Request(endpoint=clean, method="m", id="c-1"), Request(endpoint=endpoint, method="m")],
+        ):
+            # Then it is refused with what to do, before anything of the batch is written
+            with pytest.raises(ConfigurationError, match="previous prq version") as raised:
+                bulk.enqueue_many(batch)
+            assert levels in str(raised.value)
+        assert not redis_client.exists(keys.request("bulk-1"))
+        assert not redis_client.exists(KeySchema(key_prefix).endpoint(clean).request("c-1"))
+        # And once the old lanes are gone, the same client enqueues there
+        redis_client.delete(levels, f"{keys.tag}:q:0", f"{keys.tag}:q:0:vt")
+        assert bulk.enqueue_many([Request(endpoint=endpoint, method="m", id="bulk-1")]).accepted
