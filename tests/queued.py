@@ -42,9 +42,11 @@ def queue_depth(client: redis.Redis, keys: EndpointKeys) -> int:
 def _level_order(client: redis.Redis, keys: EndpointKeys, priority: str) -> list[bytes]:
     """A level's ids in take order, read in full, removed ones left out."""
     removed = set(_send(client, "SMEMBERS", keys.level_removed(priority)))
-    lanes = client.zrange(keys.level_lanes(priority), 0, -1, withscores=True)
+    lanes: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
+        keys.level_lanes(priority), 0, -1, withscores=True
+    )
     entries: list[tuple[int, float, bytes, bytes]] = []
-    for member, score in lanes:  # type: ignore[union-attr]
+    for member, score in lanes:
         ids = _send(client, "LRANGE", keys.level_lane(priority, member.decode()), 0, -1)
         for i, request_id in enumerate(ids):
             if member == b"f":

@@ -97,7 +97,11 @@ redis.call('PEXPIRE', KEYS[3], ARGV[7])
 local now = server_ms()
 -- what the hash holds in every state (the state's own fields are added to it)
 local fields = body_fields({'snd', ARGV[3], 'ct', ARGV[4], 'pd', now + tonumber(ARGV[16]),
-  'pri', ARGV[13], 'sq', counter}, ARGV[2])
+  'sq', counter}, ARGV[2])
+if ARGV[13] ~= '0' then  -- absent reads as priority 0 everywhere
+  fields[#fields + 1] = 'pri'
+  fields[#fields + 1] = ARGV[13]
+end
 if tonumber(ARGV[15]) > 0 then
   for _, v in ipairs({'ma', ARGV[15], 'pw', ARGV[16], 'pro', ARGV[14]}) do
     fields[#fields + 1] = v

@@ -51,12 +51,21 @@ local dups, refused = {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
-local extra = {}
-if tonumber(ARGV[9]) > 0 then extra = {'ma', ARGV[9], 'pw', ARGV[3], 'pro', ARGV[8]} end
-if ARGV[10] == '1' then
-  extra[#extra + 1] = 'ow'
-  extra[#extra + 1] = '1'
+-- one array for every record's fields: what the batch shares, then 'sq' and the body
+local fields = {'st', 'queued', 'ct', now, 'pd', deadline, 'bn', nonce}
+if ARGV[7] ~= '0' then  -- absent reads as priority 0 everywhere
+  fields[#fields + 1] = 'pri'
+  fields[#fields + 1] = ARGV[7]
 end
+if tonumber(ARGV[9]) > 0 then
+  for _, v in ipairs({'ma', ARGV[9], 'pw', ARGV[3], 'pro', ARGV[8]}) do fields[#fields + 1] = v end
+end
+if ARGV[10] == '1' then
+  fields[#fields + 1] = 'ow'
+  fields[#fields + 1] = '1'
+end
+fields[#fields + 1] = 'sq'
+local at_sq = #fields + 1
 for i = 11, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
@@ -73,9 +82,8 @@ for i = 11, #ARGV, 2 do
   elseif not st then
     if room then room = room - 1 end
     sequence = sequence + 1
-    local fields = {'st', 'queued', 'ct', now, 'pd', deadline, 'bn', nonce, 'pri', ARGV[7],
-      'sq', sequence, unpack(extra)}
-    redis.call('HSET', key, unpack(body_fields(fields, ARGV[i + 1])))
+    fields[at_sq] = sequence
+    redis.call('HSET', key, unpack(fields, 1, body_fields_at(fields, at_sq, ARGV[i + 1])))
     redis.call('PEXPIRE', key, ttl)
     fresh[#fresh + 1] = id
     accepted = accepted + 1

@@ -53,8 +53,13 @@ if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
-redis.call('HSET', KEYS[4], unpack(body_fields({'st', 'queued', 'ct', ARGV[2],
-  'pd', server_ms() + tonumber(ARGV[3]), 'pri', priority, 'sq', sequence}, body)))
+local fields = {'st', 'queued', 'ct', ARGV[2], 'pd', server_ms() + tonumber(ARGV[3]),
+  'sq', sequence}
+if tonumber(priority) ~= 0 then  -- absent reads as priority 0 everywhere
+  fields[#fields + 1] = 'pri'
+  fields[#fields + 1] = priority
+end
+redis.call('HSET', KEYS[4], unpack(body_fields(fields, body)))
 if attempts then
   redis.call('HSET', KEYS[4], 'ma', attempts, 'pw', ARGV[3],
     'pro', producer)

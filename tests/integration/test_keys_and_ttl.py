@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import JsonValue
 
 from prq import (
     CancelledBeforePickup,
@@ -109,7 +110,7 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
     # Given requests queued by every way of sending, with nobody serving the endpoint
     endpoint = "poll://one-record"
     sender = make_queue(request_locators=locators, pickup_timeout_s=30)
-    payload = {"data": "x" * 90}  # (a body over 64 bytes: it is kept in pieces)
+    payload: JsonValue = {"data": "x" * 90}  # (a body over 64 bytes: it is kept in pieces)
     called = Request(endpoint=endpoint, method="call", params=payload)
     call = asyncio.create_task(sender.queue_and_wait(called))
     await wait_for_state(sender, called.id, RequestState.QUEUED)
@@ -133,7 +134,7 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
         assert all(redis_client.pttl(key) > 0 for key in own)
         # ...holding only what the queued state needs (what pickup adds is written then)
         record = keys.endpoint(endpoint).request(request_id)
-        fields = set(redis_client.hkeys(record))
+        fields: set[bytes] = set(redis_client.hkeys(record))  # type: ignore[arg-type]
         fields -= body_field_names(fields)
         assert fields <= QUEUED_FIELDS, (request_id, fields - QUEUED_FIELDS)
         # ...in Redis's compact encoding (a body over 64 bytes is kept in pieces: prq.records),

@@ -82,11 +82,15 @@ def expected(
     return by_lane, rejected
 
 
+def _bytes(body: str | bytes) -> bytes:
+    return body.encode() if isinstance(body, str) else bytes(body)
+
+
 def assert_same(bulk: BulkClient, batch: list[Request]) -> None:
     by_lane, rejected = bulk._encode_batch(batch)
     want_lanes, want_rejected = expected(bulk, batch)
     assert {
-        lane: [(rid, bytes(body)) for rid, body in items] for lane, items in by_lane.items()
+        lane: [(rid, _bytes(body)) for rid, body in items] for lane, items in by_lane.items()
     } == want_lanes
     assert [(r.request_id, type(r.error)) for r in rejected] == want_rejected
 
@@ -160,7 +164,7 @@ def test_requests_the_fast_path_leaves_to_the_models(bulk: BulkClient) -> None:
     unstored = Request(endpoint="poll://e", method="m", streams={"s": DataStream.from_bytes(b"x")})
     bad_endpoint = Request.model_construct(endpoint="", method="m", id="no-endpoint")
     too_large = Request(endpoint="poll://e", method="m", params="x" * 3000)
-    batch = [Tagged(endpoint="poll://e", method="m"), no_params, too_large]
+    batch = [Tagged(endpoint="poll://e", method="m"), no_params, too_large]  # type: ignore[call-arg]
     assert_same(bulk, batch)
     by_lane, rejected = bulk._encode_batch([unstored, bad_endpoint, too_large])
     assert not by_lane
@@ -184,7 +188,7 @@ def test_an_id_that_needs_escaping_among_plain_ones(bulk: BulkClient) -> None:
     assert_same(bulk, batch)
     by_lane, _ = bulk._encode_batch(batch)
     for items in by_lane.values():
-        for rid, body in items:
+        for _, body in items:
             assert json.loads(body)["m"] == "m"  # valid JSON (the id is the key's, not in it)
 
 
@@ -268,5 +272,5 @@ def test_large_encoded_bodies_of_either_form_go_beside_redis(tmp_path: Path) -> 
         spilled = client._spilled("poll://e", items, 60.0)
     finally:
         client.close()
-    assert [bodies.is_spilled(bytes(body)) for _, body in spilled] == [True, True, False, False]
+    assert [bodies.is_spilled(_bytes(body)) for _, body in spilled] == [True, True, False, False]
     assert [body for _, body in spilled[2:]] == [garbage, b'{"m":"m"}']

@@ -160,4 +160,4 @@ def test_a_job_without_params_columns_sends_requests_without_params() -> None:
     batch = pa.RecordBatch.from_pydict({"key": [1, 2], "ignored": ["a", "b"]})
     rows = [Row(key=3, ignored="c")]
     chunks = [*arrow_chunks(cfg, [batch], LIMIT), *row_chunks(cfg, rows, LIMIT)]
-    assert decoded(chunks) == dict.fromkeys([f"job-1:{k}" for k in (1, 2, 3)], {})
+    assert decoded(chunks) == {f"job-1:{k}": {} for k in (1, 2, 3)}
