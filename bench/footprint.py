@@ -4,6 +4,9 @@ entry, in one run, on one Redis, with no receiver running.
 Variants, each on a fresh key space (the requests stay queued while they are measured):
 
   list     RPUSH of the payload onto one list, 1,000 per call (the floor)
+  keyed    SET <prefix>:kv:<id> <payload> PX <ttl> NX, 1,000 per pipelined call: one key with a
+           TTL per request, written once per id (the floor of any layout that keeps each
+           request under its own key with its own TTL, as prq does)
   bulk     BulkClient.enqueue_many with Request objects, 1,000 per call (dedup by id, as always)
   notify   AsyncQueue.notify, one at a time, each awaited (a one-way message)
   send     AsyncQueue.send, one at a time, each awaited (the layout of `call`: the request names
@@ -71,7 +74,7 @@ from prq.bulk import BulkClient
 from prq.embedded import redis_url_or_embedded
 from prq.errors import PrqError
 from prq.keys import KeySchema
-from prq.models import Response
+from prq.models import Response, new_request_id
 
 #: Requests per call of the bulk variants (BulkClient's default batch, and the RPUSH baseline's).
 BATCH = 1000
@@ -95,6 +98,7 @@ TARGET_RATE = 150_000
 
 #: The variants, as the tables name them (see the module docstring).
 LIST = "list, RPUSH 1,000/call"
+KEYED = "key per request, SET PX NX 1,000/call"
 BULK = "prq bulk, 1,000/call"
 NOTIFY = "prq notify, one by one"
 SEND = "prq send, one by one"
@@ -277,6 +281,32 @@ class Bench:
         self.finish(m, before, cpu)
         return m
 
+    def run_keyed(self, size: int, n: int) -> Measured:
+        m = Measured(KEYED, size, n)
+        self.clear()
+        writer = redis.Redis.from_url(self.url)
+        ttl_ms = int(SETTINGS.request_ttl_s(SETTINGS.pickup_timeout_s) * 1000)
+        try:
+            writer.ping()
+            before = self.settled()
+            cpu = self.redis_cpu_s()
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            for start in range(0, n, BATCH):
+                rows = [
+                    (f"{self.prefix}:kv:{new_request_id()}", payload(i, size))
+                    for i in range(start, min(n, start + BATCH))
+                ]
+                with m.clock.running():
+                    pipe = writer.pipeline(transaction=False)
+                    for key, row in rows:
+                        pipe.set(key, row, px=ttl_ms, nx=True)
+                    pipe.execute()
+                _check(deadline)
+        finally:
+            writer.close()
+        self.finish(m, before, cpu)
+        return m
+
     def run_bulk(self, size: int, n: int) -> Measured:
         m = Measured(BULK, size, n)
         self.clear()
@@ -417,11 +447,11 @@ def _ratio(m: Measured, base: Measured | None, metric: Callable[[Measured], floa
 
 def rows(results: Sequence[Measured]) -> list[tuple[str, ...]]:
     """One row per variant run; ratios to the list of the same payload and count (CPU and rate
-    only for bulk, whose baseline also sends 1,000 per call)."""
+    only for bulk and keyed, which also send 1,000 per call)."""
     out: list[tuple[str, ...]] = []
     for m in results:
         base = _baseline(results, m) if m.variant != LIST else None
-        bulk_base = base if m.variant == BULK else None
+        bulk_base = base if m.variant in (BULK, KEYED) else None
         out.append(
             (
                 m.variant,
@@ -559,7 +589,7 @@ def plan(sizes: Sequence[int], kib_sizes: Sequence[int], one_by_one: int) -> lis
     steps: list[Step] = []
     for size, counts in ((100, sizes), (1024, kib_sizes)):
         for n in counts:
-            steps += [(LIST, size, n), (BULK, size, n)]
+            steps += [(LIST, size, n), (KEYED, size, n), (BULK, size, n)]
     if one_by_one:
         if (LIST, 100, one_by_one) not in steps:
             steps.append((LIST, 100, one_by_one))
@@ -601,6 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"running {variant}, {size:,} B, {n:,} ...", file=sys.stderr, flush=True)
                 if variant == LIST:
                     results.append(bench.run_list(size, n))
+                elif variant == KEYED:
+                    results.append(bench.run_keyed(size, n))
                 elif variant == BULK:
                     results.append(bench.run_bulk(size, n))
                 else:

@@ -42,13 +42,20 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
     # Then the list and prq rows are there, and a request costs at least its payload
     table = {
         (variant, row[1], row[2]): row
-        for variant in (footprint.LIST, footprint.BULK, footprint.NOTIFY, footprint.SEND)
+        for variant in (
+            footprint.LIST,
+            footprint.KEYED,
+            footprint.BULK,
+            footprint.NOTIFY,
+            footprint.SEND,
+        )
         for row in _rows(out, variant)
         if len(row) == len(footprint.HEADERS)
     }
     expected = [
-        (footprint.LIST, "100 B", "300"), (footprint.BULK, "100 B", "300"),
-        (footprint.LIST, "1,024 B", "200"), (footprint.BULK, "1,024 B", "200"),
+        (footprint.LIST, "100 B", "300"), (footprint.KEYED, "100 B", "300"),
+        (footprint.BULK, "100 B", "300"), (footprint.LIST, "1,024 B", "200"),
+        (footprint.KEYED, "1,024 B", "200"), (footprint.BULK, "1,024 B", "200"),
         (footprint.LIST, "100 B", "50"), (footprint.NOTIFY, "100 B", "50"),
         (footprint.SEND, "100 B", "50"),
     ]  # fmt: skip
@@ -62,7 +69,7 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
     assert re.search(r"bulk, 100 B, 300 queued: .* B per request .* (PASS|MISS);", out)
     # And the breakdown of each prq run adds up to its bytes per request
     for variant, payload, queued in expected:
-        if variant == footprint.LIST:
+        if variant in (footprint.LIST, footprint.KEYED):  # (baselines: no breakdown)
             continue
         parts = [
             row
