@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
+from prq import Queue, RedisSettings, RequestState
 from prq.admin import EndpointInfo, Inspector
 from prq.bodies import MARKER
 from prq.embedded import EmbeddedRedis
@@ -189,6 +190,12 @@ def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
     assert (decoded.delivery, stored.get(b"ma")) == ("at_least_once", b"5")
     plain_stored = redis_client.hgetall(keys.request(f"{plain.namespace}:k7"))
     plain_request = stored_request(redis_client, keys, endpoint, f"{plain.namespace}:k7")
+    # And a node that did not send them finds a job's request by id alone, and cancels it
+    with Queue(RedisSettings(url=redis_url), prefix=key_prefix) as other:
+        found = other.status(f"{urgent.namespace}:k7")
+        assert (found.state, found.endpoint) == (RequestState.QUEUED, endpoint)
+        assert other.cancel(f"{plain.namespace}:k3")
+        assert other.status(f"{plain.namespace}:k3").state == RequestState.WITHDRAWN
     assert plain_request.delivery == "at_most_once"
     assert plain_stored.get(b"ma") in (None, b"0")
     # And a bad priority or producer is refused when the job is configured
