@@ -16,9 +16,6 @@ local CHUNK = 64
 local CHUNKED_MAX = 4096
 local MAX_PIECES = CHUNKED_MAX / CHUNK
 
-local PIECE_NAMES = {}
-for i = 1, MAX_PIECES - 1 do PIECE_NAMES[i] = 'b' .. i end
-
 -- write the field/value pairs that store `body` into the array `out` after its first `n`
 -- entries (what is beyond is left as it was: a caller may reuse one array); the new length
 local function body_fields_at(out, n, body)
@@ -32,7 +29,7 @@ local function body_fields_at(out, n, body)
   n = n + 2
   local pieces = math.ceil(size / CHUNK)
   for i = 1, pieces - 1 do
-    out[n + 1] = PIECE_NAMES[i]
+    out[n + 1] = 'b' .. i
     out[n + 2] = string.sub(body, i * CHUNK + 1, (i + 1) * CHUNK)
     n = n + 2
   end
@@ -52,7 +49,9 @@ local function body_rest(key, first, pieces)
   pieces = tonumber(pieces)
   if not first or not pieces or pieces < 2 then return first end
   if pieces > MAX_PIECES then return nil end  -- not a count prq writes
-  local parts = redis.call('HMGET', key, unpack(PIECE_NAMES, 1, pieces - 1))
+  local names = {}
+  for i = 1, pieces - 1 do names[i] = 'b' .. i end
+  local parts = redis.call('HMGET', key, unpack(names))
   for i = 1, #parts do
     if not parts[i] then return nil end  -- a record cut short: no body to hand out
   end
