@@ -306,10 +306,13 @@ def call_flow(
     on_counter: Callable[[int | None], None] | None = None,
     on_redelivered: Callable[[str], None] | None = None,
     register: bool = False,
+    layout: Flow[None] | None = None,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring).
 
     `register`: add the endpoint to the registry with the enqueue (the node's first use of it).
+    `layout`: a check that runs before anything is written (the node's layout check, which
+    raises ConfigurationError for an endpoint holding the previous layout).
     `on_counter` is called once the enqueue step answered, with the endpoint's enqueue counter
     (for the data-loss watch), or None when the id was known already;
     `on_redelivered` gets the request's new state when this call's poll handed it out again
@@ -324,8 +327,8 @@ def call_flow(
         last_contact=started,
     )
     seen = signal.generation
-    if register:
-        yield from layout_flow(ctx, request.endpoint)
+    if layout is not None:
+        yield from layout
     try:
         return (
             yield from _await_outcome(

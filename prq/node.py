@@ -593,8 +593,8 @@ class QueueBase:
             attempts, one_way=True,
         )  # fmt: skip
         beside = locator_calls(self.keys, settings, request.id, request.endpoint, pickup_s)
+        yield from self._check_layout_flow(request.endpoint)
         if self._first_use(request.endpoint):
-            yield from layout_flow(self.ctx, request.endpoint)
             beside += registry_calls(self.keys, settings, [request.endpoint], now_ms)
         replies = yield Exec((call, *beside))
         assert isinstance(replies, list)

@@ -285,6 +285,7 @@ class Queue(QueueBase):
                     partial(self._enqueued, request.endpoint, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
                     register=self._first_use(request.endpoint),
+                    layout=self._check_layout_flow(request.endpoint),
                 )
                 response = self._run(flow, self._watch.epoch)
         except BaseException as exc:
