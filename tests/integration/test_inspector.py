@@ -68,7 +68,9 @@ async def test_a_request_is_followed_from_queued_to_answered(
     receiver = make_queue(data_loss_check_interval_s=CHECK_S)
     endpoint = 'poll://inspect/<b>&"x"'
     first, second = (Request(endpoint=endpoint, method="m", params=i) for i in range(2))
-    calls = [asyncio.create_task(sender.queue_and_wait(r)) for r in (first, second)]
+    calls = [asyncio.create_task(sender.queue_and_wait(first))]
+    await wait_for_state(sender, first.id, RequestState.QUEUED)  # (two tasks have no order)
+    calls.append(asyncio.create_task(sender.queue_and_wait(second)))
     await wait_for_state(sender, second.id, RequestState.QUEUED)
 
     # Then the view lists the endpoint (reported by the sender) with both queued, oldest first
