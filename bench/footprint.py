@@ -366,7 +366,7 @@ class Bench:
         """The keys the variant wrote, by kind, with their MEMORY USAGE; then the rest."""
         endpoint = self.keys.endpoint(ENDPOINT)
         kinds: list[tuple[str, Callable[[str], bool]]] = [
-            ("request hash", lambda key: key.startswith(endpoint.request_prefix)),
+            ("request record", lambda key: key.startswith(endpoint.request_prefix)),
             ("locator", lambda key: key.startswith(f"{self.prefix}:loc:")),
             (
                 "producer lane (list)",

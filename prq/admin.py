@@ -48,7 +48,16 @@ from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
 from prq.models import decode_stored_request, validate_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
-from prq.records import body_size_bound, first_fields, join_body, rest_fields
+from prq.records import (
+    QUEUED_HEAD_BYTES,
+    body_size_bound,
+    first_fields,
+    join_body,
+    queued_body_size,
+    queued_head,
+    queued_values,
+    rest_fields,
+)
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
 from prq.signing import unwrap
 
@@ -73,7 +82,9 @@ SHOWN_LEVELS = 32
 #: Most queued requests one page may list.
 MAX_PAGE = 500
 #: The only commands a flow driven by the Inspector may send (see `_read_flows`).
-_FLOW_READS = frozenset({"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "HSTRLEN", "GET", "LRANGE"})
+_FLOW_READS = frozenset(
+    {"ZRANGE", "ZCARD", "ZCOUNT", "HMGET", "HSTRLEN", "GET", "GETRANGE", "LRANGE"}
+)
 
 
 class PriorityDepth(BaseModel):
@@ -280,9 +291,20 @@ class Inspector:
         head = [request_id for level in levels[:SHOWN_LEVELS] for request_id in level.head]
         created_ms = []
         if head:
-            states = yield Exec(tuple(Call(("HMGET", keys.request(i), "st", "ct")) for i in head))
-            assert isinstance(states, list)
-            for st, created in states:
+            # each record read both ways in one round trip: the call of the other form answers
+            # WRONGTYPE (a request queued by BulkClient is a string until picked up: prq.records)
+            calls = [
+                call
+                for i in head
+                for call in (
+                    Call(("HMGET", keys.request(i), "st", "ct")),
+                    Call(("GETRANGE", keys.request(i), 0, QUEUED_HEAD_BYTES - 1)),
+                )
+            ]
+            replies = yield Exec(tuple(calls))
+            assert isinstance(replies, list)
+            for hashed, strung in zip(replies[::2], replies[1::2], strict=True):
+                st, created = _either_form(hashed, strung, ("st", "ct"))
                 if _text(st) == "queued" and _text(created).isdigit():
                     created_ms.append(int(_text(created)))
         oldest = min(created_ms, default=None)
@@ -328,23 +350,38 @@ class Inspector:
         ctx = Context(self.keys, self.settings, node_id="inspector")
         ((total, ids),) = await self._read_flows([queued_ids_flow(ctx, endpoint, offset, limit)])
         with _reading():
+            # each record read both ways in one round trip: the calls of the other form answer
+            # WRONGTYPE (a request queued by BulkClient is a string until picked up:
+            # prq.records); a string's head is read, not its body
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
             for request_id in ids:
-                pipe.hmget(keys.request(request_id), ["st", "ct", "bk"])
-                pipe.hstrlen(keys.request(request_id), "b")
-            now_reply, *replies = await pipe.execute()
+                key = keys.request(request_id)
+                pipe.hmget(key, ["st", "ct", "bk"])
+                pipe.hstrlen(key, "b")
+                pipe.strlen(key)
+                pipe.getrange(key, 0, QUEUED_HEAD_BYTES - 1)
+            now_reply, *replies = await pipe.execute(raise_on_error=False)
+        if isinstance(now_reply, Exception):
+            raise now_reply
         now_ms = _server_ms(now_reply)
-        states, sizes = replies[::2], replies[1::2]
-        queued = [
-            (request_id, created, body_size_bound(size, count))
-            for request_id, (st, created, count), size in zip(ids, states, sizes, strict=True)
-            if _text(st) == "queued"
-        ]
+        queued, strung = [], set()
+        for n, request_id in enumerate(ids):
+            hashed, piece_size, length, head = replies[4 * n : 4 * n + 4]
+            if isinstance(hashed, list):
+                st, created, count = hashed
+                if _text(st) == "queued":
+                    queued.append((request_id, created, body_size_bound(piece_size, count)))
+            elif isinstance(length, int) and isinstance(head, bytes):
+                fields = queued_head(head) or {}
+                queued.append((request_id, fields.get("ct"), queued_body_size(head, length)))
+                strung.add(request_id)
+            else:
+                _raise_unless_wrongtype(hashed, length, head)
         wanted = bodies_to_read([size for _, _, size in queued])
-        bodies = await self._bodies(
-            keys, [request_id for (request_id, _, _), ok in zip(queued, wanted, strict=True) if ok]
-        )
+        read = [request_id for (request_id, _, _), ok in zip(queued, wanted, strict=True) if ok]
+        bodies = await self._bodies(keys, [i for i in read if i not in strung])
+        bodies |= await self._string_bodies(keys, [i for i in read if i in strung])
         items = []
         for request_id, created, size in queued:
             if request_id not in bodies:
@@ -373,6 +410,18 @@ class Inspector:
                     pipe.hmget(keys.request(request_id), names)
                 rests = dict(zip(pieced, await pipe.execute(), strict=True))
         return {i: join_body(first, rests.get(i, [])) for i, (first, _) in firsts.items()}
+
+    async def _string_bodies(self, keys: EndpointKeys, ids: list[str]) -> dict[str, bytes | None]:
+        """The bodies of these records in the queued form (None: picked up or gone since they
+        were listed: MGET answers nil for a hash), one round trip."""
+        if not ids:
+            return {}
+        with _reading():
+            raws = await self.client.mget([keys.request(i) for i in ids])
+        return {
+            i: queued_values(raw, ["b"])[0] if isinstance(raw, bytes) else None
+            for i, raw in zip(ids, raws, strict=True)
+        }
 
     async def dead_letters(
         self, endpoint: str, offset: int = 0, limit: int = 100
@@ -413,7 +462,8 @@ class Inspector:
                     for effect in asked.values():
                         for call in effect.calls:
                             pipe.execute_command(*call.args)
-                    flat = await pipe.execute()
+                    flat = await pipe.execute(raise_on_error=False)
+                _raise_unless_wrongtype(*flat)
                 at = 0
                 for i, effect in asked.items():
                     replies[i] = flat[at : at + len(effect.calls)]
@@ -516,6 +566,26 @@ def _pairs(reply: Any) -> list[tuple[Any, Any]]:
     if items and isinstance(items[0], (list, tuple)):
         return [(member, score) for member, score in items]
     return list(zip(items[::2], items[1::2], strict=False))
+
+
+def _either_form(hashed: Any, strung: Any, names: Sequence[str]) -> list[Any]:
+    """The fields `names` of a record read both ways (HMGET of them, and GETRANGE of its head):
+    the hash's, or the queued-form string's (prq.records), or all None for no record."""
+    if isinstance(hashed, list):
+        return hashed
+    if isinstance(strung, bytes):
+        fields = queued_head(strung) or {"st": b"queued"}  # damaged: still queued
+        return [fields.get(name) for name in names]
+    _raise_unless_wrongtype(hashed, strung)
+    return [None] * len(names)
+
+
+def _raise_unless_wrongtype(*replies: Any) -> None:
+    """Raise the first error among these replies, except WRONGTYPE: a record read both ways
+    answers it for the form it is not in."""
+    for reply in replies:
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
 
 
 def _server_ms(reply: Any) -> int:

@@ -41,6 +41,7 @@ from prq.models import (
     validate_endpoint,
 )
 from prq.outcomes import open_response, resolve, response_of
+from prq.records import QUEUED_HEAD_BYTES, queued_head
 from prq.scripts import (
     HANDED,
     Redelivery,
@@ -633,8 +634,28 @@ def _registered(reply: Reply) -> list[str]:
     return names
 
 
+#: How many times status() reads a record that changes its form meanwhile.
+STATUS_READS = 3
 #: Fields status() reads from a request hash, in order.
 _STATUS_FIELDS = ("st", "why", "att", "ct", "tk", "dn")
+
+
+def _record_fields_flow(key: str, names: Sequence[str]) -> Flow[Reply]:
+    """HMGET of `names` for a record in either form: a request queued by BulkClient is a
+    string until its pickup (prq.records), whose head is read, not its body. Should a script
+    turn it into a hash between the two reads, it is read again (at most STATUS_READS times)."""
+    for _ in range(STATUS_READS):
+        kind = _first((yield _exec(Call(("TYPE", key)))))
+        if kind not in (b"string", "string"):
+            return _first((yield _exec(Call(("HMGET", key, *names)))))
+        try:
+            head = _first((yield _exec(Call(("GETRANGE", key, 0, QUEUED_HEAD_BYTES - 1)))))
+        except PrqError:  # WRONGTYPE: a hash now
+            continue
+        if isinstance(head, bytes):
+            fields = queued_head(head) or {"st": b"queued"}  # damaged: still queued
+            return [fields.get(name) for name in names]
+    raise SerializationError(f"record {key} kept changing its form while it was read")
 
 
 def status_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[RequestStatus]:
@@ -644,8 +665,7 @@ def status_flow(ctx: Context, request_id: str, endpoint: str | None) -> Flow[Req
         if endpoint is None:
             return RequestStatus(id=request_id, state=RequestState.UNKNOWN)
     key = ctx.keys.endpoint(endpoint).request(request_id)
-    replies = yield _exec(Call(("HMGET", key, *_STATUS_FIELDS)))
-    values = _first(replies)
+    values = yield from _record_fields_flow(key, _STATUS_FIELDS)
     if not isinstance(values, list) or len(values) != len(_STATUS_FIELDS):
         raise SerializationError(f"unexpected HMGET reply from Redis: {values!r:.200}")
     st, why, att, ct, tk, dn = (v.decode() if isinstance(v, bytes) else None for v in values)

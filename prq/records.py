@@ -6,20 +6,33 @@ ones, and `bk` their number. Any other body is in `b` alone, without `bk`. Piece
 value of a small record within Redis's hash-max-listpack-value (64 bytes by default), so the
 record stays in one compact listpack block instead of a table of separately allocated fields.
 Pure: no I/O here; readers ask for `first_fields()`, then `rest_fields()` when `bk` says so.
+
+A request queued by `BulkClient` is kept in the *queued form* until something changes it: one
+string rather than a hash (scripts/_body.lua has the layout: `Q1`, creation time, pickup deadline
+and sequence number, then named fields, the body last). A reader asks Redis for the key's TYPE,
+then reads a hash with HMGET and a string with MGET (which answers nil, not an error, should a
+script have turned it into a hash meanwhile), and gets the same fields from `queued_values`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
     "BODY_PIECE_BYTES",
     "CHUNKED_MAX_BYTES",
     "MAX_PIECES",
+    "QUEUED_HEAD_BYTES",
+    "QUEUED_TAG",
     "body_fields",
     "body_size_bound",
     "first_fields",
     "join_body",
+    "queued_body_size",
+    "queued_fields",
+    "queued_head",
+    "queued_values",
     "rest_fields",
 ]
 
@@ -72,3 +85,72 @@ def body_fields(body: bytes) -> dict[str, bytes]:
     fields = {"b": parts[0]} | {f"b{i}": part for i, part in enumerate(parts[1:], 1)}
     fields["bk"] = str(len(parts)).encode()
     return fields
+
+
+#: How a record in the queued form starts (scripts/_body.lua: QUEUED_TAG).
+QUEUED_TAG = b"Q1"
+#: Most named fields a queued-form record holds (scripts/_body.lua: QUEUED_MAX_FIELDS).
+QUEUED_MAX_FIELDS = 16
+#: A queued-form record's first bytes hold its fields before the body (its creation time,
+#: pickup deadline and sequence number first): reading this many of them (GETRANGE) gets
+#: those, without the body, unless its named fields are unusually long.
+QUEUED_HEAD_BYTES = 256
+_QUEUED_HEAD = re.compile(rb"Q1(\d+),(\d+),(\d+),")
+_QUEUED_FIELD = re.compile(rb"([a-z]+)(\d*):")
+
+
+def _parse_queued(raw: bytes) -> tuple[dict[str, bytes], int] | None:
+    """The fields of a queued-form record before its body, and where its body starts; None
+    when `raw` is not in that form (or is cut short before its body starts)."""
+    head = _QUEUED_HEAD.match(raw)
+    if head is None:
+        return None
+    fields = {"st": b"queued", "ct": head[1], "pd": head[2], "sq": head[3]}
+    at = head.end()
+    for _ in range(QUEUED_MAX_FIELDS):
+        named = _QUEUED_FIELD.match(raw, at)
+        if named is None:
+            return None
+        name, digits, at = named[1].decode(), named[2], named.end()
+        if not digits:
+            return (fields, at) if name == "b" else None
+        stop = at + int(digits)
+        if stop > len(raw):
+            return None
+        fields[name] = raw[at:stop]
+        at = stop
+    return None
+
+
+def queued_fields(raw: bytes) -> dict[str, bytes] | None:
+    """The fields of a record in the queued form, by name (`st` is `queued`, the body whole in
+    `b`); None when `raw` is not in that form."""
+    parsed = _parse_queued(raw)
+    if parsed is None:
+        return None
+    fields, at = parsed
+    return fields | {"b": raw[at:]}
+
+
+def queued_body_size(head: bytes, length: int) -> int:
+    """The size of the body of a queued-form record of `length` bytes, from its first bytes
+    (`head`); `length` itself (an upper bound) when they do not reach the body."""
+    parsed = _parse_queued(head)
+    return length if parsed is None else length - parsed[1]
+
+
+def queued_head(head: bytes) -> dict[str, bytes] | None:
+    """The fixed fields (`st`, `ct`, `pd`, `sq`) of a record in the queued form from its first
+    bytes (QUEUED_HEAD_BYTES of them, or all); None when they are not in that form."""
+    fixed = _QUEUED_HEAD.match(head)
+    if fixed is None:
+        return None
+    return {"st": b"queued", "ct": fixed[1], "pd": fixed[2], "sq": fixed[3]}
+
+
+def queued_values(raw: bytes, names: Sequence[str]) -> list[bytes | None]:
+    """What HMGET of `names` would answer for a record kept as the string `raw`: a string not
+    in the queued form reads as a queued record whose body is that string (as the scripts read
+    it: whoever decodes the body finds it bad)."""
+    fields = queued_fields(raw) or {"st": b"queued", "b": raw}
+    return [fields.get(name) for name in names]

@@ -1,15 +1,34 @@
-"""Read and write a request record's body as prq stores it (prq.records: in pieces when small),
-for tests that look at, damage or replace what Redis holds."""
+"""Read and write a request record as prq stores it (prq.records: a hash with the body in pieces
+when small, or, for a request BulkClient queued and nobody picked up yet, one string in the
+queued form), for tests that look at, damage or replace what Redis holds."""
 
 from __future__ import annotations
 
 import redis
 
-from prq.records import body_fields, first_fields, join_body, rest_fields
+from prq.records import body_fields, first_fields, join_body, queued_fields, rest_fields
+
+
+def record_fields(client: redis.Redis, key: str) -> dict[bytes, bytes]:
+    """The record's fields as HGETALL answers them, whichever form it is in (empty: no record;
+    a string record's body is whole, in `b`)."""
+    if client.type(key) != b"string":
+        return client.hgetall(key)  # type: ignore[return-value]
+    raw: bytes = client.get(key)  # type: ignore[assignment]
+    fields = queued_fields(raw)
+    assert fields is not None, f"{key} holds a string that is not a queued record: {raw!r:.100}"
+    return {name.encode(): value for name, value in fields.items()}
+
+
+def record_field(client: redis.Redis, key: str, name: str) -> bytes | None:
+    """One field of the record, whichever form it is in."""
+    return record_fields(client, key).get(name.encode())
 
 
 def read_body(client: redis.Redis, key: str) -> bytes | None:
     """The body the record at `key` holds (None: none, or a piece is missing)."""
+    if client.type(key) == b"string":
+        return record_field(client, key, "b")
     first, count = client.hmget(key, first_fields())
     names = rest_fields(count)
     rest = client.hmget(key, names) if names else []
@@ -17,7 +36,15 @@ def read_body(client: redis.Redis, key: str) -> bytes | None:
 
 
 def write_body(client: redis.Redis, key: str, body: bytes) -> None:
-    """Replace the record's body with `body` (in pieces if prq would store it so)."""
+    """Replace the record's body with `body` (in pieces if prq would store it so; a string
+    record keeps its form, with the body replaced)."""
+    if client.type(key) == b"string":
+        raw: bytes = client.get(key)  # type: ignore[assignment]
+        fields = queued_fields(raw)
+        assert fields is not None, f"{key} holds a string that is not a queued record"
+        head = raw[: len(raw) - len(fields["b"])]  # the body runs to the end
+        client.set(key, head + body, keepttl=True)
+        return
     _, count = client.hmget(key, first_fields())
     pipe = client.pipeline(transaction=True)
     pipe.hdel(key, *first_fields(), *rest_fields(count))

@@ -74,3 +74,77 @@ local function drop_body(key, also)
   for _, name in ipairs(also) do names[#names + 1] = name end
   redis.call('HDEL', key, unpack(names))
 end
+
+--[[ The queued form. A request queued by enqueue_many is kept as one string rather than a hash
+until something changes it: `SET key value PX ttl NX` checks the id, writes the record and its
+TTL in one command, and a string costs Redis less memory and CPU than a hash. The value is
+  'Q1', its creation time 'ct', ',', its pickup deadline 'pd', ',', its sequence number 'sq',
+  ',' (decimal integers); then named fields: a name (lowercase letters), the value's length in
+  bytes, ':', the value; the last field, 'b' (the body), has no length and runs to the end.
+  For instance  Q11764000000000,1764000060000,7,bn11:kQ3xv9Zr_0ab:{"m":"echo"}
+It is a queued record ('st' is implied): record_get reads its fields as HMGET reads a hash's,
+and record_open turns it into the hash form (same key, same TTL, the body in pieces) before a
+script changes it (pickup, cancel, withdraw). prq/records.py reads the same form in Python.
+]]
+local QUEUED_TAG = 'Q1'
+local QUEUED_MAX_FIELDS = 16
+
+-- one named field of the queued form
+local function queued_field(name, value)
+  value = tostring(value)
+  return name .. #value .. ':' .. value
+end
+
+-- the fields of a queued-form string as a table (name -> value; 'st' = 'queued'); nil when the
+-- string is not in that form
+local function queued_fields(s)
+  local ct, pd, sq, pos = string.match(s, '^Q1(%d+),(%d+),(%d+),()')
+  if not ct then return nil end
+  local out = {st = 'queued', ct = ct, pd = pd, sq = sq}
+  for _ = 1, QUEUED_MAX_FIELDS do
+    local name, digits, at = string.match(s, '^(%l+)(%d*):()', pos)
+    if not name then return nil end
+    if digits == '' then
+      out[name] = string.sub(s, at)
+      return out
+    end
+    local stop = at + tonumber(digits) - 1
+    if stop > #s then return nil end
+    out[name] = string.sub(s, at, stop)
+    pos = stop + 1
+  end
+  return nil
+end
+
+-- like HMGET key names..., for a record in either form (a string not in the queued form reads
+-- as a queued record whose body is that string: whoever decodes the body finds it bad)
+local function record_get(key, names)
+  if redis.call('TYPE', key)['ok'] ~= 'string' then
+    return redis.call('HMGET', key, unpack(names))
+  end
+  local raw = redis.call('GET', key)
+  local fields = queued_fields(raw) or {st = 'queued', b = raw}
+  local out = {}
+  for i, name in ipairs(names) do out[i] = fields[name] or false end
+  return out
+end
+
+-- turn a record in the queued form into the hash form, keeping its TTL; nothing for a hash or
+-- no key
+local function record_open(key)
+  if redis.call('TYPE', key)['ok'] ~= 'string' then return end
+  local raw = redis.call('GET', key)
+  local ttl = redis.call('PTTL', key)
+  local fields = queued_fields(raw) or {st = 'queued', b = raw}
+  local body = fields.b or ''
+  fields.b = nil
+  local flat = {}
+  for name, value in pairs(fields) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = value
+  end
+  body_fields(flat, body)
+  redis.call('DEL', key)
+  redis.call('HSET', key, unpack(flat))
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end

@@ -108,7 +108,7 @@ local function reclaim_overdue(k, now, o)
   local n = 0
   for _, id in ipairs(redis.call('ZRANGE', k.handoffs, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)) do
     k.hash = k.request_prefix .. id
-    if redis.call('HGET', k.hash, 'st') == 'handed' then
+    if record_get(k.hash, {'st'})[1] == 'handed' then
       reclaim(k, id, now, o, true)
       n = n + 1
     else

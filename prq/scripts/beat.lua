@@ -32,6 +32,7 @@ Invariants:
   request (no "snd") has no sender to judge
 ]]
 -- include: _body
+record_open(KEYS[1])  -- the hash form, whatever writes follow
 local st, why, own, hs, tk, snd, pg = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own',
   'hs', 'tk', 'snd', 'pg'))
 if not st then return {'missing', '', ''} end

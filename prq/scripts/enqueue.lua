@@ -66,6 +66,7 @@ Invariants:
 -- include: _body
 -- include: _queue
 -- include: _handoff
+record_open(KEYS[1])  -- a queued request of enqueue_many: it gets a watcher below
 local state = redis.call('HGET', KEYS[1], 'st')
 if state == 'withdrawn' then
   -- it never ran and never will: a retry with the same id is a fresh request

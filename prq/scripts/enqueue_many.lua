@@ -36,7 +36,7 @@ Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
-- each hash is written with its TTL; the ids are queued in batch order, one producer's turns
+- each record is written with its TTL, in the queued form (_body.lua); the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
 - each new request's sequence number "sq" is the counter's value for it, in batch order
 - capacity: new requests are written only while fewer than max_pending ids are queued
@@ -51,43 +51,67 @@ local dups, refused = {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
--- one array for every record's fields: what the batch shares, then 'sq' and the body
-local fields = {'st', 'queued', 'ct', now, 'pd', deadline, 'bn', nonce}
-if ARGV[7] ~= '0' then  -- absent reads as priority 0 everywhere
-  fields[#fields + 1] = 'pri'
-  fields[#fields + 1] = ARGV[7]
-end
+-- every record of the batch is one string in the queued form (_body.lua): what the batch
+-- shares around its sequence number, then its body
+local head = QUEUED_TAG .. now .. ',' .. deadline .. ','
+local tail = {',', queued_field('bn', nonce)}
+if ARGV[7] ~= '0' then tail[#tail + 1] = queued_field('pri', ARGV[7]) end  -- absent reads as 0
 if tonumber(ARGV[9]) > 0 then
-  for _, v in ipairs({'ma', ARGV[9], 'pw', ARGV[3], 'pro', ARGV[8]}) do fields[#fields + 1] = v end
+  tail[#tail + 1] = queued_field('ma', ARGV[9])
+  tail[#tail + 1] = queued_field('pw', ARGV[3])
+  tail[#tail + 1] = queued_field('pro', ARGV[8])
 end
-if ARGV[10] == '1' then
-  fields[#fields + 1] = 'ow'
-  fields[#fields + 1] = '1'
+if ARGV[10] == '1' then tail[#tail + 1] = queued_field('ow', '1') end
+tail[#tail + 1] = 'b:'
+tail = table.concat(tail)
+
+-- write id's record as the next request, unless the id is known; true when written
+local function write(key, body)
+  if not redis.call('SET', key, head .. (sequence + 1) .. tail .. body, 'PX', ttl, 'NX') then
+    return false
+  end
+  sequence = sequence + 1
+  return true
 end
-fields[#fields + 1] = 'sq'
-local at_sq = #fields + 1
+
+-- an id the first write did not take (known, or no room): what it is, and 'fresh' when a
+-- withdrawn record of it was replaced
+local function settle(key, body)
+  local st, bn
+  if redis.call('EXISTS', key) == 1 then
+    st, bn = unpack(record_get(key, {'st', 'bn'}))
+    if st == 'withdrawn' then
+      redis.call('DEL', key)
+      if (not room or room > 0) and write(key, body) then return 'fresh' end
+      return 'refused'
+    end
+  end
+  if not st then return 'refused' end
+  if bn == nonce then return 'again' end
+  return 'known'
+end
+
+-- the common case (a new id, room left) is one SET; the rest is settled above
+local n = 0
 for i = 11, #ARGV, 2 do
   local id = ARGV[i]
   local key = prefix .. id
-  local st, bn
-  if redis.call('EXISTS', key) == 1 then  -- a new id (the common case) costs one cheap read
-    st, bn = unpack(redis.call('HMGET', key, 'st', 'bn'))
-    if st == 'withdrawn' then
-      redis.call('DEL', key)
-      st = nil
-    end
-  end
-  if not st and room and room <= 0 then
-    refused[#refused + 1] = id
-  elseif not st then
-    if room then room = room - 1 end
+  local verdict
+  if (not room or room > 0) and redis.call('SET', key, head .. (sequence + 1) .. tail ..
+      ARGV[i + 1], 'PX', ttl, 'NX') then
     sequence = sequence + 1
-    fields[at_sq] = sequence
-    redis.call('HSET', key, unpack(fields, 1, body_fields_at(fields, at_sq, ARGV[i + 1])))
-    redis.call('PEXPIRE', key, ttl)
-    fresh[#fresh + 1] = id
+    verdict = 'fresh'
+  else
+    verdict = settle(key, ARGV[i + 1])
+  end
+  if verdict == 'fresh' then
+    if room then room = room - 1 end
+    n = n + 1
+    fresh[n] = id
     accepted = accepted + 1
-  elseif bn == nonce then
+  elseif verdict == 'refused' then
+    refused[#refused + 1] = id
+  elseif verdict == 'again' then
     accepted = accepted + 1
   else
     duplicates = duplicates + 1

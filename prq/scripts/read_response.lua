@@ -48,8 +48,8 @@ Invariants:
 -- include: _dead
 -- include: _redeliver
 -- include: _handoff
-local st, rsp, why, hr, tk, rcv, pd, ma, ho = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp',
-  'why', 'hr', 'tk', 'rcv', 'pd', 'ma', 'ho'))
+local st, rsp, why, hr, tk, rcv, pd, ma, ho = unpack(record_get(KEYS[1], {'st', 'rsp', 'why',
+  'hr', 'tk', 'rcv', 'pd', 'ma', 'ho'}))
 if not st then return {'missing', '', '', '', 0} end
 local now = server_ms()
 local function left()

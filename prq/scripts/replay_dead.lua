@@ -48,7 +48,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 
-local st = redis.call('HGET', KEYS[4], 'st')
+local st = record_get(KEYS[4], {'st'})[1]
 if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])

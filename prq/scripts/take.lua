@@ -101,8 +101,8 @@ local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
     local key = KEYS[2] .. id
-    local st, own, body, att, ct, sq, ma, bk = unpack(redis.call('HMGET', key, 'st', 'own', 'b',
-      'att', 'ct', 'sq', 'ma', 'bk'))
+    local st, own, body, att, ct, sq, ma, bk = unpack(record_get(key, {'st', 'own', 'b', 'att',
+      'ct', 'sq', 'ma', 'bk'}))
     body = body_rest(key, body, bk)
     if (st == 'taken' or st == 'handed') and own == ARGV[1] and body then
       if st == 'handed' then  -- confirmed: picked up now
@@ -137,7 +137,7 @@ local o = {extra_ttl = ARGV[11], list_ttl = ARGV[9], dead_ttl = ARGV[12], dead_c
 for _, id in ipairs(redis.call('ZRANGE', KEYS[10], '-inf', now_server - timeout, 'BYSCORE',
     'LIMIT', 0, 16)) do
   k.hash = KEYS[2] .. id
-  local st, hr, tk = unpack(redis.call('HMGET', k.hash, 'st', 'hr', 'tk'))
+  local st, hr, tk = unpack(record_get(k.hash, {'st', 'hr', 'tk'}))
   local last = math.max(tonumber(hr) or 0, tonumber(tk) or 0)
   if st ~= 'taken' then
     redis.call('ZREM', KEYS[10], id)
@@ -165,11 +165,13 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
+  record_open(key)
   local st, deadline, body, att, ct, sq, ma, bk = unpack(redis.call('HMGET', key, 'st', 'pd',
     'b', 'att', 'ct', 'sq', 'ma', 'bk'))
   body = body_rest(key, body, bk)
   deadline = tonumber(deadline)
-  if st == 'queued' and body and deadline and deadline >= now_server then
+  -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)
+  if st == 'queued' and body and (not deadline or deadline >= now_server) then
     att = (tonumber(att) or 0) + 1
     redis.call('HSET', key, 'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server,
       'att', att)

@@ -31,6 +31,7 @@ Invariants:
   its attempt not counted, whatever its delivery mode
 - the token is not used again, and its receipt is deleted
 ]]
+-- include: _body
 -- include: _queue
 -- include: _handoff
 if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
@@ -44,7 +45,7 @@ local given = 0
 local now = nil
 for _, id in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   k.hash = KEYS[4] .. id
-  local st, own = unpack(redis.call('HMGET', k.hash, 'st', 'own'))
+  local st, own = unpack(record_get(k.hash, {'st', 'own'}))
   if own == ARGV[1] and (st == 'handed' or st == 'taken') then
     now = now or server_ms()
     if st == 'handed' then reclaim(k, id, now, o, false) else untake(k, id, now, o) end

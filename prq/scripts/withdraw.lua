@@ -30,6 +30,7 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
+record_open(KEYS[1])  -- the hash form, whatever writes follow
 local st, rsp, why, wn, pri = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn',
   'pri'))
 if not st then return {'missing', '', '', 0} end

@@ -76,7 +76,7 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
             for row in _rows(out, variant)
             if len(row) == len(footprint.PART_HEADERS) and row[1:3] == [payload, queued]
         ]
-        assert any(row[3] == "request hash" for row in parts), parts
+        assert any(row[3] == "request record" for row in parts), parts
         total = _number(table[(variant, payload, queued)][3])
         assert sum(_number(row[7]) for row in parts) == pytest.approx(total, abs=1.0)
 

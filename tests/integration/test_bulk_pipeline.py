@@ -13,6 +13,7 @@ from prq import QueueSettings, Request
 from prq.bulk import BatchRefused, BulkClient
 from tests.queue_facades import FAST_SETTINGS
 from tests.queued import queue_depth
+from tests.stored_bodies import record_field
 
 pytestmark = pytest.mark.integration
 
@@ -42,10 +43,10 @@ def test_round_trips_go_in_order_each_with_its_own_short_nonce(
     assert queue_depth(redis_client, keys) == 2499
     sent = [r.id for r in requests if r.id != "p:big"]
     records = [keys.request_prefix + rid for rid in sent]
-    sequence = [int(redis_client.hget(key, "sq") or 0) for key in records]
+    sequence = [int(record_field(redis_client, key, "sq") or 0) for key in records]
     assert sequence == list(range(1, 2500))
     # And each round trip wrote its own nonce, 11 characters long
-    nonces = [redis_client.hget(key, "bn") for key in records]
+    nonces = [record_field(redis_client, key, "bn") for key in records]
     assert [len(n or b"") for n in nonces] == [11] * 2499
     assert len({nonces[0], nonces[1000], nonces[2000]}) == 3
     assert set(nonces[:1000]) == {nonces[0]}

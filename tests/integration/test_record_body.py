@@ -1,6 +1,7 @@
-"""A request's body in its record (prq.records, scripts/_body.lua): kept in pieces of at most 64
-bytes while it is small, so the record stays in Redis's compact encoding, and handed out, dead-
-lettered and replayed whole, byte for byte, at every size around the piece boundaries."""
+"""A request's body in its record (prq.records, scripts/_body.lua): whole in the queued form of a
+bulk request, then, from its pickup, kept in pieces of at most 64 bytes while it is small, so
+the record stays in Redis's compact encoding; handed out whole, byte for byte, at every size
+around the piece boundaries."""
 
 from __future__ import annotations
 
@@ -40,9 +41,22 @@ async def test_bodies_of_every_size_are_stored_in_pieces_and_handed_out_whole(
         assert bulk.enqueue_many([request for request, _ in made]).accepted == len(made)
     keys = make_queue().keys.endpoint(ENDPOINT)
 
-    # Then each record holds its body in the fields prq.records names, whole when it is read
+    # Then each waits as one string in the queued form (prq.records), its body whole
     for request, body in made:
         record = keys.request(request.id)
+        assert redis_client.type(record) == b"string", len(body)
+        assert read_body(redis_client, record) == body
+
+    # And its pickup turns it into a hash holding the body in the fields prq.records names, in
+    # Redis's compact encoding while small; the receiver gets every request whole, and
+    # answering it leaves no piece behind
+    receiver = make_queue()
+    for _ in made:
+        pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
+        assert pending is not None
+        request, body = next(m for m in made if m[0].id == pending.id)
+        assert pending.request == request
+        record = keys.request(pending.id)
         stored: dict[bytes, bytes] = redis_client.hgetall(record)  # type: ignore[assignment]
         names = body_field_names(set(stored))
         pieces = {k.decode(): v for k, v in stored.items() if k in names}
@@ -52,14 +66,6 @@ async def test_bodies_of_every_size_are_stored_in_pieces_and_handed_out_whole(
             assert all(len(v) <= BODY_PIECE_BYTES for v in pieces.values()), len(body)
         if len(body) <= 16 * BODY_PIECE_BYTES:
             assert redis_client.object("encoding", record) == b"listpack", len(body)
-
-    # And a receiver gets every request whole; answering it leaves no piece behind
-    receiver = make_queue()
-    for _ in made:
-        pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
-        assert pending is not None
-        request, _ = next(m for m in made if m[0].id == pending.id)
-        assert pending.request == request
         await receiver.apply_response(Response(id=pending.id, result=None))
         left = set(redis_client.hkeys(keys.request(pending.id)))
         assert not {f for f in left if f == b"bk" or (f[:1] == b"b" and f[1:].isdigit())}, left

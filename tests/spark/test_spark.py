@@ -39,7 +39,7 @@ from prq.spark import (
 from tests.integration.test_cli import Prq, PrqRunner
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import wait_until
-from tests.stored_bodies import read_body
+from tests.stored_bodies import read_body, record_fields
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -183,12 +183,12 @@ def test_a_job_queues_at_its_priority_in_its_own_producer_turns(
     keys = KeySchema(key_prefix).endpoint(endpoint)
     assert len(level_ids(redis_client, keys, 0)) == 30
     assert len(level_ids(redis_client, keys, 4)) == 30
-    stored = redis_client.hgetall(keys.request(f"{urgent.namespace}:k7"))
+    stored = record_fields(redis_client, keys.request(f"{urgent.namespace}:k7"))
     decoded = stored_request(redis_client, keys, endpoint, f"{urgent.namespace}:k7")
     assert (decoded.priority, decoded.producer, decoded.params) == (4, "nightly", {"n": 7})
     # And the at_least_once job's requests may be handed out 5 times; the other's once
     assert (decoded.delivery, stored.get(b"ma")) == ("at_least_once", b"5")
-    plain_stored = redis_client.hgetall(keys.request(f"{plain.namespace}:k7"))
+    plain_stored = record_fields(redis_client, keys.request(f"{plain.namespace}:k7"))
     plain_request = stored_request(redis_client, keys, endpoint, f"{plain.namespace}:k7")
     # And a node that did not send them finds a job's request by id alone, and cancels it
     with Queue(RedisSettings(url=redis_url), prefix=key_prefix) as other:

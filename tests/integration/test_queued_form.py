@@ -1,0 +1,168 @@
+"""The queued form (prq.records, scripts/_body.lua): a request BulkClient queues is one string
+until something changes it. Every way of reading or changing a request works on it, from any
+node; what changes it first turns it into the hash form, keeping its TTL; damaged bytes in it
+are dead-lettered, not lost; and a reused id meets either form without an error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from prq import QueueSettings, Request, RequestState, Response
+from prq.bulk import BulkClient
+from prq.records import queued_fields
+from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.queued import queue_depth
+from tests.redis_servers import async_wait_until
+from tests.stored_bodies import read_body
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://queued-form"
+
+
+def bulk_client(redis_url: str, key_prefix: str, **settings: object) -> BulkClient:
+    merged = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60, **settings})
+    return BulkClient.from_url(redis_url, prefix=key_prefix, settings=merged)
+
+
+def test_a_bulk_request_waits_as_one_string_holding_what_its_record_says(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given requests queued by BulkClient: at the default priority and at_most_once, and at
+    # another priority, at_least_once, from a named producer
+    plain = Request(endpoint=ENDPOINT, method="m", params={"n": 1}, id="plain")
+    rich = Request(
+        endpoint=ENDPOINT, method="m", params={"n": 2}, id="rich", priority=-3,
+        delivery="at_least_once", producer="etl|7",
+    )  # fmt: skip
+    with bulk_client(redis_url, key_prefix, max_attempts=4) as bulk:
+        assert bulk.enqueue_many([plain]).accepted == 1
+        assert bulk.enqueue_many([rich]).accepted == 1
+        keys = bulk.keys.endpoint(ENDPOINT)
+
+    # Then each is one string key with a TTL, whose fields say what the hash would
+    for request, sequence in ((plain, b"1"), (rich, b"2")):
+        key = keys.request(request.id)
+        assert redis_client.type(key) == b"string"
+        assert redis_client.pttl(key) > 0
+        fields = queued_fields(redis_client.get(key))  # type: ignore[arg-type]
+        assert fields is not None
+        assert fields["st"] == b"queued" and fields["sq"] == sequence
+        assert int(fields["pd"]) > int(fields["ct"]) > 0
+    rich_fields = queued_fields(redis_client.get(keys.request("rich")))  # type: ignore[arg-type]
+    assert rich_fields is not None
+    assert (rich_fields["pri"], rich_fields["ma"], rich_fields["pro"]) == (b"-3", b"4", b"etl|7")
+    plain_fields = queued_fields(redis_client.get(keys.request("plain")))  # type: ignore[arg-type]
+    assert plain_fields is not None and not {"pri", "ma", "pro", "ow"} & set(plain_fields)
+
+
+async def test_any_node_reads_cancels_and_withdraws_a_request_in_the_queued_form(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given three bulk requests waiting as strings, and a node that did not send them
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"q{i}") for i in range(3)]
+    with bulk_client(redis_url, key_prefix) as bulk:
+        assert bulk.enqueue_many(requests).accepted == 3
+    node = make_queue()
+    keys = node.keys.endpoint(ENDPOINT)
+    before = redis_client.pttl(keys.request("q0"))
+
+    # Then it reads their state by id alone
+    for request in requests:
+        status = await node.status(request.id)
+        assert (status.state, status.endpoint) == (RequestState.QUEUED, ENDPOINT)
+        assert status.created_ms is not None
+
+    # When it cancels one (withdrawn: it was not picked up), and a sender sends another id again
+    # (a duplicate: the sender watches it)
+    assert await node.cancel("q1")
+    assert redis_client.type(keys.request("q1")) == b"hash"
+    assert (await node.status("q1")).state == RequestState.WITHDRAWN  # (never picked up)
+    again = asyncio.create_task(
+        node.queue_and_wait(Request(endpoint=ENDPOINT, method="m", params=0, id="q0"))
+    )
+
+    # Then the duplicate turned the first into a hash with the TTL it had, and nothing else
+    await async_wait_until(lambda: redis_client.type(keys.request("q0")) == b"hash", 10, 0.01)
+    assert before - 10_000 < redis_client.pttl(keys.request("q0")) <= before
+    assert redis_client.type(keys.request("q2")) == b"string"
+    assert queue_depth(redis_client, keys) == 2
+
+    # And a receiver answers both live ones; the duplicate's caller gets the answer
+    receiver = make_queue()
+    for _ in range(2):
+        pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
+        assert pending is not None and pending.id in {"q0", "q2"}
+        await receiver.apply_response(Response(id=pending.id, result=pending.request.params))
+    answer = await asyncio.wait_for(again, 10)
+    assert answer.result == 0
+    assert (await node.status("q2")).state == RequestState.DONE
+
+
+async def test_a_damaged_queued_record_is_dead_lettered_not_lost(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given bulk requests whose stored strings were damaged: a bad body in a good record, and
+    # bytes that are not a record at all
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"d{i}") for i in range(3)]
+    with bulk_client(redis_url, key_prefix) as bulk:
+        assert bulk.enqueue_many(requests).accepted == 3
+    node = make_queue()
+    keys = node.keys.endpoint(ENDPOINT)
+    good_head = redis_client.get(keys.request("d0"))
+    assert isinstance(good_head, bytes)
+    head = good_head[: len(good_head) - len(read_body(redis_client, keys.request("d0")) or b"")]
+    redis_client.set(keys.request("d0"), head + b"\xff{not json", keepttl=True)
+    redis_client.set(keys.request("d1"), b"\x00garbage", keepttl=True)
+
+    # Then status still reads them as queued
+    assert (await node.status("d1")).state == RequestState.QUEUED
+
+    # When a receiver serves the endpoint
+    served: list[object] = []
+    make_queue.serve(make_queue(), ENDPOINT, lambda r: served.append(r.params), concurrency=1)
+
+    # Then the good one runs, and each damaged one is a dead letter holding its exact bytes
+    async def dead_ids() -> set[str]:
+        return {d.id for d in await node.dead_letters(ENDPOINT)}
+
+    deadline = asyncio.get_running_loop().time() + 20
+    while await dead_ids() != {"d0", "d1"}:
+        assert asyncio.get_running_loop().time() < deadline, await dead_ids()
+        await asyncio.sleep(0.05)
+    letters = {d.id: d for d in await node.dead_letters(ENDPOINT)}
+    assert letters["d0"].body_bytes == len(b"\xff{not json")
+    assert letters["d1"].body_bytes == len(b"\x00garbage")
+    assert all(d.reason.startswith("undecodable:") for d in letters.values())
+    await async_wait_until(lambda: served == [2], 10, 0.01)
+
+
+async def test_a_reused_id_meets_either_form_without_an_error(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an id a receiver took (its record a hash) and whose record then expired, queued
+    # again by BulkClient (a string now) while the receiver's take receipt still names it
+    receiver = make_queue()
+    keys = receiver.keys.endpoint(ENDPOINT)
+    with bulk_client(redis_url, key_prefix) as bulk:
+        assert bulk.enqueue_many([Request(endpoint=ENDPOINT, method="m", id="r1")]).accepted
+        pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
+        assert pending is not None and pending.id == "r1"
+        assert redis_client.type(keys.request("r1")) == b"hash"
+        redis_client.delete(keys.request("r1"))  # (as its TTL would)
+        again = Request(endpoint=ENDPOINT, method="m", params="again", id="r1")
+        assert bulk.enqueue_many([again]).accepted == 1
+    assert redis_client.type(keys.request("r1")) == b"string"
+
+    # When that receiver answers the old pickup, beats, and takes again
+    await receiver.apply_response(Response(id="r1", result="stale"))
+    taken = await receiver.dequeue(ENDPOINT, timeout_s=10)
+
+    # Then the new request was neither answered by the stale answer nor lost: it is handed out
+    assert taken is not None and (taken.id, taken.request.params) == ("r1", "again")
+    await receiver.apply_response(Response(id="r1", result="fresh"))
+    status = await receiver.status("r1")
+    assert status.state == RequestState.DONE
