@@ -143,26 +143,30 @@ async def test_a_damaged_queued_record_is_dead_lettered_not_lost(
 async def test_a_reused_id_meets_either_form_without_an_error(
     make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    # Given an id a receiver took (its record a hash) and whose record then expired, queued
-    # again by BulkClient (a string now) while the receiver's take receipt still names it
+    # Given an at_least_once id a receiver took (its record a hash, its id in the lease set)
+    # and whose record then expired, queued again by BulkClient (a string now) while the lease
+    # set still names it, long silent
     receiver = make_queue()
     keys = receiver.keys.endpoint(ENDPOINT)
     with bulk_client(redis_url, key_prefix) as bulk:
-        assert bulk.enqueue_many([Request(endpoint=ENDPOINT, method="m", id="r1")]).accepted
+        first = Request(endpoint=ENDPOINT, method="m", id="r1", delivery="at_least_once")
+        assert bulk.enqueue_many([first]).accepted == 1
         pending = await receiver.dequeue(ENDPOINT, timeout_s=10)
         assert pending is not None and pending.id == "r1"
         assert redis_client.type(keys.request("r1")) == b"hash"
+        assert redis_client.zscore(keys.lease, "r1") is not None
         redis_client.delete(keys.request("r1"))  # (as its TTL would)
         again = Request(endpoint=ENDPOINT, method="m", params="again", id="r1")
         assert bulk.enqueue_many([again]).accepted == 1
     assert redis_client.type(keys.request("r1")) == b"string"
+    redis_client.zadd(keys.lease, {"r1": 0})  # (silent since long ago)
 
-    # When that receiver answers the old pickup, beats, and takes again
-    await receiver.apply_response(Response(id="r1", result="stale"))
-    taken = await receiver.dequeue(ENDPOINT, timeout_s=10)
+    # When another receiver takes (a take first looks at the silent leases)
+    other = make_queue()
+    taken = await other.dequeue(ENDPOINT, timeout_s=10)
 
-    # Then the new request was neither answered by the stale answer nor lost: it is handed out
+    # Then the new request is handed out, neither lost nor taken for the old one's lease
     assert taken is not None and (taken.id, taken.request.params) == ("r1", "again")
-    await receiver.apply_response(Response(id="r1", result="fresh"))
-    status = await receiver.status("r1")
-    assert status.state == RequestState.DONE
+    assert redis_client.zscore(keys.lease, "r1") is None
+    await other.apply_response(Response(id="r1", result="fresh"))
+    assert (await other.status("r1")).state == RequestState.DONE
