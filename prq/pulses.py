@@ -51,6 +51,10 @@ DEFAULT_DEAD_AFTER_S = 15.0
 DEFAULT_RECONNECT_MAX_S = 2.0
 #: How long one read of the blocking reader waits (it also sends queued subscribes).
 DEFAULT_THREAD_READ_SLICE_S = 0.05
+#: How long one read of the asyncio pub/sub loop waits before it looks at its state again.
+READ_STEP_S = 1.0
+#: How long closing waits for that loop to end (it ends within a read step once told to).
+CLOSE_WAIT_S = 3 * READ_STEP_S
 
 
 class Signal:
@@ -283,6 +287,7 @@ class AsyncPulses(PulsesBase):
         self._confirm_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> None:
         node_channel = self.router.node_channel.decode()
@@ -326,8 +331,11 @@ class AsyncPulses(PulsesBase):
                     future.set_result(None)
 
     async def _read_loop(self) -> None:
+        # Ends on cancel, or on `_closing` at the next step (at most READ_STEP_S away): a cancel
+        # that lands as the read's own timeout fires can be taken for that timeout (asyncio.
+        # timeout in redis-py's read), and the loop must not outlive aclose because of that.
         failures = 0
-        while True:
+        while not self._closing:
             try:
                 with translate_errors():
                     await self._step()
@@ -335,12 +343,14 @@ class AsyncPulses(PulsesBase):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self._closing:
+                    return
                 failures += 1
                 await self._reconnect(self._state.lost(exc, failures))
 
     async def _step(self) -> None:
         reply = await self._conn.read_response(
-            timeout=1.0, disconnect_on_error=False, push_request=True
+            timeout=READ_STEP_S, disconnect_on_error=False, push_request=True
         )
         if reply is not None:
             self._handle(reply)
@@ -365,10 +375,12 @@ class AsyncPulses(PulsesBase):
             logger.debug("pub/sub resubscribe failed error=%s", exc)
 
     async def aclose(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
+            # bounded: should the cancel be lost (see _read_loop), the loop ends by itself
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
         with contextlib.suppress(Exception):
             await self._conn.disconnect(nowait=True)
 
