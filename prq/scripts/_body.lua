@@ -117,11 +117,11 @@ local function queued_fields(s)
 end
 
 -- like HMGET key names..., for a record in either form (a string not in the queued form reads
--- as a queued record whose body is that string: whoever decodes the body finds it bad)
+-- as a queued record whose body is that string: whoever decodes the body finds it bad). A hash
+-- (or no key) costs the HMGET alone; only a string's answer is an error, caught
 local function record_get(key, names)
-  if redis.call('TYPE', key)['ok'] ~= 'string' then
-    return redis.call('HMGET', key, unpack(names))
-  end
+  local reply = redis.pcall('HMGET', key, unpack(names))
+  if not reply.err then return reply end
   local raw = redis.call('GET', key)
   local fields = queued_fields(raw) or {st = 'queued', b = raw}
   local out = {}
@@ -147,4 +147,13 @@ local function record_open(key)
   redis.call('DEL', key)
   redis.call('HSET', key, unpack(flat))
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+
+-- HMGET key names... of a record in the hash form, turning one in the queued form into it first
+-- (for a script that writes to it next); a hash (or no key) costs the HMGET alone
+local function record_hmget(key, names)
+  local reply = redis.pcall('HMGET', key, unpack(names))
+  if not reply.err then return reply end
+  record_open(key)
+  return redis.call('HMGET', key, unpack(names))
 end

@@ -28,9 +28,8 @@ Invariants:
 - a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
 ]]
 -- include: _body
-record_open(KEYS[1])  -- the hash form, whatever writes follow
-local st, own, snd, watchers, ma, ow = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'snd',
-  'w', 'ma', 'ow'))
+local st, own, snd, watchers, ma, ow = unpack(record_hmget(KEYS[1], {'st', 'own', 'snd',
+  'w', 'ma', 'ow'}))
 if not st then return 'unknown' end
 if st == 'done' then
   if own == ARGV[2] then return 'replay' end

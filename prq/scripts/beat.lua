@@ -32,9 +32,8 @@ Invariants:
   request (no "snd") has no sender to judge
 ]]
 -- include: _body
-record_open(KEYS[1])  -- the hash form, whatever writes follow
-local st, why, own, hs, tk, snd, pg = unpack(redis.call('HMGET', KEYS[1], 'st', 'why', 'own',
-  'hs', 'tk', 'snd', 'pg'))
+local st, why, own, hs, tk, snd, pg = unpack(record_hmget(KEYS[1], {'st', 'why', 'own',
+  'hs', 'tk', 'snd', 'pg'}))
 if not st then return {'missing', '', ''} end
 if st == 'handed' then return {'queued', '', ''} end  -- not picked up yet (_handoff.lua)
 if st ~= 'taken' then return {st, why or '', ''} end

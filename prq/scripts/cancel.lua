@@ -27,9 +27,8 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
-record_open(KEYS[1])  -- the hash form, whatever writes follow
-local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(redis.call('HMGET', KEYS[1], 'st',
-  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'))
+local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(record_hmget(KEYS[1], {'st',
+  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'}))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'handed' or st == 'taken' then
   local after = st == 'taken'

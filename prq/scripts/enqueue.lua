@@ -66,8 +66,7 @@ Invariants:
 -- include: _body
 -- include: _queue
 -- include: _handoff
-record_open(KEYS[1])  -- a queued request of enqueue_many: it gets a watcher below
-local state = redis.call('HGET', KEYS[1], 'st')
+local state = record_hmget(KEYS[1], {'st'})[1]  -- (the hash form: a watcher may join below)
 if state == 'withdrawn' then
   -- it never ran and never will: a retry with the same id is a fresh request
   redis.call('DEL', KEYS[1])

@@ -32,9 +32,8 @@ Invariants:
 -- include: _queue
 -- include: _dead
 -- include: _redeliver
-record_open(KEYS[1])  -- the hash form, whatever writes follow
-local st, own, ma, snd, watchers = unpack(redis.call('HMGET', KEYS[1], 'st', 'own', 'ma', 'snd',
-  'w'))
+local st, own, ma, snd, watchers = unpack(record_hmget(KEYS[1], {'st', 'own', 'ma', 'snd',
+  'w'}))
 if not st then return 'missing' end
 if st ~= 'taken' then return st end
 if own ~= ARGV[2] then return 'fenced' end

@@ -165,9 +165,8 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  record_open(key)
-  local st, deadline, body, att, ct, sq, ma, bk = unpack(redis.call('HMGET', key, 'st', 'pd',
-    'b', 'att', 'ct', 'sq', 'ma', 'bk'))
+  local st, deadline, body, att, ct, sq, ma, bk = unpack(record_hmget(key, {'st', 'pd', 'b',
+    'att', 'ct', 'sq', 'ma', 'bk'}))
   body = body_rest(key, body, bk)
   deadline = tonumber(deadline)
   -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)

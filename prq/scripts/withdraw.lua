@@ -30,9 +30,8 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
-record_open(KEYS[1])  -- the hash form, whatever writes follow
-local st, rsp, why, wn, pri = unpack(redis.call('HMGET', KEYS[1], 'st', 'rsp', 'why', 'wn',
-  'pri'))
+local st, rsp, why, wn, pri = unpack(record_hmget(KEYS[1], {'st', 'rsp', 'why', 'wn',
+  'pri'}))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'handed' then
   redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
