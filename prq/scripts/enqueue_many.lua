@@ -74,21 +74,19 @@ local function write(key, body)
   return true
 end
 
--- an id the first write did not take (known, or no room): what it is, and 'fresh' when a
--- withdrawn record of it was replaced
+-- an id the first write did not take (known, or no room): what it is. A withdrawn record (a
+-- retry of it is a fresh request) or one without a state (damaged) is replaced: 'fresh'
 local function settle(key, body)
-  local st, bn
   if redis.call('EXISTS', key) == 1 then
-    st, bn = unpack(record_get(key, {'st', 'bn'}))
-    if st == 'withdrawn' then
-      redis.call('DEL', key)
-      if (not room or room > 0) and write(key, body) then return 'fresh' end
-      return 'refused'
+    local st, bn = unpack(record_get(key, {'st', 'bn'}))
+    if st and st ~= 'withdrawn' then
+      if bn == nonce then return 'again' end
+      return 'known'
     end
+    redis.call('DEL', key)
+    if (not room or room > 0) and write(key, body) then return 'fresh' end
   end
-  if not st then return 'refused' end
-  if bn == nonce then return 'again' end
-  return 'known'
+  return 'refused'
 end
 
 -- the common case (a new id, room left) is one SET; the rest is settled above

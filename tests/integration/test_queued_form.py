@@ -170,3 +170,24 @@ async def test_a_reused_id_meets_either_form_without_an_error(
     assert redis_client.zscore(keys.lease, "r1") is None
     await other.apply_response(Response(id="r1", result="fresh"))
     assert (await other.status("r1")).state == RequestState.DONE
+
+
+def test_a_bulk_enqueue_replaces_a_record_without_a_state(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an id whose record is a damaged hash (no state), and one that was withdrawn
+    with bulk_client(redis_url, key_prefix) as bulk:
+        keys = bulk.keys.endpoint(ENDPOINT)
+        redis_client.hset(keys.request("stateless"), mapping={"b": b"junk"})
+        redis_client.hset(keys.request("withdrawn"), mapping={"st": b"withdrawn"})
+
+        # When BulkClient queues both ids
+        result = bulk.enqueue_many(
+            [Request(endpoint=ENDPOINT, method="m", id=i) for i in ("stateless", "withdrawn")]
+        )
+
+    # Then both are queued afresh (not refused, not taken for known ids), in the queued form
+    assert (result.accepted, result.duplicates, result.rejected) == (2, 0, [])
+    for request_id in ("stateless", "withdrawn"):
+        assert redis_client.type(keys.request(request_id)) == b"string"
+    assert queue_depth(redis_client, keys) == 2
