@@ -650,8 +650,10 @@ def _record_fields_flow(key: str, names: Sequence[str]) -> Flow[Reply]:
             return _first((yield _exec(Call(("HMGET", key, *names)))))
         try:
             head = _first((yield _exec(Call(("GETRANGE", key, 0, QUEUED_HEAD_BYTES - 1)))))
-        except PrqError:  # WRONGTYPE: a hash now
-            continue
+        except PrqError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            continue  # a hash now
         if isinstance(head, bytes):
             fields = queued_head(head) or {"st": b"queued"}  # damaged: still queued
             return [fields.get(name) for name in names]

@@ -123,10 +123,11 @@ class EndpointKeys:
 
     @property
     def request_prefix(self) -> str:
-        """Prefix of request hashes; scripts append the id (same hash tag, same slot)."""
+        """Prefix of request records; scripts append the id (same hash tag, same slot)."""
         return f"{self.tag}:r:"
 
     def request(self, request_id: str) -> str:
+        """A request's record: a hash, or a string in the queued form (prq.records)."""
         return f"{self.tag}:r:{request_id}"
 
     def renewal(self, request_id: str) -> str:
