@@ -48,11 +48,16 @@ CANCEL_WITHIN_MS = 6 * LATENCY_MS
 
 
 async def _slow_node(
-    nodes: NodeFactory, make_proxy: Callable[..., FaultProxy], prefix: str, node_id: str
+    nodes: NodeFactory,
+    make_proxy: Callable[..., FaultProxy],
+    prefix: str,
+    node_id: str,
+    handler_ms: float = 0.0,
 ) -> tuple[NodeProcess, FaultProxy, AsyncQueue]:
-    """A receiver process echoing each call's params, and a node (not started) whose link to
-    Redis adds LATENCY_MS in both directions."""
-    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16)
+    """A receiver process echoing each call's params (after `handler_ms`), and a node (not
+    started) whose link to Redis adds LATENCY_MS in both directions."""
+    handler = {"handler": "sleep", "handler_ms": handler_ms} if handler_ms else {}
+    receiver = await asyncio.to_thread(nodes.receiver, "r1", concurrency=16, **handler)
     link = make_proxy()
     link.latency(LATENCY_MS)
     settings = fault_redis_settings(link.url)
@@ -152,6 +157,8 @@ async def test_callers_cancelled_mid_round_trip_see_no_cross_talk(
 SENDS_PER_TASK = 20
 #: Share of sends withdrawn, and how long after `send` returned (random, up to this many ms).
 WITHDRAW_SHARE, WITHDRAW_WITHIN_MS = 0.3, 6 * LATENCY_MS
+#: How long the receiver's echo takes in the send variant.
+SEND_HANDLER_MS = 10.0
 
 
 def _got_response(runs: list[object], response: Response) -> None:
@@ -168,7 +175,12 @@ async def test_sends_withdrawn_mid_round_trip_get_one_callback_or_none(
 ) -> None:
     # Given a receiver process echoing each call's params, and a node whose link to Redis adds
     # latency in both directions
-    receiver, _, node = await _slow_node(nodes, make_proxy, fault_prefix, "senders")
+    # (each echo takes SEND_HANDLER_MS, so that sends queue up while the receiver is busy: a
+    # withdrawal can then come before pickup whatever the host's speed; with instant echoes
+    # an idle receiver takes each send within a millisecond, before any withdrawal arrives)
+    receiver, _, node = await _slow_node(
+        nodes, make_proxy, fault_prefix, "senders", handler_ms=SEND_HANDLER_MS
+    )
     rng = random.Random()
     sent: dict[str, str] = {}  # request id -> tag
     outcomes: dict[str, list[object]] = {}  # request id -> what each callback run got
