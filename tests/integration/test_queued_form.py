@@ -28,6 +28,15 @@ def bulk_client(redis_url: str, key_prefix: str, **settings: object) -> BulkClie
     return BulkClient.from_url(redis_url, prefix=key_prefix, settings=merged)
 
 
+def queue_three(redis_url: str, key_prefix: str, prefix: str) -> None:
+    """Queue requests <prefix>0..2 (params 0..2) through BulkClient."""
+    requests = [
+        Request(endpoint=ENDPOINT, method="m", params=i, id=f"{prefix}{i}") for i in range(3)
+    ]
+    with bulk_client(redis_url, key_prefix) as bulk:
+        assert bulk.enqueue_many(requests).accepted == 3
+
+
 def test_a_bulk_request_waits_as_one_string_holding_what_its_record_says(
     redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
@@ -63,16 +72,14 @@ async def test_any_node_reads_cancels_and_withdraws_a_request_in_the_queued_form
     make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     # Given three bulk requests waiting as strings, and a node that did not send them
-    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"q{i}") for i in range(3)]
-    with bulk_client(redis_url, key_prefix) as bulk:
-        assert bulk.enqueue_many(requests).accepted == 3
+    queue_three(redis_url, key_prefix, "q")
     node = make_queue()
     keys = node.keys.endpoint(ENDPOINT)
     before = redis_client.pttl(keys.request("q0"))
 
     # Then it reads their state by id alone
-    for request in requests:
-        status = await node.status(request.id)
+    for request_id in ("q0", "q1", "q2"):
+        status = await node.status(request_id)
         assert (status.state, status.endpoint) == (RequestState.QUEUED, ENDPOINT)
         assert status.created_ms is not None
 
@@ -107,9 +114,7 @@ async def test_a_damaged_queued_record_is_dead_lettered_not_lost(
 ) -> None:
     # Given bulk requests whose stored strings were damaged: a bad body in a good record, and
     # bytes that are not a record at all
-    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"d{i}") for i in range(3)]
-    with bulk_client(redis_url, key_prefix) as bulk:
-        assert bulk.enqueue_many(requests).accepted == 3
+    queue_three(redis_url, key_prefix, "d")
     node = make_queue()
     keys = node.keys.endpoint(ENDPOINT)
     good_head = redis_client.get(keys.request("d0"))
