@@ -40,6 +40,7 @@ class Run:
         self.steps = [(Call(("GET", f"k{i}")),) for i in range(len(asked))]
         self.settled: dict[int, tuple[float, list[Reply] | PrqError]] = {}
         self.sent: list[list[Call]] = []
+        self.started: list[float] = []
         self.budgets = StepBudgets(self.steps, asked, budget_s, self._settle, clock=self.clock)
 
     def _settle(self, index: int, outcome: list[Reply] | PrqError) -> None:
@@ -55,6 +56,7 @@ class Run:
                 with attempt:
                     calls = self.budgets.calls()
                     self.sent.append(calls)
+                    self.started.append(self.clock.now)
                     self.clock.now += attempt_s
                     if self.clock.now < answers_from:
                         raise RedisUnavailable("connection refused")
@@ -122,9 +124,13 @@ def test_a_step_answered_within_its_budget_gets_its_replies() -> None:
     run = Run([0.0], 1.0)
     # When it is retried
     run.until(answers_from=0.4)
-    # Then it ends with its replies as soon as an attempt gets through
+    # Then it ends with its replies as soon as an attempt gets through: the first attempt
+    # started after Redis came back (the jittered backoff may put it at the budget's very end,
+    # never past it)
     ended, outcome = run.settled[0]
-    assert outcome == [b"v"] and 0.4 <= ended < 1.0
+    assert outcome == [b"v"]
+    assert [t >= 0.4 - ATTEMPT_S for t in run.started] == [False] * (len(run.started) - 1) + [True]
+    assert 0.4 <= ended <= 1.0 + ATTEMPT_S
 
 
 def test_a_zero_budget_gives_one_attempt() -> None:
