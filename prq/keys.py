@@ -15,6 +15,12 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:l:<p>:x        set     ids removed from p's lists but still   TTL 1 day, refreshed
                                      in them (withdraw, cancel; lazy)
     prq:{<e>}:r:<id>         hash    one request: state, body, response     TTL by state
+                             (or a string while queued by a batch:
+                             the queued form, prq.records)
+    prq:{<e>}:bh:<token>     string  a batch's shared head: "<pickup        TTL of its requests,
+                                     deadline>,<first sequence number>,     renewed by a rerun
+                                     <nonce>" (a batch of SHARED_HEAD_MIN
+                                     or more; scripts/_body.lua)
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
@@ -129,6 +135,10 @@ class EndpointKeys:
     def request(self, request_id: str) -> str:
         """A request's record: a hash, or a string in the queued form (prq.records)."""
         return f"{self.tag}:r:{request_id}"
+
+    def batch_head(self, token: str) -> str:
+        """The shared head `token` of a bulk batch (scripts/_body.lua, enqueue_many.lua)."""
+        return f"{self.tag}:bh:{token}"
 
     def renewal(self, request_id: str) -> str:
         """A signed request's renewed signature header (prq.signing), written by a node that

@@ -8,8 +8,9 @@ record stays in one compact listpack block instead of a table of separately allo
 Pure: no I/O here; readers ask for `first_fields()`, then `rest_fields()` when `bk` says so.
 
 A request queued by `BulkClient` is kept in the *queued form* until something changes it: one
-string rather than a hash (scripts/_body.lua has the layout: `Q1`, creation time, pickup deadline
-and sequence number, then named fields, the body last). A reader asks Redis for the key's TYPE,
+string rather than a hash (scripts/_body.lua has the layout: `Q1` or `Q2`, creation time, and
+either pickup deadline and sequence number or the place in its batch, then named fields, the
+body last). A reader asks Redis for the key's TYPE,
 then reads a hash with HMGET and a string with MGET (which answers nil, not an error, should a
 script have turned it into a hash meanwhile), and gets the same fields from `queued_values`.
 """
@@ -91,11 +92,13 @@ def body_fields(body: bytes) -> dict[str, bytes]:
 QUEUED_TAG = b"Q1"
 #: Most named fields a queued-form record holds (scripts/_body.lua: QUEUED_MAX_FIELDS).
 QUEUED_MAX_FIELDS = 16
-#: A queued-form record's first bytes hold its fields before the body (its creation time,
-#: pickup deadline and sequence number first): reading this many of them (GETRANGE) gets
-#: those, without the body, unless its named fields are unusually long.
+#: A queued-form record's first bytes hold its fields before the body (its creation time
+#: first): reading this many of them (GETRANGE) gets those, without the body, unless its named
+#: fields are unusually long.
 QUEUED_HEAD_BYTES = 256
-_QUEUED_HEAD = re.compile(rb"Q1(\d+),(\d+),(\d+),")
+#: Its two shapes: Q1 ct,pd,sq, (inline) and Q2 ct,ix, (its deadline and sequence number in
+#: its batch's shared head, which only the scripts read).
+_QUEUED_HEAD = re.compile(rb"Q1(\d+),(\d+),(\d+),|Q2(\d+),(\d+),")
 _QUEUED_FIELD = re.compile(rb"([a-z]+)(\d*):")
 
 
@@ -105,7 +108,7 @@ def _parse_queued(raw: bytes) -> tuple[dict[str, bytes], int] | None:
     head = _QUEUED_HEAD.match(raw)
     if head is None:
         return None
-    fields = {"st": b"queued", "ct": head[1], "pd": head[2], "sq": head[3]}
+    fields = _fixed(head)
     at = head.end()
     for _ in range(QUEUED_MAX_FIELDS):
         named = _QUEUED_FIELD.match(raw, at)
@@ -140,12 +143,18 @@ def queued_body_size(head: bytes, length: int) -> int:
 
 
 def queued_head(head: bytes) -> dict[str, bytes] | None:
-    """The fixed fields (`st`, `ct`, `pd`, `sq`) of a record in the queued form from its first
-    bytes (QUEUED_HEAD_BYTES of them, or all); None when they are not in that form."""
+    """The fixed fields (`st`, `ct`, and `pd` and `sq` when inline, else `ix`) of a record in
+    the queued form from its first bytes (QUEUED_HEAD_BYTES of them, or all); None when they
+    are not in that form."""
     fixed = _QUEUED_HEAD.match(head)
-    if fixed is None:
-        return None
-    return {"st": b"queued", "ct": fixed[1], "pd": fixed[2], "sq": fixed[3]}
+    return None if fixed is None else _fixed(fixed)
+
+
+def _fixed(head: re.Match[bytes]) -> dict[str, bytes]:
+    """The fields a queued-form record's fixed start says."""
+    if head[1] is None:  # Q2: its deadline and sequence number are in its batch's shared head
+        return {"st": b"queued", "ct": head[4], "ix": head[5]}
+    return {"st": b"queued", "ct": head[1], "pd": head[2], "sq": head[3]}
 
 
 def queued_values(raw: bytes, names: Sequence[str]) -> list[bytes | None]:

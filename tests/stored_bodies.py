@@ -17,6 +17,13 @@ def record_fields(client: redis.Redis, key: str) -> dict[bytes, bytes]:
     raw: bytes = client.get(key)  # type: ignore[assignment]
     fields = queued_fields(raw)
     assert fields is not None, f"{key} holds a string that is not a queued record: {raw!r:.100}"
+    if "ix" in fields:  # its deadline, sequence number and nonce are in its batch's head
+        head = key.split("}:r:", 1)[0] + "}:bh:" + fields["bh"].decode()
+        shared = client.get(head)
+        if isinstance(shared, bytes):
+            deadline, first, fields["bn"] = shared.split(b",", 2)
+            fields["pd"] = deadline
+            fields["sq"] = b"%d" % (int(first) + int(fields.pop("ix")) - 1)
     return {name.encode(): value for name, value in fields.items()}
 
 

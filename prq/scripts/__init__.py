@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -232,17 +233,58 @@ def enqueue_many_call(
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
     is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
     `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
-    `pickup_window_ms` after now by Redis's clock."""
+    `pickup_window_ms` after now by Redis's clock.
+
+    The records are spelled here, in the queued form (_body.lua): a batch of SHARED_HEAD_MIN
+    or more goes whole (shape Q2: Redis stores each string as it comes, the cheapest write
+    there is; the call draws its shared head's token, kept when the call is sent again), a
+    smaller one as each record's fields and body (shape Q1: the script adds the deadline and
+    sequence number inline, saving the batch a shared head)."""
+    shape = "Q2" if len(items) >= SHARED_HEAD_MIN else "Q1"
+    token = secrets.token_urlsafe(8) if shape == "Q2" else ""
+    if shape == "Q2":
+        named = [_queued_field(b"bh", token.encode())]
+    else:
+        named = [_queued_field(b"bn", nonce.encode())]
+    if priority:
+        named.append(_queued_field(b"pri", b"%d" % priority))
+    if max_attempts > 0:
+        named += [
+            _queued_field(b"ma", b"%d" % max_attempts),
+            _queued_field(b"pw", b"%d" % pickup_window_ms),
+            _queued_field(b"pro", producer.encode()),
+        ]
+    if one_way:
+        named.append(_queued_field(b"ow", b"1"))
+    named.append(b"b:")
+    fields = b"".join(named)
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_window_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
-        priority, producer, max_attempts, 1 if one_way else 0,
+        priority, producer, shape, token,
     ]  # fmt: skip
-    for request_id, body in items:
-        args += [request_id, body]
+    if shape == "Q2":
+        prefix = keys.request_prefix
+        head = b"Q2%d," % now_ms
+        for place, (request_id, body) in enumerate(items, 1):
+            raw = body.encode() if isinstance(body, str) else body
+            args += [prefix + request_id, b"%b%d,%b%b" % (head, place, fields, raw)]
+    else:
+        for request_id, body in items:
+            raw = body.encode() if isinstance(body, str) else body
+            args += [request_id, fields + raw]
     return ENQUEUE_MANY.call(
         (keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix),
         tuple(args),
     )
+
+
+#: The smallest batch enqueue_many sends whole, with a shared head (see enqueue_many_call).
+SHARED_HEAD_MIN = 8
+
+
+def _queued_field(name: bytes, value: bytes) -> bytes:
+    """One named field of the queued form (_body.lua: queued_field)."""
+    return b"%b%d:%b" % (name, len(value), value)
 
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:

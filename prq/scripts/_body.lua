@@ -77,43 +77,74 @@ end
 
 --[[ The queued form. A request queued by enqueue_many is kept as one string rather than a hash
 until something changes it: `SET key value PX ttl NX` checks the id, writes the record and its
-TTL in one command, and a string costs Redis less memory and CPU than a hash. The value is
-  'Q1', its creation time 'ct', ',', its pickup deadline 'pd', ',', its sequence number 'sq',
-  ',' (decimal integers); then named fields: a name (lowercase letters), the value's length in
-  bytes, ':', the value; the last field, 'b' (the body), has no length and runs to the end.
-  For instance  Q11764000000000,1764000060000,7,bn11:kQ3xv9Zr_0ab:{"m":"echo"}
+TTL in one command, and a string costs Redis less memory and CPU than a hash. It comes in two
+shapes, told apart by their first two bytes:
+  'Q1' ct ',' pd ',' sq ','      its creation time, pickup deadline and sequence number inline
+                                 (decimal integers): what the script builds, for small batches
+  'Q2' ct ',' ix ','             its creation time and its place ix (1, 2, ...) in its batch:
+                                 the enqueuer builds the whole string, and the script stores it
+                                 as it came; the batch's pickup deadline, first sequence number
+                                 and nonce are kept once, in its shared head (below, named by
+                                 the field 'bh'), and the request's sequence number is that
+                                 first one plus ix - 1
+then named fields: a name (lowercase letters), the value's length in bytes, ':', the value; the
+last field, 'b' (the body), has no length and runs to the end. For instance
+  Q11764000000000,1764000060000,7,bn11:kQ3xv9Zr_0ab:{"m":"echo"}
+  Q21764000000000,3,bh11:Zr_0akQ3xv9b:{"m":"echo"}
+The shared head of a batch is the string prq:{e}:bh:<token> (a token the enqueuer draws for each
+batch call, the same when that call is sent again), "pd,sq1,bn", with the requests' TTL: written
+at the batch's first new request, its TTL renewed by a rerun, so it outlives them. A head gone
+(evicted) leaves its requests without a deadline, sequence number or nonce, read as unknown.
 It is a queued record ('st' is implied): record_get reads its fields as HMGET reads a hash's,
-and record_open turns it into the hash form (same key, same TTL, the body in pieces) before a
-script changes it (pickup, cancel, withdraw). prq/records.py reads the same form in Python.
+and record_open turns it into the hash form (same key, same TTL, the body in pieces, 'pd' and
+'sq' written out) before a script changes it (pickup, cancel, withdraw). prq/records.py reads
+the same forms in Python.
 ]]
 local QUEUED_TAG = 'Q1'
 local QUEUED_MAX_FIELDS = 16
 
--- one named field of the queued form
-local function queued_field(name, value)
-  value = tostring(value)
-  return name .. #value .. ':' .. value
+-- the key of the shared head `token`, beside the record `key` (same endpoint)
+local function shared_head_key(key, token)
+  local tag = string.match(key, '^(.-}):r:')
+  if not tag then return nil end
+  return tag .. ':bh:' .. token
 end
 
--- the fields of a queued-form string as a table (name -> value; 'st' = 'queued'); nil when the
--- string is not in that form
-local function queued_fields(s)
-  local ct, pd, sq, pos = string.match(s, '^Q1(%d+),(%d+),(%d+),()')
-  if not ct then return nil end
-  local out = {st = 'queued', ct = ct, pd = pd, sq = sq}
+-- the fields of the queued-form string `s` kept under `key` as a table (name -> value;
+-- 'st' = 'queued'); nil when the string is not in that form
+local function queued_fields(key, s)
+  local out, pos, ix
+  local ct, pd, sq, at = string.match(s, '^Q1(%d+),(%d+),(%d+),()')
+  if ct then
+    out, pos = {st = 'queued', ct = ct, pd = pd, sq = sq}, at
+  else
+    ct, ix, at = string.match(s, '^Q2(%d+),(%d+),()')
+    if not ct then return nil end
+    out, pos = {st = 'queued', ct = ct}, at
+  end
   for _ = 1, QUEUED_MAX_FIELDS do
-    local name, digits, at = string.match(s, '^(%l+)(%d*):()', pos)
+    local name, digits, start = string.match(s, '^(%l+)(%d*):()', pos)
     if not name then return nil end
     if digits == '' then
-      out[name] = string.sub(s, at)
-      return out
+      out[name] = string.sub(s, start)
+      break
     end
-    local stop = at + tonumber(digits) - 1
+    local stop = start + tonumber(digits) - 1
     if stop > #s then return nil end
-    out[name] = string.sub(s, at, stop)
+    out[name] = string.sub(s, start, stop)
     pos = stop + 1
   end
-  return nil
+  if not out.b then return nil end
+  if ix and out.bh then
+    local head = shared_head_key(key, out.bh)
+    local shared = head and redis.call('GET', head)
+    local deadline, first, nonce = string.match(shared or '', '^(%d+),(%d+),(.*)$')
+    if deadline then
+      out.pd, out.bn = deadline, nonce
+      out.sq = tostring(tonumber(first) + tonumber(ix) - 1)
+    end
+  end
+  return out
 end
 
 -- like HMGET key names..., for a record in either form (a string not in the queued form reads
@@ -123,7 +154,7 @@ local function record_get(key, names)
   local reply = redis.pcall('HMGET', key, unpack(names))
   if not reply.err then return reply end
   local raw = redis.call('GET', key)
-  local fields = queued_fields(raw) or {st = 'queued', b = raw}
+  local fields = queued_fields(key, raw) or {st = 'queued', b = raw}
   local out = {}
   for i, name in ipairs(names) do out[i] = fields[name] or false end
   return out
@@ -135,7 +166,7 @@ local function record_open(key)
   if redis.call('TYPE', key)['ok'] ~= 'string' then return end
   local raw = redis.call('GET', key)
   local ttl = redis.call('PTTL', key)
-  local fields = queued_fields(raw) or {st = 'queued', b = raw}
+  local fields = queued_fields(key, raw) or {st = 'queued', b = raw}
   local body = fields.b or ''
   fields.b = nil
   local flat = {}

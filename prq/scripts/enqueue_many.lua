@@ -19,9 +19,19 @@ ARGV[5]  queue and counter TTL, ms
 ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
-ARGV[9]  max attempts: 0 for at_most_once; else the requests are at_least_once (enqueue.lua)
-ARGV[10] 1: one-way messages (notify): their answers are not kept (apply_response.lua); else 0
-ARGV[11..] id1, body1, id2, body2, ...
+ARGV[9]  the queued form's shape the batch comes in (_body.lua):
+           Q1  ARGV[11..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
+               creation time (ARGV[2]), deadline and sequence number, then its rest (its named
+               fields, the batch nonce 'bn' first, and body, as the enqueuer spelled them); for
+               small batches
+           Q2  ARGV[11..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
+               its id) and its whole string ('Q2', creation time and place in the batch, the
+               head's token 'bh' first, other fields and body), stored as it came; the batch's
+               shared head says its deadline, first sequence number and nonce
+         the other fields: priority, attempts, pickup window, producer and one-way, as for a
+         hash (enqueue.lua), only when set
+ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
+         the same when the call is sent again)
 
 Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
@@ -38,45 +48,48 @@ Invariants:
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
 - each record is written with its TTL, in the queued form (_body.lua); the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
-- each new request's sequence number "sq" is the counter's value for it, in batch order
+- each new request's sequence number "sq" is the counter's value for it, in batch order; in the
+  Q2 shape the batch takes one number per place at its first new request (ids known already
+  leave theirs unused; a batch that queues nothing takes none), the same on a rerun, so the
+  strings the enqueuer built stay true
 - capacity: new requests are written only while fewer than max_pending ids are queued
 ]]
 -- include: _body
 -- include: _queue
-local prefix, nonce, now, ttl = KEYS[3], ARGV[1], ARGV[2], ARGV[4]
-local deadline = server_ms() + tonumber(ARGV[3])
-local fresh = {}
-local accepted, duplicates = 0, 0
-local dups, refused = {}, {}
+local prefix, nonce, ttl, shape = KEYS[3], ARGV[1], ARGV[4], ARGV[9]
+local FIRST = 11
+local fresh, dups, refused = {}, {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
--- every record of the batch is one string in the queued form (_body.lua): what the batch
--- shares around its sequence number, then its body
-local head = QUEUED_TAG .. now .. ',' .. deadline .. ','
-local tail = {',', queued_field('bn', nonce)}
-if ARGV[7] ~= '0' then tail[#tail + 1] = queued_field('pri', ARGV[7]) end  -- absent reads as 0
-if tonumber(ARGV[9]) > 0 then
-  tail[#tail + 1] = queued_field('ma', ARGV[9])
-  tail[#tail + 1] = queued_field('pw', ARGV[3])
-  tail[#tail + 1] = queued_field('pro', ARGV[8])
+local shared, reserved, head = nil, false, nil
+if shape == 'Q2' then
+  -- one head per batch: a rerun finds the numbers its first run took, and keeps them
+  shared = string.sub(prefix, 1, -3) .. 'bh:' .. ARGV[10]
+  reserved = redis.call('EXISTS', shared) == 1
+else
+  head = QUEUED_TAG .. ARGV[2] .. ',' .. (server_ms() + tonumber(ARGV[3])) .. ','
 end
-if ARGV[10] == '1' then tail[#tail + 1] = queued_field('ow', '1') end
-tail[#tail + 1] = 'b:'
-tail = table.concat(tail)
 
--- write id's record as the next request, unless the id is known; true when written
-local function write(key, body)
-  if not redis.call('SET', key, head .. (sequence + 1) .. tail .. body, 'PX', ttl, 'NX') then
-    return false
-  end
-  sequence = sequence + 1
-  return true
+-- Q2: at the batch's first new request, its numbers (one per place) and its head; a batch
+-- that queues nothing takes none
+local function reserve()
+  if reserved then return end
+  reserved = true
+  local places = (#ARGV - FIRST + 1) / 2
+  local deadline = server_ms() + tonumber(ARGV[3])
+  redis.call('SET', shared, deadline .. ',' .. (sequence + 1) .. ',' .. nonce, 'PX', ttl)
+  redis.call('INCRBY', KEYS[2], places)
+end
+
+-- write a record unless its key is taken; true when written
+local function write(key, record)
+  return redis.call('SET', key, record, 'PX', ttl, 'NX') and true or false
 end
 
 -- an id the first write did not take (known, or no room): what it is. A withdrawn record (a
 -- retry of it is a fresh request) or one without a state (damaged) is replaced: 'fresh'
-local function settle(key, body)
+local function settle(key, record)
   if redis.call('EXISTS', key) == 1 then
     local st, bn = unpack(record_get(key, {'st', 'bn'}))
     if st and st ~= 'withdrawn' then
@@ -84,43 +97,67 @@ local function settle(key, body)
       return 'known'
     end
     redis.call('DEL', key)
-    if (not room or room > 0) and write(key, body) then return 'fresh' end
+    if (not room or room > 0) and write(key, record) then return 'fresh' end
   end
   return 'refused'
 end
 
--- the common case (a new id, room left) is one SET; the rest is settled above
-local n = 0
-for i = 11, #ARGV, 2 do
-  local id = ARGV[i]
-  local key = prefix .. id
-  local verdict
-  if (not room or room > 0) and redis.call('SET', key, head .. (sequence + 1) .. tail ..
-      ARGV[i + 1], 'PX', ttl, 'NX') then
-    sequence = sequence + 1
-    verdict = 'fresh'
-  else
-    verdict = settle(key, ARGV[i + 1])
-  end
+local n, again = 0, 0
+local function tally(verdict, id)
   if verdict == 'fresh' then
     if room then room = room - 1 end
+    if shared then reserve() else sequence = sequence + 1 end
     n = n + 1
     fresh[n] = id
-    accepted = accepted + 1
   elseif verdict == 'refused' then
     refused[#refused + 1] = id
   elseif verdict == 'again' then
-    accepted = accepted + 1
+    again = again + 1
   else
-    duplicates = duplicates + 1
     dups[#dups + 1] = id
   end
 end
 
+-- the common case (a new id, room left) is one SET; the rest is settled above. The Q2 loop
+-- is the hot one (Spark, BulkClient): its strings go to Redis as they came
+local call = redis.call
+if shared then
+  local cut = #prefix + 1
+  for i = FIRST, #ARGV, 2 do
+    local key = ARGV[i]
+    if (not room or room > 0) and call('SET', key, ARGV[i + 1], 'PX', ttl, 'NX') then
+      if room then room = room - 1 end
+      if n == 0 then reserve() end
+      n = n + 1
+      fresh[n] = string.sub(key, cut)
+    else
+      tally(settle(key, ARGV[i + 1]), string.sub(key, cut))
+    end
+  end
+else
+  for i = FIRST, #ARGV, 2 do
+    local key = prefix .. ARGV[i]
+    local record = head .. (sequence + 1) .. ',' .. ARGV[i + 1]
+    if (not room or room > 0) and call('SET', key, record, 'PX', ttl, 'NX') then
+      tally('fresh', ARGV[i])
+    else
+      tally(settle(key, record), ARGV[i])
+    end
+  end
+end
+local accepted, duplicates = n + again, #dups
+
 local counter
+if shared and n > 0 then
+  redis.call('PEXPIRE', shared, ttl)  -- after the batch's last write: the head outlives them
+end
 if #fresh > 0 then
   queue_push(KEYS[1], KEYS[5], ARGV[7], ARGV[8], fresh, ARGV[5])
-  counter = redis.call('INCRBY', KEYS[2], #fresh)
+  if shared then
+    counter = tonumber(redis.call('GET', KEYS[2]))
+  else
+    counter = redis.call('INCRBY', KEYS[2], #fresh)
+  end
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   redis.call('PUBLISH', ARGV[6], '')
 else

@@ -58,6 +58,7 @@ MAX_BODY_BYTES = 1024
 
 async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     make_queue: QueueFactory,
+    redis_url: str,
     redis_client: redis.Redis,
     key_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -67,7 +68,8 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     served, unserved = "poll://ttl-served", "poll://ttl-unserved"
     serving = make_queue.serve(receiver, served, lambda request: request.params, concurrency=2)
 
-    # When traffic runs: completed calls, a pickup timeout, and a cancel before pickup
+    # When traffic runs: completed calls, a pickup timeout, a cancel before pickup, and a bulk
+    # batch sent whole (its records and its shared head)
     results = await run_all((sender.call(served, "m", i) for i in range(5)), 10)
     assert results == list(range(5))
     with pytest.raises(PickupTimeout):
@@ -79,11 +81,17 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     with pytest.raises(CancelledBeforePickup):
         await asyncio.wait_for(call, 10)
     await serving.stop()
+    bulked = [Request(endpoint=unserved, method="m", id=f"bulk-{i}") for i in range(10)]
+    with BulkClient.from_url(
+        redis_url, prefix=key_prefix, settings=QueueSettings(**TINY_TTLS)
+    ) as bulk:
+        assert bulk.enqueue_many(bulked).accepted == 10
 
     # Then every key of the prefix has a TTL, and a short one
     keys = scan_keys(redis_client, key_prefix)
     tombstone = sender.keys.endpoint(unserved).request(request.id).encode()
     assert tombstone in keys, "the scan must see the traffic"
+    assert any(b"}:bh:" in key for key in keys), "the scan must see the bulk batch's head"
     ttls = {key: redis_client.pttl(key) for key in keys}
     ttls = {key: ttl for key, ttl in ttls.items() if ttl != -2}  # -2: expired meanwhile
     assert [key for key, ttl in ttls.items() if ttl == -1] == [], "keys without a TTL"

@@ -1,7 +1,9 @@
 """The queued form (prq.records, scripts/_body.lua): a request BulkClient queues is one string
 until something changes it. Every way of reading or changing a request works on it, from any
 node; what changes it first turns it into the hash form, keeping its TTL; damaged bytes in it
-are dead-lettered, not lost; and a reused id meets either form without an error."""
+are dead-lettered, not lost; and a reused id meets either form without an error. Each test runs
+on both shapes of the form: Q1 (deadline and sequence number inline, small batches) and Q2
+(whole strings built by the enqueuer, the batch's deadline and numbers in a shared head)."""
 
 from __future__ import annotations
 
@@ -10,22 +12,38 @@ import asyncio
 import pytest
 import redis
 
-from prq import QueueSettings, Request, RequestState, Response
+from prq import QueueSettings, Request, RequestState, Response, scripts
 from prq.bulk import BulkClient
 from prq.records import queued_fields
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
-from tests.stored_bodies import read_body
+from tests.stored_bodies import read_body, record_fields
 
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://queued-form"
 
 
+@pytest.fixture(autouse=True, params=["Q1", "Q2"])
+def shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every batch goes in this shape of the queued form, whatever its size."""
+    monkeypatch.setattr(scripts, "SHARED_HEAD_MIN", 10**9 if request.param == "Q1" else 1)
+    return str(request.param)
+
+
 def bulk_client(redis_url: str, key_prefix: str, **settings: object) -> BulkClient:
     merged = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60, **settings})
     return BulkClient.from_url(redis_url, prefix=key_prefix, settings=merged)
+
+
+def head_token(client: redis.Redis, key: str) -> bytes | None:
+    """The token of the shared head of the queued-form record at `key` (None: Q1, no head)."""
+    raw = client.get(key)
+    assert isinstance(raw, bytes)
+    fields = queued_fields(raw)
+    assert fields is not None
+    return fields.get("bh")
 
 
 def queue_three(redis_url: str, key_prefix: str, prefix: str) -> None:
@@ -38,7 +56,7 @@ def queue_three(redis_url: str, key_prefix: str, prefix: str) -> None:
 
 
 def test_a_bulk_request_waits_as_one_string_holding_what_its_record_says(
-    redis_url: str, redis_client: redis.Redis, key_prefix: str
+    redis_url: str, redis_client: redis.Redis, key_prefix: str, shape: str
 ) -> None:
     # Given requests queued by BulkClient: at the default priority and at_most_once, and at
     # another priority, at_least_once, from a named producer
@@ -52,15 +70,17 @@ def test_a_bulk_request_waits_as_one_string_holding_what_its_record_says(
         assert bulk.enqueue_many([rich]).accepted == 1
         keys = bulk.keys.endpoint(ENDPOINT)
 
-    # Then each is one string key with a TTL, whose fields say what the hash would
+    # Then each is one string key with a TTL, in the shape asked for, whose fields say what the
+    # hash would (Q2: with its batch's shared head)
     for request, sequence in ((plain, b"1"), (rich, b"2")):
         key = keys.request(request.id)
         assert redis_client.type(key) == b"string"
         assert redis_client.pttl(key) > 0
-        fields = queued_fields(redis_client.get(key))  # type: ignore[arg-type]
-        assert fields is not None
-        assert fields["st"] == b"queued" and fields["sq"] == sequence
-        assert int(fields["pd"]) > int(fields["ct"]) > 0
+        raw = redis_client.get(key)
+        assert isinstance(raw, bytes) and raw.startswith(shape.encode())
+        fields = record_fields(redis_client, key)
+        assert fields[b"st"] == b"queued" and fields[b"sq"] == sequence
+        assert int(fields[b"pd"]) > int(fields[b"ct"]) > 0
     rich_fields = queued_fields(redis_client.get(keys.request("rich")))  # type: ignore[arg-type]
     assert rich_fields is not None
     assert (rich_fields["pri"], rich_fields["ma"], rich_fields["pro"]) == (b"-3", b"4", b"etl|7")
@@ -196,3 +216,63 @@ def test_a_bulk_enqueue_replaces_a_record_without_a_state(
     for request_id in ("stateless", "withdrawn"):
         assert redis_client.type(keys.request(request_id)) == b"string"
     assert queue_depth(redis_client, keys) == 2
+
+
+def test_a_batch_sent_whole_shares_one_head_that_outlives_its_requests(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str, shape: str
+) -> None:
+    # Given an endpoint with room for 5, and a batch of 8 (Q2: sent whole)
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"h{i}") for i in range(8)]
+    with bulk_client(redis_url, key_prefix) as bulk:
+        keys = bulk.keys.endpoint(ENDPOINT)
+        redis_client.hset(keys.limits, "mp", 5)  # (max_pending 5, as a node sets it)
+        # When it is sent, refused in part, and its call is run again as it was (same nonce:
+        # a reply that was lost) once there is room
+        call = scripts.enqueue_many_call(
+            keys, "nonce-h", [(r.id, b'{"m":"m"}') for r in requests], 1_000, 60_000,
+            600_000, 600_000,
+        )  # fmt: skip
+        first = scripts.parse_enqueue_many(bulk._io.execute([call])[0], 8)
+        redis_client.hdel(keys.limits, "mp")
+        again = scripts.parse_enqueue_many(bulk._io.execute([call])[0], 8)
+
+    # Then the first run queued 5 and refused 3; the rerun queued those 3 and counted the 5
+    assert (first.accepted, first.refused_ids) == (5, ["h5", "h6", "h7"])
+    assert (again.accepted, again.refused_ids, again.duplicate_ids) == (8, [], [])
+    # And each request has its own sequence number, its place in the batch, taken once: the
+    # rerun did not move the counter
+    numbers = [int(record_fields(redis_client, keys.request(r.id))[b"sq"]) for r in requests]
+    assert numbers == list(range(1, 9))
+    assert int(redis_client.get(keys.sequence) or 0) == 8 == again.counter
+    # And in the Q2 shape the batch's head (the only key beside the records, the same for both
+    # runs) outlives them
+    heads = list(redis_client.scan_iter(keys.batch_head("*")))
+    tokens = {head_token(redis_client, keys.request(r.id)) for r in requests}
+    if shape == "Q2":
+        assert heads == [keys.batch_head(t.decode()).encode() for t in tokens if t]
+        records = [redis_client.pexpiretime(keys.request(r.id)) for r in requests]
+        assert redis_client.pexpiretime(heads[0]) >= max(records) > 0
+    else:
+        assert heads == [] and tokens == {None}
+
+
+async def test_a_request_whose_shared_head_is_gone_is_still_handed_out(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+    shape: str,
+) -> None:  # fmt: skip
+    # Given bulk requests whose batch's shared head was lost (evicted, say)
+    queue_three(redis_url, key_prefix, "g")
+    node = make_queue()
+    keys = node.keys.endpoint(ENDPOINT)
+    token = head_token(redis_client, keys.request("g0"))
+    assert (token is not None) == (shape == "Q2")
+    if token is not None:
+        assert redis_client.delete(keys.batch_head(token.decode())) == 1
+
+    # When a receiver takes them
+    taken = [await node.dequeue(ENDPOINT, timeout_s=10) for _ in range(3)]
+
+    # Then each is handed out, in order, without a deadline to judge nor (Q2) a sequence number
+    assert [t.id if t else None for t in taken] == ["g0", "g1", "g2"]
+    hashed = record_fields(redis_client, keys.request("g0"))
+    assert (b"sq" in hashed) == (shape == "Q1")

@@ -10,6 +10,7 @@ from prq.records import (
     body_fields,
     join_body,
     queued_fields,
+    queued_head,
     queued_values,
     rest_fields,
 )
@@ -30,6 +31,16 @@ def test_the_queued_form_reads_its_fixed_and_named_fields_and_the_body_last() ->
     ]  # fmt: skip
 
 
+def test_the_q2_shape_reads_its_place_in_the_batch_instead_of_deadline_and_number() -> None:
+    # (its deadline and sequence number are in its batch's shared head, read by the scripts)
+    raw = b'Q21764000000000,12,bn11:kQ3xv9Zr_0apri2:-1b:{"m":"x"}'
+    assert queued_fields(raw) == {
+        "st": b"queued", "ct": b"1764000000000", "ix": b"12", "bn": b"kQ3xv9Zr_0a",
+        "pri": b"-1", "b": b'{"m":"x"}',
+    }  # fmt: skip
+    assert queued_head(raw[:20]) == {"st": b"queued", "ct": b"1764000000000", "ix": b"12"}
+
+
 @pytest.mark.parametrize(
     "raw",
     [
@@ -41,7 +52,9 @@ def test_the_queued_form_reads_its_fixed_and_named_fields_and_the_body_last() ->
         b"Q11,2,3,bn99:short",  # a length past the end
         b"Q11,2,3,BN1:xb:",  # a name that is not lowercase letters
         b"Q11,2,3," + b"aa1:x" * 17 + b"b:",  # more named fields than a record holds
-        b"Q2" + b"1,2,3,b:",  # another form
+        b"Q3" + b"1,2,3,b:",  # another form
+        b"Q21,2,3,b:",  # the Q2 shape has two numbers, not three
+        b"Q21,b:",  # ...and not one
     ],
 )
 def test_bytes_not_in_the_queued_form_are_not_read_as_one(raw: bytes) -> None:
