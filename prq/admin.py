@@ -106,7 +106,8 @@ class EndpointInfo(BaseModel):
     oldest_age_s: float | None
     #: Receiver nodes that took from the endpoint within the last few checks.
     receivers: int
-    #: The endpoint's enqueue counter: requests enqueued since Redis last lost its data.
+    #: The endpoint's enqueue counter: requests enqueued since Redis last lost its data (a bulk
+    #: batch sent whole counts each of its places, queued or not: scripts/enqueue_many.lua).
     enqueued_total: int
     #: When a node last reported using the endpoint, ms since the epoch (0: never).
     last_seen_ms: int
