@@ -119,8 +119,9 @@ def test_nodes_stop_by_themselves(nodes: NodeFactory) -> None:
     receiver = nodes.receiver("r1", duration_s=0.5)
     # A sender whose calls cannot be served gives up after its drain timeout and says so
     sender = nodes.sender("s1", duration_s=0.5, drain_timeout_s=0.5, endpoint="poll://nobody")
-    # A node past its lifetime bound is ended by its watchdog
-    forever = nodes.receiver("r2", max_lifetime_s=1.0)
+    # A node past its lifetime bound is ended by its watchdog (a bound that leaves room for its
+    # start-up on a slow host: 1 s did not, and it was ended before it was ready)
+    forever = nodes.receiver("r2", max_lifetime_s=5.0)
     assert receiver.wait(15) == 0
     assert sender.wait(15) == EXIT_UNFINISHED
     assert forever.wait(15) == EXIT_LIFETIME
