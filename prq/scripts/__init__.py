@@ -283,7 +283,7 @@ SHARED_HEAD_MIN = 8
 
 
 def _queued_field(name: bytes, value: bytes) -> bytes:
-    """One named field of the queued form (_body.lua: queued_field)."""
+    """One named field of the queued form (_body.lua: its name, its length, ':', its value)."""
     return b"%b%d:%b" % (name, len(value), value)
 
 

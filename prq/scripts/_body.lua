@@ -103,7 +103,8 @@ the same forms in Python.
 local QUEUED_TAG = 'Q1'
 local QUEUED_MAX_FIELDS = 16
 
--- the key of the shared head `token`, beside the record `key` (same endpoint)
+-- the key of the shared head `token`, beside the record `key` or the records' prefix (same
+-- endpoint)
 local function shared_head_key(key, token)
   local tag = string.match(key, '^(.-}):r:')
   if not tag then return nil end

@@ -65,7 +65,7 @@ local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local shared, reserved, head = nil, false, nil
 if shape == 'Q2' then
   -- one head per batch: a rerun finds the numbers its first run took, and keeps them
-  shared = string.sub(prefix, 1, -3) .. 'bh:' .. ARGV[10]
+  shared = shared_head_key(prefix, ARGV[10])
   reserved = redis.call('EXISTS', shared) == 1
 else
   head = QUEUED_TAG .. ARGV[2] .. ',' .. (server_ms() + tonumber(ARGV[3])) .. ','
