@@ -19,7 +19,7 @@ Commands per call:
     server  delta of `INFO stats total_commands_processed` over the phase, divided by its calls:
             every command Redis executed for anyone (sender and server process), including
             commands run inside Lua scripts (Redis 7 counts those too), excluding the INFO probes
-            themselves. The per-command breakdown (sequential phase) comes from
+            themselves. The per-command breakdown (of each phase) comes from
             `INFO commandstats`. PUBLISH inside a script counts; delivering a pub/sub message
             does not.
 
@@ -686,14 +686,16 @@ def target_lines(results: dict[str, Summary]) -> list[str]:
     return lines
 
 
-def breakdown_lines(results: dict[str, Summary]) -> list[str]:
-    """Per-command calls per call in the sequential phase (INFO commandstats)."""
+#: The phases whose per-command breakdown is printed, with their titles.
+PHASES = (("seq", "sequential phase"), ("tput", "throughput phase"))
+
+
+def breakdown_lines(results: dict[str, Summary], phase: str = "seq") -> list[str]:
+    """Per-command calls per call in one phase ("seq" or "tput"; INFO commandstats)."""
     lines = []
     for variant, summary in results.items():
-        m = summary.first
-        assert m.seq_server is not None
-        calls = len(m.latencies_s)
-        parts = sorted(m.seq_server.per_command.items(), key=lambda kv: (-kv[1], kv[0]))
+        snap, calls = summary.first._phase(phase)
+        parts = sorted(snap.per_command.items(), key=lambda kv: (-kv[1], kv[0]))
         # Connection set-up (HELLO, CLIENT SETINFO) and probes are not per-call work.
         text = ", ".join(
             f"{name} {count / calls:.2f}" for name, count in parts if count >= calls / 200
@@ -766,9 +768,10 @@ def print_report(results: dict[str, Summary], opts: Options, env: str) -> None:
             print(f"- {line}")
         print("\nCPU time per call (user + system) of each process:\n")
         print("\n".join(_markdown_table(cpu_headers, cpu)))
-        print("\nServer-side commands per call, sequential phase (INFO commandstats):\n")
-        for line in breakdown_lines(results):
-            print(f"- {line}")
+        for phase, title in PHASES:
+            print(f"\nServer-side commands per call, {title} (INFO commandstats):\n")
+            for line in breakdown_lines(results, phase):
+                print(f"- {line}")
         return
     console = Console()
     if not console.is_terminal:
@@ -777,9 +780,10 @@ def print_report(results: dict[str, Summary], opts: Options, env: str) -> None:
     for line in target_lines(results):
         console.print(line, highlight=False)
     console.print(_rich_table("CPU time per call (user + system)", cpu_headers, cpu, ""))
-    console.print("server-side commands per call, sequential phase (INFO commandstats):")
-    for line in breakdown_lines(results):
-        console.print(f"  {line}", highlight=False)
+    for phase, title in PHASES:
+        console.print(f"server-side commands per call, {title} (INFO commandstats):")
+        for line in breakdown_lines(results, phase):
+            console.print(f"  {line}", highlight=False)
 
 
 def _cleanup(client: redis.Redis, prefix: str) -> None:

@@ -12,9 +12,11 @@ In one run, on one Redis and one local Spark (`local[2]`), for the same DataFram
 Each variant runs once to warm the JVM and the Python workers. Then (a), (b) and (b') are measured
 in --repeats rounds (default 3; each round on an emptied Redis), and the table shows the round
 whose (b) ratio is the median, with every round's ratio below it; (c) is measured once. Ratios
-are to (a) of the same round. Redis's own CPU time (INFO cpu) is reported per variant: with a
-key per request it, not Spark or Python, sets the pace on a small machine. Uses PRQ_REDIS_URL
-when set, else an embedded redis-server.
+are to (a) of the same round. Redis's own CPU time (INFO cpu) is reported per variant, and
+Spark's: the CPU time of this process and its descendants (the JVM, its Python workers, the echo
+worker; an embedded redis-server left out). On a small machine the job is bound by the CPU they
+all share, so the two columns together say where a variant's time goes. Uses PRQ_REDIS_URL when
+set, else an embedded redis-server.
 
     python bench/spark.py [--rows 200000] [--call-rows 20000] [--repeats 3]
 """
@@ -22,6 +24,7 @@ when set, else an embedded redis-server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -32,6 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 from prq.embedded import redis_url_or_embedded
@@ -43,8 +47,23 @@ BATCH = 1000
 WORKER_CONCURRENCY = 32
 
 _clients: dict[tuple[str, int], redis.Redis] = {}
-#: (variant, rows, wall seconds, Redis CPU seconds) of one measured run.
-Result = tuple[str, int, float, float]
+#: (variant, rows, wall seconds, Redis CPU seconds, Spark's CPU seconds) of one measured run.
+Result = tuple[str, int, float, float, float]
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and its descendants alive now: the driver, Spark's JVM and
+    its Python workers (kept between tasks, so their time accumulates), and the echo worker;
+    not an embedded redis-server (Redis's CPU is its own column)."""
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
+            if process.name().startswith("redis-server"):
+                continue
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def echo(request: Any) -> Any:
@@ -128,9 +147,10 @@ def run(url: str, rows: int, call_rows: int, repeats: int) -> tuple[list[list[Re
         return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
     def measure(name: str, n: int, action: Callable[[str], object], tag: str) -> Result:
-        cpu, started = redis_cpu_s(), time.perf_counter()
+        cpu, spark_cpu, started = redis_cpu_s(), tree_cpu_s(), time.perf_counter()
         action(tag)
-        return (name, n, time.perf_counter() - started, redis_cpu_s() - cpu)
+        wall = time.perf_counter() - started
+        return (name, n, wall, redis_cpu_s() - cpu, tree_cpu_s() - spark_cpu)
 
     enqueues: list[tuple[str, Callable[[str], object]]] = [
         ("raw-rpush", lambda tag: df.foreachPartition(_raw_push(url, f"{prefix}:raw:{tag}"))),
@@ -182,14 +202,15 @@ def _clean_up(url: str, prefix: str) -> None:
 def table(results: list[Result]) -> str:
     base = results[0][1] / results[0][2]
     lines = [
-        "| variant | rows | seconds | rows/s | vs raw-rpush | Redis CPU s | Redis CPU µs/row |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | rows | seconds | rows/s | vs raw-rpush | Redis CPU s | Redis CPU µs/row "
+        "| Spark CPU s | Spark CPU µs/row |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, n, seconds, cpu in results:
+    for name, n, seconds, cpu, spark_cpu in results:
         rate = n / seconds
         lines.append(
             f"| {name} | {n:,} | {seconds:.2f} | {rate:,.0f} | {rate / base:.2f}x "
-            f"| {cpu:.2f} | {cpu / n * 1e6:.1f} |"
+            f"| {cpu:.2f} | {cpu / n * 1e6:.1f} | {spark_cpu:.2f} | {spark_cpu / n * 1e6:.1f} |"
         )
     return "\n".join(lines)
 

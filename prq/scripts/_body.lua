@@ -64,10 +64,32 @@ local function read_body(key)
   return body_rest(key, first, pieces)
 end
 
--- delete the body of `key`, and the other fields named in `also` (an array, may be empty)
-local function drop_body(key, also)
+-- the field names a read of a record asks for after 'b' and 'bk', so that a body of up to
+-- #BODY_AHEAD + 1 pieces (256 bytes) comes in that same read (body_read joins them): the
+-- common body costs no second HMGET
+local BODY_AHEAD = {'b1', 'b2', 'b3'}
+
+-- the body from one read that asked for 'b', 'bk' and then the BODY_AHEAD names, their values
+-- at reply[at], reply[at + 1], ...; a longer body is read from `key`
+local function body_read(key, reply, at)
+  local first, pieces = reply[at], tonumber(reply[at + 1])
+  if not first or not pieces or pieces < 2 then return first end
+  if pieces > #BODY_AHEAD + 1 then return body_rest(key, first, pieces) end
+  local parts = {first}
+  for i = 1, pieces - 1 do
+    local part = reply[at + 1 + i]
+    if not part then return nil end  -- a record cut short: no body to hand out
+    parts[i + 1] = part
+  end
+  return table.concat(parts)
+end
+
+-- delete the body of `key`, and the other fields named in `also` (an array, may be empty);
+-- `pieces`: its 'bk' when the caller read it already (false when absent), else nil
+local function drop_body(key, also, pieces)
   local names = {'b', 'bk'}
-  local pieces = tonumber(redis.call('HGET', key, 'bk'))
+  if pieces == nil then pieces = redis.call('HGET', key, 'bk') end
+  pieces = tonumber(pieces)
   if pieces then
     for i = 1, math.min(pieces, MAX_PIECES) - 1 do names[#names + 1] = 'b' .. i end
   end

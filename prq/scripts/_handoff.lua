@@ -34,7 +34,7 @@ local function pop_live_park(k, now)
   return nil
 end
 
--- hand request `id` (its hash written but for its state) to a parked token on `node`
+-- hand request `id` (its hash written, in any state) to a parked token on `node`
 local function hand_to(k, id, token, node, now, o)
   redis.call('HSET', k.hash, 'st', 'handed', 'own', token, 'rcv', node,
     'ho', now + tonumber(o.confirm_ms))

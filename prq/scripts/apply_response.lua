@@ -28,8 +28,8 @@ Invariants:
 - a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
 ]]
 -- include: _body
-local st, own, snd, watchers, ma, ow = unpack(record_hmget(KEYS[1], {'st', 'own', 'snd',
-  'w', 'ma', 'ow'}))
+local st, own, snd, watchers, ma, ow, bk = unpack(record_hmget(KEYS[1], {'st', 'own', 'snd',
+  'w', 'ma', 'ow', 'bk'}))
 if not st then return 'unknown' end
 if st == 'done' then
   if own == ARGV[2] then return 'replay' end
@@ -43,7 +43,7 @@ if ow then
 else
   redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
 end
-drop_body(KEYS[1], {})
+drop_body(KEYS[1], {}, bk)
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ma then redis.call('ZREM', KEYS[5], ARGV[1]) end

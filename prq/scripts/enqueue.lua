@@ -95,9 +95,9 @@ local counter = redis.call('INCR', KEYS[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 
 local now = server_ms()
--- what the hash holds in every state (the state's own fields are added to it)
-local fields = body_fields({'snd', ARGV[3], 'ct', ARGV[4], 'pd', now + tonumber(ARGV[16]),
-  'sq', counter}, ARGV[2])
+-- the record, queued (a hand-off below makes it 'handed', adding that state's fields)
+local fields = body_fields({'st', 'queued', 'snd', ARGV[3], 'ct', ARGV[4],
+  'pd', now + tonumber(ARGV[16]), 'sq', counter}, ARGV[2])
 if ARGV[13] ~= '0' then  -- absent reads as priority 0 everywhere
   fields[#fields + 1] = 'pri'
   fields[#fields + 1] = ARGV[13]
@@ -123,8 +123,7 @@ if handing then
   if hand_off(k, ARGV[1], now, o) then return {'handed', counter} end
 end
 
-redis.call('HSET', KEYS[1], 'st', 'queued')
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-queue_push(KEYS[2], KEYS[9], ARGV[13], ARGV[14], {ARGV[1]}, ARGV[7])
+queue_push(KEYS[2], KEYS[9], ARGV[13], ARGV[14], {ARGV[1]}, ARGV[7], now)
 redis.call('PUBLISH', ARGV[8], '')
 return {'new', counter}

@@ -62,13 +62,14 @@ local fresh, dups, refused = {}, {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local now = server_ms()
 local shared, reserved, head = nil, false, nil
 if shape == 'Q2' then
   -- one head per batch: a rerun finds the numbers its first run took, and keeps them
   shared = shared_head_key(prefix, ARGV[10])
   reserved = redis.call('EXISTS', shared) == 1
 else
-  head = QUEUED_TAG .. ARGV[2] .. ',' .. (server_ms() + tonumber(ARGV[3])) .. ','
+  head = QUEUED_TAG .. ARGV[2] .. ',' .. (now + tonumber(ARGV[3])) .. ','
 end
 
 -- Q2: at the batch's first new request, its numbers (one per place) and its head; a batch
@@ -77,7 +78,7 @@ local function reserve()
   if reserved then return end
   reserved = true
   local places = (#ARGV - FIRST + 1) / 2
-  local deadline = server_ms() + tonumber(ARGV[3])
+  local deadline = now + tonumber(ARGV[3])
   redis.call('SET', shared, deadline .. ',' .. (sequence + 1) .. ',' .. nonce, 'PX', ttl)
   redis.call('INCRBY', KEYS[2], places)
 end
@@ -152,7 +153,7 @@ if shared and n > 0 then
   redis.call('PEXPIRE', shared, ttl)  -- after the batch's last write: the head outlives them
 end
 if #fresh > 0 then
-  queue_push(KEYS[1], KEYS[5], ARGV[7], ARGV[8], fresh, ARGV[5])
+  queue_push(KEYS[1], KEYS[5], ARGV[7], ARGV[8], fresh, ARGV[5], now)
   if shared then
     counter = tonumber(redis.call('GET', KEYS[2]))
   else

@@ -53,8 +53,8 @@ if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
 local sequence = redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
-local fields = {'st', 'queued', 'ct', ARGV[2], 'pd', server_ms() + tonumber(ARGV[3]),
-  'sq', sequence}
+local now = server_ms()
+local fields = {'st', 'queued', 'ct', ARGV[2], 'pd', now + tonumber(ARGV[3]), 'sq', sequence}
 if tonumber(priority) ~= 0 then  -- absent reads as priority 0 everywhere
   fields[#fields + 1] = 'pri'
   fields[#fields + 1] = priority
@@ -65,6 +65,6 @@ if attempts then
     'pro', producer)
 end
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
-queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5])
+queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5], now)
 redis.call('PUBLISH', ARGV[6], '')
 return 'replayed'

@@ -101,9 +101,10 @@ local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
     local key = KEYS[2] .. id
-    local st, own, body, att, ct, sq, ma, bk = unpack(record_get(key, {'st', 'own', 'b', 'att',
-      'ct', 'sq', 'ma', 'bk'}))
-    body = body_rest(key, body, bk)
+    local read = record_get(key, {'st', 'own', 'att', 'ct', 'sq', 'ma', 'b', 'bk',
+      unpack(BODY_AHEAD)})
+    local st, own, att, ct, sq, ma = unpack(read, 1, 6)
+    local body = body_read(key, read, 7)
     if (st == 'taken' or st == 'handed') and own == ARGV[1] and body then
       if st == 'handed' then  -- confirmed: picked up now
         att = tostring((tonumber(att) or 0) + 1)
@@ -165,9 +166,10 @@ while got < want and budget > 0 do
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  local st, deadline, body, att, ct, sq, ma, bk = unpack(record_hmget(key, {'st', 'pd', 'b',
-    'att', 'ct', 'sq', 'ma', 'bk'}))
-  body = body_rest(key, body, bk)
+  local read = record_hmget(key, {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'b', 'bk',
+    unpack(BODY_AHEAD)})
+  local st, deadline, att, ct, sq, ma = unpack(read, 1, 6)
+  local body = body_read(key, read, 7)
   deadline = tonumber(deadline)
   -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)
   if st == 'queued' and body and (not deadline or deadline >= now_server) then

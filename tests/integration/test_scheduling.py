@@ -25,7 +25,7 @@ from prq.bulk import BatchRefused, BulkClient
 from prq.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
 from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
 from tests.queued import level_ids, queue_depth, queued_ids, silent_take
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import async_wait_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -236,12 +236,40 @@ async def test_a_level_that_never_empties_keeps_no_trace_of_producers_it_served(
 
     # Then the level's clock holds its fixed fields only, whatever the producers it served
     fields: list[bytes] = redis_client.hkeys(keys.level(0))  # type: ignore[assignment]
-    assert set(fields) <= {b"g", b"n", b"s", b"t", b"x"}, fields
+    assert set(fields) <= {b"g", b"n", b"r", b"s", b"t", b"x"}, fields
     # ... its lanes are the producers with something queued, and the others left no key
     lanes: list[bytes] = redis_client.zrange(keys.level_lanes(0), 0, -1)  # type: ignore[assignment]
     assert lanes == [b"psteady"]
     assert not redis_client.exists(*(keys.producer_lane(0, f"node-{n}") for n in range(400)))
     assert queue_depth(redis_client, keys) == 600
+
+
+def test_a_busy_level_renews_its_ttls_once_an_eighth_has_passed_and_a_new_lane_gets_one(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given a level just given its TTL by a push (list TTL 4 s: renewed at most every 0.5 s)
+    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60, "list_ttl_s": 4.0})
+    endpoint = "poll://ttl-renewal"
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
+        keys = client.keys.endpoint(endpoint)
+        level_keys = [keys.levels, keys.level(0), keys.level_lanes(0)]
+        assert client.enqueue_many(batch(endpoint, "first", 10)).accepted == 10
+        assert all(3_000 < redis_client.pttl(key) <= 4_000 for key in level_keys)
+
+        # When another producer queues at once: its lane is new, and gets the TTL
+        assert client.enqueue_many(batch(endpoint, "second", 10)).accepted == 10
+        assert 3_000 < redis_client.pttl(keys.producer_lane(0, "second")) <= 4_000
+        assert all(redis_client.pttl(key) > 0 for key in level_keys)
+
+        # ...and a push after an eighth of the TTL renews every key of the level
+        wait_until(
+            lambda: redis_client.pttl(keys.level(0)) < 3_300, 5.0, 0.05, "0.7 s of the TTL gone"
+        )
+        assert client.enqueue_many(batch(endpoint, "first", 10, tag="later")).accepted == 10
+        renewed = [*level_keys, keys.producer_lane(0, "first")]
+        assert all(redis_client.pttl(key) > 3_500 for key in renewed), [
+            redis_client.pttl(key) for key in renewed
+        ]
 
 
 async def test_an_id_removed_from_the_middle_of_a_long_list_is_skipped_and_depth_stays_exact(
