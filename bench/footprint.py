@@ -7,6 +7,9 @@ Variants, each on a fresh key space (the requests stay queued while they are mea
   keyed    SET <prefix>:kv:<id> <payload> PX <ttl> NX, 1,000 per pipelined call: one key with a
            TTL per request, written once per id (the floor of any layout that keeps each
            request under its own key with its own TTL, as prq does)
+  scripted the same SET PX NX per request, from one Lua script per 1,000 (EVALSHA, the keys and
+           payloads as its arguments, nothing else done): the floor of any enqueue that checks
+           and writes its ids inside one script, as prq does to keep a batch atomic
   bulk     BulkClient.enqueue_many with Request objects, 1,000 per call (dedup by id, as always)
   notify   AsyncQueue.notify, one at a time, each awaited (a one-way message)
   send     AsyncQueue.send, one at a time, each awaited (the layout of `call`: the request names
@@ -76,6 +79,14 @@ from prq.errors import PrqError
 from prq.keys import KeySchema
 from prq.models import Response, new_request_id
 
+#: The scripted baseline: one SET PX NX per key/payload pair of ARGV (ARGV[1]: the TTL, ms).
+FLOOR_SCRIPT = """
+local ttl, written = ARGV[1], 0
+for i = 2, #ARGV, 2 do
+  if redis.call('SET', ARGV[i], ARGV[i + 1], 'PX', ttl, 'NX') then written = written + 1 end
+end
+return written
+"""
 #: Requests per call of the bulk variants (BulkClient's default batch, and the RPUSH baseline's).
 BATCH = 1000
 ENDPOINT = "poll://footprint"
@@ -99,6 +110,7 @@ TARGET_RATE = 150_000
 #: The variants, as the tables name them (see the module docstring).
 LIST = "list, RPUSH 1,000/call"
 KEYED = "key per request, SET PX NX 1,000/call"
+SCRIPTED = "key per request from a script, 1,000/call"
 BULK = "prq bulk, 1,000/call"
 NOTIFY = "prq notify, one by one"
 SEND = "prq send, one by one"
@@ -307,6 +319,30 @@ class Bench:
         self.finish(m, before, cpu)
         return m
 
+    def run_scripted(self, size: int, n: int) -> Measured:
+        m = Measured(SCRIPTED, size, n)
+        self.clear()
+        writer = redis.Redis.from_url(self.url)
+        ttl_ms = int(SETTINGS.request_ttl_s(SETTINGS.pickup_timeout_s) * 1000)
+        try:
+            sha = writer.script_load(FLOOR_SCRIPT)
+            before = self.settled()
+            cpu = self.redis_cpu_s()
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            for start in range(0, n, BATCH):
+                args: list[str | bytes | int] = [ttl_ms]
+                for i in range(start, min(n, start + BATCH)):
+                    args += [f"{self.prefix}:ks:{new_request_id()}", payload(i, size)]
+                with m.clock.running():
+                    written = writer.evalsha(sha, 0, *args)
+                if written != (len(args) - 1) // 2:
+                    raise RuntimeError(f"the script wrote {written} of {(len(args) - 1) // 2}")
+                _check(deadline)
+        finally:
+            writer.close()
+        self.finish(m, before, cpu)
+        return m
+
     def run_bulk(self, size: int, n: int) -> Measured:
         m = Measured(BULK, size, n)
         self.clear()
@@ -447,11 +483,11 @@ def _ratio(m: Measured, base: Measured | None, metric: Callable[[Measured], floa
 
 def rows(results: Sequence[Measured]) -> list[tuple[str, ...]]:
     """One row per variant run; ratios to the list of the same payload and count (CPU and rate
-    only for bulk and keyed, which also send 1,000 per call)."""
+    only for the variants that also send 1,000 per call)."""
     out: list[tuple[str, ...]] = []
     for m in results:
         base = _baseline(results, m) if m.variant != LIST else None
-        bulk_base = base if m.variant in (BULK, KEYED) else None
+        bulk_base = base if m.variant in (BULK, KEYED, SCRIPTED) else None
         out.append(
             (
                 m.variant,
@@ -499,11 +535,18 @@ def target_lines(results: Sequence[Measured]) -> list[str]:
         def verdict(ok: bool) -> str:
             return "PASS" if ok else "MISS"
 
+        floors = [
+            f"{m.redis_us / r.redis_us:.2f}x {name}"
+            for r in results
+            for name in [{KEYED: "the keyed write", SCRIPTED: "the scripted one"}.get(r.variant)]
+            if name and (r.size, r.requests) == (m.size, m.requests) and r.redis_us > 0
+        ]
+        beside = f" ({', '.join(floors)} in this run)" if floors else ""
         lines.append(
             f"bulk, 100 B, {m.requests:,} queued: {m.bytes_per_request:,.0f} B per request "
             f"(target <= {TARGET_BYTES} B) {verdict(m.bytes_per_request <= TARGET_BYTES)}; "
-            f"Redis CPU {m.redis_us:.2f} µs per request (target <= {TARGET_REDIS_US} µs) "
-            f"{verdict(m.redis_us <= TARGET_REDIS_US)}; {m.rate:,.0f} requests/s "
+            f"Redis CPU {m.redis_us:.2f} µs per request{beside} (target <= {TARGET_REDIS_US} "
+            f"µs) {verdict(m.redis_us <= TARGET_REDIS_US)}; {m.rate:,.0f} requests/s "
             f"(target >= {TARGET_RATE:,}) {verdict(m.rate >= TARGET_RATE)}"
         )
     return lines
@@ -589,7 +632,7 @@ def plan(sizes: Sequence[int], kib_sizes: Sequence[int], one_by_one: int) -> lis
     steps: list[Step] = []
     for size, counts in ((100, sizes), (1024, kib_sizes)):
         for n in counts:
-            steps += [(LIST, size, n), (KEYED, size, n), (BULK, size, n)]
+            steps += [(LIST, size, n), (KEYED, size, n), (SCRIPTED, size, n), (BULK, size, n)]
     if one_by_one:
         if (LIST, 100, one_by_one) not in steps:
             steps.append((LIST, 100, one_by_one))
@@ -633,6 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results.append(bench.run_list(size, n))
                 elif variant == KEYED:
                     results.append(bench.run_keyed(size, n))
+                elif variant == SCRIPTED:
+                    results.append(bench.run_scripted(size, n))
                 elif variant == BULK:
                     results.append(bench.run_bulk(size, n))
                 else:

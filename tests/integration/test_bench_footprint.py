@@ -45,6 +45,7 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
         for variant in (
             footprint.LIST,
             footprint.KEYED,
+            footprint.SCRIPTED,
             footprint.BULK,
             footprint.NOTIFY,
             footprint.SEND,
@@ -54,8 +55,9 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
     }
     expected = [
         (footprint.LIST, "100 B", "300"), (footprint.KEYED, "100 B", "300"),
-        (footprint.BULK, "100 B", "300"), (footprint.LIST, "1,024 B", "200"),
-        (footprint.KEYED, "1,024 B", "200"), (footprint.BULK, "1,024 B", "200"),
+        (footprint.SCRIPTED, "100 B", "300"), (footprint.BULK, "100 B", "300"),
+        (footprint.LIST, "1,024 B", "200"), (footprint.KEYED, "1,024 B", "200"),
+        (footprint.SCRIPTED, "1,024 B", "200"), (footprint.BULK, "1,024 B", "200"),
         (footprint.LIST, "100 B", "50"), (footprint.NOTIFY, "100 B", "50"),
         (footprint.SEND, "100 B", "50"),
     ]  # fmt: skip
@@ -67,9 +69,11 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
     assert table[(footprint.LIST, "100 B", "300")][5] == f"{1 / 300:.5g}"  # one list key
     # And the targets are judged, never asserted
     assert re.search(r"bulk, 100 B, 300 queued: .* B per request .* (PASS|MISS);", out)
+    # ...beside the two floors measured in the same run
+    assert re.search(r"µs per request \([\d.]+x the keyed write, [\d.]+x the scripted one in", out)
     # And the breakdown of each prq run adds up to its bytes per request
     for variant, payload, queued in expected:
-        if variant in (footprint.LIST, footprint.KEYED):  # (baselines: no breakdown)
+        if variant in (footprint.LIST, footprint.KEYED, footprint.SCRIPTED):  # (no breakdown)
             continue
         parts = [
             row
