@@ -137,6 +137,25 @@ def test_200k_rows_are_enqueued_exactly_once_when_a_task_fails_halfway(
     assert queue_depth(redis_client, keys) == 200_000
 
 
+def test_the_counts_come_as_a_dataframe_of_the_stats_schema_also_with_no_partition(
+    spark: SparkSession, redis_url: str, key_prefix: str
+) -> None:
+    # Given 10 rows in 2 partitions, and a DataFrame with no partition at all
+    cfg = config(redis_url, key_prefix, "poll://spark-counts")
+    df = spark.range(0, 10, numPartitions=2).selectExpr("id AS key", "id * 2 AS doubled")
+    empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), df.schema)
+    assert empty.rdd.getNumPartitions() == 0
+    stats = "struct<partition:int,accepted:bigint,duplicate:bigint,rejected:bigint>"
+
+    # When each is enqueued
+    counts, none = enqueue_dataframe(df, cfg), enqueue_dataframe(empty, cfg)
+
+    # Then the counts say so, one row per partition in partition order, in the stats schema
+    assert counts.schema.simpleString() == none.schema.simpleString() == stats
+    assert [tuple(r) for r in counts.collect()] == [(0, 5, 0, 0), (1, 5, 0, 0)]
+    assert none.collect() == []
+
+
 def test_rows_with_keys_that_make_no_request_id_are_rejected(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
