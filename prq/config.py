@@ -10,11 +10,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 #: Where to connect when neither an argument nor PRQ_REDIS_URL says otherwise.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -43,7 +45,8 @@ DEFAULT_HANDOFF_CONFIRM_S = 2.0
 DEFAULT_RESPONSE_TTL_S = 20 * 60.0
 #: Request TTL = pickup timeout + this.
 DEFAULT_REQUEST_TTL_EXTRA_S = 2 * 60.0
-#: Pending list TTL, refreshed on every push.
+#: TTL of an endpoint's queue keys (levels, lanes, the enqueue counter), renewed by its pushes
+#: (a busy level's at most once per eighth of it).
 DEFAULT_LIST_TTL_S = 24 * 3600.0
 #: How long a cancel marker (or a withdrawn request's tombstone) is kept.
 DEFAULT_CANCEL_MARKER_TTL_S = 15 * 60.0
@@ -171,6 +174,32 @@ class QueueSettings(BaseSettings):
     #: How far the nodes' clocks may differ, for signature expiry, seconds.
     signing_clock_skew_s: float = Field(DEFAULT_SIGNING_CLOCK_SKEW_S, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_heartbeats(cls, data: Any) -> Any:
+        """Heartbeat settings left unset follow the timeouts: a beat every quarter of the shorter
+        timeout and the first after an eighth, at most the defaults (15 s and 7 s, for the
+        default 60 s). So setting `receiver_timeout_s=5` alone is enough."""
+        if not isinstance(data, dict):
+            return data
+        timeouts = []
+        for name, default in (
+            ("receiver_timeout_s", DEFAULT_RECEIVER_TIMEOUT_S),
+            ("sender_timeout_s", DEFAULT_SENDER_TIMEOUT_S),
+        ):
+            try:
+                timeouts.append(float(data.get(name, default)))
+            except (TypeError, ValueError):
+                return data  # the field's own validation says what is wrong
+        timeout = min(timeouts)
+        if timeout <= 0:
+            return data
+        derived = {
+            "heartbeat_interval_s": min(DEFAULT_HEARTBEAT_INTERVAL_S, timeout / 4),
+            "heartbeat_initial_delay_s": min(DEFAULT_HEARTBEAT_INITIAL_DELAY_S, timeout / 8),
+        }
+        return {name: value for name, value in derived.items() if name not in data} | data
+
     @model_validator(mode="after")
     def _check_limits(self) -> QueueSettings:
         if self.inline_limit_bytes > self.max_body_bytes:
@@ -241,3 +270,28 @@ class QueueSettings(BaseSettings):
     def locator_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a request id's locator: as long as the request can be queued, run and kept."""
         return self.request_ttl_s(pickup_timeout_s) + self.in_flight_ttl_s() + self.response_ttl_s
+
+
+class _GivenValuesOnly(QueueSettings):
+    """QueueSettings that reads no environment: the values given and the defaults."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def check_queue_settings(values: Mapping[str, Any]) -> QueueSettings:
+    """QueueSettings from `values` and the defaults alone, no PRQ_* variable read: to check
+    what a job says on one machine (a Spark driver) before it runs on others, whose own
+    environment may differ. Raises ValueError naming what QueueSettings does not have."""
+    unknown = sorted(set(values) - set(QueueSettings.model_fields))
+    if unknown:
+        raise ValueError(f"no such QueueSettings field {', '.join(map(repr, unknown))}")
+    return _GivenValuesOnly(**values)

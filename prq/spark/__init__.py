@@ -19,6 +19,10 @@ answered) as rejected, never sent.
   CALL_RESULT_SCHEMA with at most `cfg.max_in_flight` unanswered requests per task.
 - `foreach_batch(cfg)`: a `writeStream.foreachBatch` function; replayed batches enqueue nothing.
 
+A SparkQueueConfig is checked where it is made (on the driver, before any job): a
+`queue_settings` name QueueSettings does not have, or a value or combination it refuses, raises
+ValueError there instead of failing every task on the executors.
+
 One BulkClient per Python worker process is kept in this package (keyed by url, prefix and pid)
 and reused by every task that process runs. Every Redis reply is checked: a failing or full
 Redis raises in the task (Spark retries it), requests are never lost silently.

@@ -7,7 +7,10 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from prq.bulk import BULK_PRODUCER, MAX_BATCH_SIZE
+from prq.config import check_queue_settings
 from prq.models import (
     DELIVERY_MODES,
     MAX_PRIORITY,
@@ -92,7 +95,8 @@ class SparkQueueConfig:
     #: None: bodies stay inline up to max_body_bytes.
     datastreams_dir: str | None = None
     #: QueueSettings fields for the executors' clients (e.g. {"retry_budget_s": 5}); the rest
-    #: come from the executors' PRQ_* environment.
+    #: come from the executors' PRQ_* environment. Checked here, on the driver: an unknown
+    #: name or a refused value raises ValueError before any job runs.
     queue_settings: dict[str, Any] | None = None
     #: Test hook: the first attempt of partition 0 raises after this many of its rows were
     #: handed over (checked between Arrow batches / row chunks). Never set it in production.
@@ -121,11 +125,30 @@ class SparkQueueConfig:
             raise ValueError(f"delivery must be one of {', '.join(DELIVERY_MODES)}")
         if len(self.producer) > MAX_PRODUCER_LENGTH:
             raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
+        _check_queue_settings(self.queue_settings)
 
     def for_run(self) -> SparkQueueConfig:
         """A copy for one action: its token tells this action's own earlier attempts (counted as
         accepted) from requests enqueued before by another action (counted as duplicates)."""
         return replace(self, run_token=uuid.uuid4().hex)
+
+
+def _check_queue_settings(overrides: dict[str, Any] | None) -> None:
+    """Refuse, on the driver, what every executor would refuse: names QueueSettings does not
+    have (a typo would be ignored silently) and values or combinations it does not accept. The
+    driver's PRQ_* environment is not read: the executors read their own."""
+    if not overrides:
+        return
+    try:
+        check_queue_settings(overrides)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(f"queue_settings: {reasons}") from None
+    except ValueError as exc:
+        raise ValueError(f"queue_settings: {exc}") from None
 
 
 def request_id(namespace: str, key: object) -> str | None:

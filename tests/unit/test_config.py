@@ -41,6 +41,34 @@ def test_settings_that_would_kill_live_nodes_are_refused(overrides: dict[str, An
         QueueSettings(**overrides)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "interval", "first"),
+    [
+        ({"receiver_timeout_s": 5}, 1.25, 0.625),
+        ({"sender_timeout_s": 8, "receiver_timeout_s": 40}, 2.0, 1.0),
+        ({"receiver_timeout_s": 600, "sender_timeout_s": 600}, 15, 7),  # at most the defaults
+        ({"receiver_timeout_s": 5, "heartbeat_interval_s": 2}, 2, 0.625),  # a given one stays
+        ({"receiver_timeout_s": 5, "heartbeat_initial_delay_s": 0}, 1.25, 0),
+    ],
+)
+def test_heartbeats_left_unset_follow_the_timeouts(
+    overrides: dict[str, Any], interval: float, first: float
+) -> None:
+    # A shorter timeout alone is enough: the beats it needs come with it
+    settings = QueueSettings(**overrides)
+    assert (settings.heartbeat_interval_s, settings.heartbeat_initial_delay_s) == (interval, first)
+
+
+def test_heartbeats_follow_timeouts_set_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRQ_RECEIVER_TIMEOUT_S", "8")
+    assert QueueSettings().heartbeat_interval_s == 2
+    monkeypatch.setenv("PRQ_HEARTBEAT_INTERVAL_S", "1")
+    assert QueueSettings().heartbeat_interval_s == 1  # set, so kept
+    monkeypatch.setenv("PRQ_RECEIVER_TIMEOUT_S", "soon")
+    with pytest.raises(ValidationError, match="receiver_timeout_s"):
+        QueueSettings()
+
+
 def test_receipt_ttl_covers_retries_and_a_parked_wait() -> None:
     settings = QueueSettings(poll_interval_s=5, retry_budget_s=30)
     assert settings.receipt_ttl_s() >= 30
