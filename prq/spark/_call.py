@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -69,8 +70,10 @@ class _Caller:
     """One task's call-and-collect loop: a window of at most max_in_flight unanswered ids.
 
     Rows are sent only while the window has room; otherwise the task waits for outcomes first.
-    Past `call_timeout_s` (counted from the task's start) nothing more is sent: what is still
-    unanswered or unsent is answered with error type CallTimeout.
+    A request unanswered `call_timeout_s` after it was sent is answered with error type
+    CallTimeout (it may still run), which frees its place. Past `task_timeout_s` (from the
+    task's start; None: never) nothing more is sent: rows not sent are answered NotSent, the
+    requests in flight CallTimeout.
     """
 
     def __init__(self, cfg: SparkQueueConfig) -> None:
@@ -78,10 +81,13 @@ class _Caller:
         partition, attempt = task_identity()
         self.hook = FailureHook(cfg, partition, attempt)
         self.enqueuer = Enqueuer(cfg, partition)
-        self.in_flight: dict[str, None] = {}  # insertion-ordered: oldest first
+        #: id -> when it times out (monotonic); insertion-ordered, so oldest (and first due)
+        #: first
+        self.in_flight: dict[str, float] = {}
         self.backlog_ids: list[str] = []
         self.backlog_bodies: list[str] = []
-        self.deadline = time.monotonic() + cfg.call_timeout_s
+        bound = cfg.task_timeout_s
+        self.task_deadline = math.inf if bound is None else time.monotonic() + bound
         self.next_read = 0.0  # monotonic time of the next outcome read
 
     def run(self, chunks: Iterator[Chunk]) -> Iterator[list[_Answer]]:
@@ -100,14 +106,14 @@ class _Caller:
         while self.backlog_ids or self.in_flight:
             yield self._send_what_fits() + self._collect()
 
-    def _timed_out(self) -> bool:
-        return time.monotonic() >= self.deadline
+    def _task_over(self) -> bool:
+        return time.monotonic() >= self.task_deadline
 
     def _send_what_fits(self) -> list[_Answer]:
         """Send what the window has room for; DuplicateKey answers for the ids this task sent
         before (each row gets one answer; the first row with the key gets the response)."""
         room = min(self.cfg.max_in_flight - len(self.in_flight), len(self.backlog_ids))
-        if room <= 0 or self._timed_out():
+        if room <= 0 or self._task_over():
             return []
         ids, self.backlog_ids = self.backlog_ids[:room], self.backlog_ids[room:]
         bodies, self.backlog_bodies = self.backlog_bodies[:room], self.backlog_bodies[room:]
@@ -115,7 +121,8 @@ class _Caller:
         for start in range(0, len(ids), self.cfg.batch_size):
             stop = start + self.cfg.batch_size
             sent = self.enqueuer.send(ids[start:stop], bodies[start:stop])
-            self.in_flight.update(dict.fromkeys(sent.ids))
+            due = time.monotonic() + self.cfg.call_timeout_s
+            self.in_flight.update(dict.fromkeys(sent.ids, due))
             answers += [
                 (rid, None, "DuplicateKey", f"request {rid}: its row key came before in the task")
                 for rid in sent.repeated
@@ -123,20 +130,19 @@ class _Caller:
         return answers
 
     def _collect(self) -> list[_Answer]:
-        """Wait (bounded) until some requests are final; return their answers. Outcomes are
-        read at most once per poll interval, however quickly answers come."""
+        """Wait (bounded) until some requests are final or due; return their answers. Outcomes
+        are read at most once per poll interval, however quickly answers come."""
         answers: list[_Answer] = []
-        while self.in_flight:
+        while self.in_flight and not self._task_over():
             pause = self.next_read - time.monotonic()
             if pause > 0:
                 time.sleep(pause)  # the poll interval between outcome reads
             self.next_read = time.monotonic() + self.cfg.poll_interval_s
             answers += self._read_outcomes()
+            answers += self._time_out_due()
             if answers:
-                break
-            if self._timed_out():
-                return answers + self._give_up()
-        if self._timed_out():
+                return answers
+        if self._task_over():
             answers += self._give_up()
         return answers
 
@@ -160,12 +166,38 @@ class _Caller:
                 break
         return answers
 
+    def _time_out_due(self) -> list[_Answer]:
+        """CallTimeout answers for the requests sent call_timeout_s ago or more (they leave the
+        window; they were sent, so they may still run)."""
+        now = time.monotonic()
+        due = []
+        for rid, deadline in self.in_flight.items():
+            if deadline > now:
+                break  # sent later, due later
+            due.append(rid)
+        for rid in due:
+            del self.in_flight[rid]
+        return [(rid, None, "CallTimeout", self._sent_message()) for rid in due]
+
+    def _sent_message(self) -> str:
+        return (
+            f"no outcome within call_timeout_s={self.cfg.call_timeout_s:g} of its sending: it "
+            "was sent, so it may still run (maybe executed)"
+        )
+
     def _give_up(self) -> list[_Answer]:
-        """CallTimeout answers for everything unanswered (sent or not); both are emptied."""
-        message = f"no outcome within call_timeout_s={self.cfg.call_timeout_s:g}"
-        unsent = " (never sent)"
-        answers: list[_Answer] = [(rid, None, "CallTimeout", message) for rid in self.in_flight]
-        answers += [(rid, None, "CallTimeout", message + unsent) for rid in self.backlog_ids]
+        """Past task_timeout_s: CallTimeout for the requests in flight, NotSent for the rows
+        never sent; both are emptied."""
+        in_flight = (
+            f"the task ran past task_timeout_s={self.cfg.task_timeout_s:g} with no outcome: it "
+            "was sent, so it may still run (maybe executed)"
+        )
+        unsent = (
+            f"not sent: the task ran past task_timeout_s={self.cfg.task_timeout_s:g} before "
+            "there was room for it in the window (max_in_flight); it never ran"
+        )
+        answers: list[_Answer] = [(rid, None, "CallTimeout", in_flight) for rid in self.in_flight]
+        answers += [(rid, None, "NotSent", unsent) for rid in self.backlog_ids]
         self.in_flight.clear()
         self.backlog_ids, self.backlog_bodies = [], []
         return answers
@@ -208,8 +240,10 @@ def call_dataframe(df: DataFrame, cfg: SparkQueueConfig) -> DataFrame:
     Each task keeps at most `cfg.max_in_flight` requests unanswered and waits for outcomes
     before sending more (and backs off while Redis is full). A service error shows as
     error_type/error_message (the ServerError's type and message); a request that ended without
-    a response as e.g. PickupTimeout, ReceiverLost or Cancelled; a row never sent as
-    InvalidRequestId, PayloadTooLarge or DuplicateKey (its key came twice in the task). Ids are
+    a response as e.g. PickupTimeout, ReceiverLost or Cancelled; one unanswered
+    `cfg.call_timeout_s` after it was sent as CallTimeout (it may still run); a row never sent
+    as InvalidRequestId, PayloadTooLarge, DuplicateKey (its key came twice in the task) or
+    NotSent (the task ran past `cfg.task_timeout_s` first). Ids are
     deterministic, so a retried task or a second action re-reads the stored responses (kept
     for the queue's response TTL) and runs nothing twice on the service; still, persist or
     write out the result once rather than running many actions on it.

@@ -85,9 +85,14 @@ class SparkQueueConfig:
     max_in_flight: int = 1000
     #: call_dataframe: seconds between two reads of the outcomes.
     poll_interval_s: float = 0.05
-    #: call_dataframe: longest a task waits for its requests' outcomes; then they are answered
-    #: with error type "CallTimeout" (the requests may still run later).
+    #: call_dataframe: longest one request waits for its outcome, counted from when it was
+    #: sent (a row waiting for room in the window is not counted); then it is answered with
+    #: error type "CallTimeout", whose message says it was sent and may still run.
     call_timeout_s: float = 3600.0
+    #: call_dataframe: longest a task sends; past it nothing more is sent, rows not sent yet
+    #: are answered with error type "NotSent" (never a call) and requests in flight with
+    #: "CallTimeout". None: no bound, every row is sent.
+    task_timeout_s: float | None = None
     #: How long a task retries a batch refused with QueueFull (backing off) before it fails.
     queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S
     #: A directory every executor and receiver shares (as their FileSystemStore): request
@@ -112,6 +117,8 @@ class SparkQueueConfig:
             raise ValueError("max_in_flight must be at least 1")
         if self.poll_interval_s <= 0 or self.call_timeout_s <= 0:
             raise ValueError("poll_interval_s and call_timeout_s must be positive")
+        if self.task_timeout_s is not None and self.task_timeout_s <= 0:
+            raise ValueError("task_timeout_s must be positive (or None: no bound)")
         if not ID_RE.match(f"{self.namespace}:x"):
             raise ValueError(
                 f"namespace {self.namespace!r} cannot start a request id "

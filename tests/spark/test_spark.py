@@ -488,10 +488,32 @@ def test_call_answers_invalid_keys_and_unanswered_requests_with_errors(
     # When they are called
     rows = {r.request_id: r for r in call_dataframe(df, cfg).collect()}
 
-    # Then the bad key is rejected, and the others end with CallTimeout
+    # Then the bad key is rejected, and the others end with CallTimeout: sent, maybe run
     assert len(rows) == 3
     assert rows[f"{cfg.namespace}:bad key"].error_type == "InvalidRequestId"
     assert {rows[f"{cfg.namespace}:{k}"].error_type for k in "ab"} == {"CallTimeout"}
+    assert all("may still run" in rows[f"{cfg.namespace}:{k}"].error_message for k in "ab")
+
+
+def test_the_call_timeout_counts_for_each_request_from_its_sending(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given 300 rows in one partition for an endpoint nobody serves, a window of 100, and a
+    # call timeout of 0.5 s: the task outlives it several times over
+    endpoint = "poll://spark-per-request"
+    cfg = config(
+        redis_url, key_prefix, endpoint, max_in_flight=100, batch_size=50, call_timeout_s=0.5
+    )
+    df = spark.range(0, 300, numPartitions=1).selectExpr("id AS key", "id AS n")
+
+    # When they are called
+    rows = call_dataframe(df, cfg).collect()
+
+    # Then every row was sent, once its place in the window came, and timed out on its own
+    # clock: each a CallTimeout that says it may still run, none reported as never sent
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 300
+    assert len(rows) == 300 and {r.error_type for r in rows} == {"CallTimeout"}
+    assert all("may still run" in r.error_message for r in rows)
 
 
 # -- streaming ------------------------------------------------------------------------------------
@@ -575,21 +597,26 @@ def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twic
 def test_a_task_never_has_more_than_max_in_flight_requests_unanswered(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    # Given 500 rows in one partition for an endpoint nobody serves, a window of 100
+    # Given 500 rows in one partition for an endpoint nobody serves, a window of 100, and a
+    # task bound of 1 s (each call's own timeout is far longer)
     endpoint = "poll://spark-window"
     cfg = config(
-        redis_url, key_prefix, endpoint, max_in_flight=100, batch_size=50, call_timeout_s=1.0
-    )
+        redis_url, key_prefix, endpoint, max_in_flight=100, batch_size=50, call_timeout_s=60,
+        task_timeout_s=1.0,
+    )  # fmt: skip
     df = spark.range(0, 500, numPartitions=1).selectExpr("id AS key", "id AS n")
 
     # When they are called
     rows = call_dataframe(df, cfg).collect()
 
     # Then only the first 100 were sent; the task waited for outcomes before sending more, and
-    # past the call timeout answered everything with CallTimeout (the 400 unsent ones as such)
+    # past its bound answered the 100 in flight with CallTimeout (they may still run) and the
+    # 400 it never sent with NotSent (they never ran)
     assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 100
-    assert len(rows) == 500 and {r.error_type for r in rows} == {"CallTimeout"}
-    assert sum("never sent" in r.error_message for r in rows) == 400
+    kinds = Counter(r.error_type for r in rows)
+    assert len(rows) == 500 and kinds == {"CallTimeout": 100, "NotSent": 400}
+    assert all("may still run" in r.error_message for r in rows if r.error_type == "CallTimeout")
+    assert all("never ran" in r.error_message for r in rows if r.error_type == "NotSent")
 
 
 # -- without the scheduler: concurrent attempts, a full Redis -----------------------------------

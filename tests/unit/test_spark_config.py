@@ -52,3 +52,11 @@ def test_the_drivers_environment_is_not_what_is_checked(monkeypatch: pytest.Monk
     # The executors read their own PRQ_* environment; the driver checks what the job says
     monkeypatch.setenv("PRQ_RETRY_BUDGET_S", "not a number")
     assert config(queue_settings={"response_ttl_s": 5}).queue_settings == {"response_ttl_s": 5}
+
+
+@pytest.mark.parametrize("bound", [0, -1.0])
+def test_a_task_bound_must_be_positive_or_none(bound: float) -> None:
+    with pytest.raises(ValueError, match="task_timeout_s must be positive"):
+        config(task_timeout_s=bound)
+    assert config(task_timeout_s=None).task_timeout_s is None
+    assert config(task_timeout_s=30).task_timeout_s == 30
