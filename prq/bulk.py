@@ -40,11 +40,12 @@ from pydantic import JsonValue, TypeAdapter
 from pydantic_core import to_json
 
 from prq import bodies
-from prq._types import Call
+from prq._types import Call, Exec
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, SerializationError
 from prq.flows import old_layout_message, registry_calls
 from prq.keys import KeySchema
+from prq.levels import levels_call, levels_from
 from prq.models import (
     DELIVERY_MODES,
     REQUEST_ID_PATTERN,
@@ -131,6 +132,9 @@ class BulkResult:
     duplicate_ids: list[str] = field(default_factory=list)
     #: Requests refused before any write (an invalid endpoint, a body over max_body_bytes).
     rejected: list[Rejected] = field(default_factory=list)
+    #: Each endpoint written to: its queued requests (over all priorities) after this call's
+    #: last batch for it, as Redis counted them then (to hold back by: backpressure).
+    depths: dict[str, int] = field(default_factory=dict)
 
     @property
     def duplicates(self) -> int:
@@ -140,6 +144,7 @@ class BulkResult:
         self.accepted += other.accepted
         self.duplicate_ids += other.duplicate_ids
         self.rejected += other.rejected
+        self.depths |= other.depths
 
 
 class BatchRefused(QueueFull):
@@ -453,6 +458,7 @@ class BulkClient:
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids
+            result.depths[endpoint] = outcome.depth
             if outcome.refused_ids:
                 refused[endpoint] = refused.get(endpoint, 0) + len(outcome.refused_ids)
             at += 1 + (len(items) if locators else 0)
@@ -519,6 +525,20 @@ class BulkClient:
         body = encode_stored_request(request)
         check_body_size(body, self.settings.max_body_bytes, "request", request.id)
         return request.id, body
+
+    def depth(self, endpoint: str) -> int:
+        """Requests queued for `endpoint` now, over all priorities (one round trip when none
+        is queued, two otherwise)."""
+        keys = self.keys.endpoint(validate_endpoint(endpoint))
+        flow = levels_from(keys, self._io.execute([levels_call(keys)])[0])
+        replies: object = None
+        try:
+            while True:  # levels_from asks for one more read at most
+                effect = flow.send(replies)
+                assert isinstance(effect, Exec)
+                replies = self._io.execute(effect.calls)
+        except StopIteration as done:
+            return sum(level.depth for level in done.value)
 
     # -- outcomes -----------------------------------------------------------------------------
 

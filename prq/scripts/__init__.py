@@ -215,6 +215,8 @@ class BatchOutcome:
     counter: int
     #: New ids not written because the endpoint was at its max_pending (send them later).
     refused_ids: list[str] = field(default_factory=list)
+    #: The endpoint's queued requests after the batch (over all priorities).
+    depth: int = 0
 
 
 def enqueue_many_call(
@@ -289,19 +291,19 @@ def _queued_field(name: bytes, value: bytes) -> bytes:
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
     items = _array(reply, "enqueue_many")
-    head = items[:4]
+    head = items[:5]
     if (
-        len(head) < 4
+        len(head) < 5
         or not all(isinstance(v, int) for v in head)
-        or len(items) != 4 + head[1] + head[3]  # type: ignore[operator]
+        or len(items) != 5 + head[1] + head[3]  # type: ignore[operator]
         or head[0] + head[1] + head[3] != expected  # type: ignore[operator]
     ):
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
-    accepted, duplicates, counter, _ = head
+    accepted, duplicates, counter, _, depth = head
     assert isinstance(accepted, int) and isinstance(counter, int)
-    assert isinstance(duplicates, int)
-    ids = [_text(v) for v in items[4:]]
-    return BatchOutcome(accepted, ids[:duplicates], counter, ids[duplicates:])
+    assert isinstance(duplicates, int) and isinstance(depth, int)
+    ids = [_text(v) for v in items[5:]]
+    return BatchOutcome(accepted, ids[:duplicates], counter, ids[duplicates:], depth)
 
 
 # -- take ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ ARGV[9]  the queued form's shape the batch comes in (_body.lua):
 ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
          the same when the call is sent again)
 
-Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
+Reply: {accepted, duplicates, counter, refused, depth, dup_id1, ..., refused_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
                same batch whose reply was lost: counted again, so a retried call reports what
                the batch did, not what the retry did)
@@ -42,6 +42,8 @@ Reply: {accepted, duplicates, counter, refused, dup_id1, ..., refused_id1, ...}
   counter    = the endpoint's enqueue counter after the batch
   refused    = new ids not written because max_pending ids were already queued (capacity);
                their ids follow the duplicates' (send them again later)
+  depth      = the endpoint's queued requests after the batch (over all levels): what a bulk
+               enqueuer holds itself back by (backpressure)
 
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
@@ -164,7 +166,7 @@ if #fresh > 0 then
 else
   counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-local out = {accepted, duplicates, counter, #refused}
+local out = {accepted, duplicates, counter, #refused, queue_depth(KEYS[1], KEYS[5])}
 for _, id in ipairs(dups) do out[#out + 1] = id end
 for _, id in ipairs(refused) do out[#out + 1] = id end
 return out

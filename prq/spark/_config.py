@@ -23,6 +23,7 @@ from prq.models import (
 
 __all__ = [
     "CALL_RESULT_SCHEMA",
+    "DEFAULT_MAX_QUEUED",
     "DEFAULT_QUEUE_FULL_TIMEOUT_S",
     "ENQUEUE_STATS_SCHEMA",
     "InjectedTaskFailure",
@@ -37,6 +38,9 @@ CALL_RESULT_SCHEMA = (
 )
 #: How long a task keeps retrying a batch Redis refused as full before it fails, seconds.
 DEFAULT_QUEUE_FULL_TIMEOUT_S = 300.0
+#: The default backpressure bound (max_queued): about 200 MB of Redis for queued requests
+#: with 100-byte payloads, well inside one Redis server.
+DEFAULT_MAX_QUEUED = 500_000
 #: Longest method name (as Request allows).
 MAX_METHOD_LENGTH = 200
 
@@ -93,8 +97,13 @@ class SparkQueueConfig:
     #: are answered with error type "NotSent" (never a call) and requests in flight with
     #: "CallTimeout". None: no bound, every row is sent.
     task_timeout_s: float | None = None
-    #: How long a task retries a batch refused with QueueFull (backing off) before it fails.
+    #: How long a task retries a batch refused with QueueFull (backing off), or waits for the
+    #: endpoint to drain below max_queued, before it fails (QueueFull; Spark retries the task).
     queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S
+    #: Backpressure: once a batch leaves the endpoint holding this many queued requests (over
+    #: all priorities, whoever queued them), the task sends no more until it holds fewer.
+    #: None: no bound (an operator's max_pending on the endpoint still refuses what is over).
+    max_queued: int | None = DEFAULT_MAX_QUEUED
     #: A directory every executor and receiver shares (as their FileSystemStore): request
     #: bodies over inline_limit_bytes are kept there, and responses kept there are read back.
     #: None: bodies stay inline up to max_body_bytes.
@@ -117,6 +126,8 @@ class SparkQueueConfig:
             raise ValueError("max_in_flight must be at least 1")
         if self.poll_interval_s <= 0 or self.call_timeout_s <= 0:
             raise ValueError("poll_interval_s and call_timeout_s must be positive")
+        if self.max_queued is not None and self.max_queued < 1:
+            raise ValueError("max_queued must be at least 1 (or None: no bound)")
         if self.task_timeout_s is not None and self.task_timeout_s <= 0:
             raise ValueError("task_timeout_s must be positive (or None: no bound)")
         if not ID_RE.match(f"{self.namespace}:x"):

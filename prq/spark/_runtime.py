@@ -140,7 +140,7 @@ class Enqueuer:
         delay = 0.05
         while True:
             try:
-                return self.bulk.enqueue_encoded(
+                result = self.bulk.enqueue_encoded(
                     self.cfg.endpoint,
                     items,
                     pickup_timeout_s=self.cfg.pickup_timeout_s,
@@ -155,6 +155,29 @@ class Enqueuer:
                     raise
                 time.sleep(delay)  # backing off while Redis is full
                 delay = min(delay * 2, 2.0)
+            else:
+                self._hold_back(result.depths.get(self.cfg.endpoint, 0))
+                return result
+
+    def _hold_back(self, depth: int) -> None:
+        """Backpressure: while the endpoint holds max_queued requests or more, wait (backing
+        off) for its receivers to take some; QueueFull past queue_full_timeout_s."""
+        bound = self.cfg.max_queued
+        if bound is None or depth < bound:
+            return
+        deadline = time.monotonic() + self.cfg.queue_full_timeout_s
+        delay = 0.05
+        while depth >= bound:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QueueFull(
+                    f"{self.cfg.endpoint} still holds {depth} queued requests, max_queued="
+                    f"{bound}, after queue_full_timeout_s={self.cfg.queue_full_timeout_s:g}: "
+                    "are its receivers running? (the task fails; Spark retries it)"
+                )
+            time.sleep(min(delay, left))  # waiting for the endpoint's receivers to take some
+            delay = min(delay * 2, 1.0)
+            depth = self.bulk.depth(self.cfg.endpoint)
 
 
 def map_in_arrow(df: DataFrame, func: ArrowFunction, schema: str) -> DataFrame:

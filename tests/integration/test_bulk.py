@@ -56,6 +56,27 @@ def test_a_batch_is_enqueued_once_whoever_sends_it_again(
     assert int(redis_client.get(keys.endpoint("poll://bulk-a").sequence) or 0) == 1500
 
 
+async def test_a_result_says_how_many_requests_each_endpoint_holds_after_it(
+    bulk: BulkClient, make_queue: QueueFactory
+) -> None:
+    # Given requests at two priorities of one endpoint and one batch for another
+    high = [r.model_copy(update={"priority": 5}) for r in rows("poll://depth-a", "hi", 300)]
+    result = bulk.enqueue_many(rows("poll://depth-a", "lo", 1200) + high)
+    other = bulk.enqueue_many(rows("poll://depth-b", "b", 10))
+
+    # Then each result says the endpoint's depth after its last batch, over all priorities
+    assert result.depths == {"poll://depth-a": 1500}
+    assert other.depths == {"poll://depth-b": 10}
+    assert (bulk.depth("poll://depth-a"), bulk.depth("poll://depth-b")) == (1500, 10)
+    assert bulk.depth("poll://depth-none") == 0
+    # ...and counts what left since: a duplicate batch reports the depth of now
+    receiver = make_queue()
+    for _ in range(4):
+        assert await receiver.dequeue("poll://depth-b", timeout_s=5) is not None
+    assert bulk.enqueue_many(rows("poll://depth-b", "b", 10)).depths == {"poll://depth-b": 6}
+    assert bulk.depth("poll://depth-b") == 6
+
+
 def test_a_replayed_round_trip_reports_what_the_batch_did(
     bulk: BulkClient, redis_client: redis.Redis, key_prefix: str
 ) -> None:

@@ -11,6 +11,8 @@ import asyncio
 import importlib.util
 import json
 import os
+import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from prq import Queue, RedisSettings, RequestState
+from prq import Queue, QueueFull, RedisSettings, RequestState
 from prq.admin import EndpointInfo, Inspector
 from prq.bodies import MARKER
 from prq.embedded import EmbeddedRedis
@@ -36,6 +38,7 @@ from prq.spark import (
     enqueue_partitions,
     foreach_batch,
 )
+from prq.spark._runtime import Enqueuer
 from tests.integration.test_cli import Prq, PrqRunner
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import wait_until
@@ -154,6 +157,69 @@ def test_the_counts_come_as_a_dataframe_of_the_stats_schema_also_with_no_partiti
     assert counts.schema.simpleString() == none.schema.simpleString() == stats
     assert [tuple(r) for r in counts.collect()] == [(0, 5, 0, 0), (1, 5, 0, 0)]
     assert none.collect() == []
+
+
+def test_backpressure_holds_the_endpoint_near_max_queued_while_its_receiver_drains_it(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    receiver: tuple[Prq, Path],
+) -> None:
+    # Given 4,000 rows in 2 partitions for an endpoint whose one receiver is far slower than
+    # the job, and a bound of 500 queued requests
+    endpoint = "poll://spark-call"
+    cfg = config(redis_url, key_prefix, endpoint, batch_size=200, max_queued=500)
+    df = spark.range(0, 4_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    depths: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            depths.append(queue_depth(redis_client, keys))
+            stop.wait(0.01)  # a sampling interval, not a synchronisation
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    # When the rows are enqueued
+    try:
+        counts = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
+    finally:
+        stop.set()
+        sampler.join(10)
+
+    # Then every row was accepted once, and the endpoint held the bound all along: a task
+    # sends only while fewer than 500 are queued, so at most one batch per task above it
+    assert totals(counts) == (4_000, 0, 0)
+    assert depths and max(depths) >= 500, "the bound was reached: backpressure was exercised"
+    assert max(depths) <= 500 + 2 * 200, max(depths)
+
+
+def test_a_task_finding_its_endpoint_over_max_queued_waits_then_fails_with_queue_full(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given an endpoint nobody serves, a bound of 250 and a wait of at most 0.5 s
+    endpoint = "poll://spark-backpressure"
+    cfg = config(
+        redis_url, key_prefix, endpoint, max_queued=250, queue_full_timeout_s=0.5
+    ).for_run()
+    enqueuer = Enqueuer(cfg, partition=0)
+    body = '{"m":"square","p":{}}'
+    for batch in range(2):
+        ids = [f"{cfg.namespace}:{batch}-{i}" for i in range(100)]
+        assert enqueuer.send(ids, [body] * 100).result.accepted == 100
+
+    # When a third batch leaves it holding 300
+    started = time.monotonic()
+    with pytest.raises(QueueFull, match="max_queued=250"):
+        enqueuer.send([f"{cfg.namespace}:2-{i}" for i in range(100)], [body] * 100)
+
+    # Then the task waited the whole 0.5 s for receivers, then failed (Spark retries it; the
+    # batch it had sent counts as accepted then, by its nonce)
+    assert time.monotonic() - started >= 0.45
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 300
 
 
 def test_rows_with_keys_that_make_no_request_id_are_rejected(

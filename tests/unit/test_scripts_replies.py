@@ -10,6 +10,7 @@ from prq.scripts import (
     TakeReply,
     parse_apply_response,
     parse_enqueue,
+    parse_enqueue_many,
     parse_snapshot,
     parse_take,
     parse_withdraw,
@@ -29,6 +30,28 @@ def test_parse_enqueue() -> None:
     assert known is not None
     assert known.state == "done"
     assert known.response == b'{"id":"a"}'
+
+
+def test_parse_enqueue_many() -> None:
+    # 2 accepted, 1 duplicate, counter 40, 1 refused, 1,500 queued after the batch
+    outcome = parse_enqueue_many([2, 1, 40, 1, 1500, b"dup", b"full"], 4)
+    assert (outcome.accepted, outcome.counter, outcome.depth) == (2, 40, 1500)
+    assert (outcome.duplicate_ids, outcome.refused_ids) == (["dup"], ["full"])
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        [2, 1, 40, 1, b"dup", b"full"],  # no depth (the reply of an older script)
+        [2, 1, 40, 1, 1500, b"dup"],  # an id missing
+        [2, 1, 40, 1, b"many", b"dup", b"full"],  # depth not a number
+        [3, 1, 40, 1, 1500, b"dup", b"full"],  # counts over what was sent
+        b"OK",
+    ],
+)
+def test_parse_enqueue_many_refuses_a_reply_of_another_shape(reply: object) -> None:
+    with pytest.raises(SerializationError):
+        parse_enqueue_many(reply, 4)  # type: ignore[arg-type]
 
 
 def test_parse_take() -> None:

@@ -60,3 +60,10 @@ def test_a_task_bound_must_be_positive_or_none(bound: float) -> None:
         config(task_timeout_s=bound)
     assert config(task_timeout_s=None).task_timeout_s is None
     assert config(task_timeout_s=30).task_timeout_s == 30
+
+
+def test_backpressure_is_on_by_default_and_its_bound_must_be_positive_or_none() -> None:
+    assert config().max_queued == 500_000
+    assert config(max_queued=None).max_queued is None
+    with pytest.raises(ValueError, match="max_queued must be at least 1"):
+        config(max_queued=0)
