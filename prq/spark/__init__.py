@@ -19,6 +19,15 @@ answered) as rejected, never sent.
   CALL_RESULT_SCHEMA with at most `cfg.max_in_flight` unanswered requests per task.
 - `foreach_batch(cfg)`: a `writeStream.foreachBatch` function; replayed batches enqueue nothing.
 
+Backpressure: a task whose batch leaves the endpoint holding `cfg.max_queued` queued requests
+(500,000 by default, whoever queued them) sends no more until its receivers took some, and
+fails with QueueFull (Spark retries it) if they take none within `cfg.queue_full_timeout_s`.
+The endpoint then holds at most max_queued plus one batch per running task.
+
+Call-and-collect: each request gets `cfg.call_timeout_s` from its sending to its outcome (a
+CallTimeout says it was sent and may still run); `cfg.task_timeout_s`, when set, bounds a
+task's sending (rows it never sent come back NotSent).
+
 A SparkQueueConfig is checked where it is made (on the driver, before any job): a
 `queue_settings` name QueueSettings does not have, or a value or combination it refuses, raises
 ValueError there instead of failing every task on the executors.
