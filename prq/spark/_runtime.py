@@ -156,7 +156,10 @@ class Enqueuer:
                 time.sleep(delay)  # backing off while Redis is full
                 delay = min(delay * 2, 2.0)
             else:
-                self._hold_back(result.depths.get(self.cfg.endpoint, 0))
+                # a batch of duplicates added nothing to wait for (one re-sent by a retried
+                # attempt counts as accepted, and waits as its first sending would have)
+                if result.accepted:
+                    self._hold_back(result.depths.get(self.cfg.endpoint, 0))
                 return result
 
     def _hold_back(self, depth: int) -> None:

@@ -221,6 +221,13 @@ def test_a_task_finding_its_endpoint_over_max_queued_waits_then_fails_with_queue
     assert time.monotonic() - started >= 0.45
     assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 300
 
+    # When the job runs again (a new action) with the same rows: its batches queue nothing
+    # (all duplicates), so nothing holds it back
+    rerun = Enqueuer(cfg.for_run(), partition=0)
+    for batch in range(3):
+        ids = [f"{cfg.namespace}:{batch}-{i}" for i in range(100)]
+        assert rerun.send(ids, [body] * 100).duplicates == 100
+
 
 def test_rows_with_keys_that_make_no_request_id_are_rejected(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
