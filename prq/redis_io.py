@@ -297,6 +297,7 @@ class StepBudgets:
         budget_s: float,
         settle: Callable[[int, Outcome], None],
         clock: Callable[[], float] = time.monotonic,
+        hand_over: Callable[[], bool] | None = None,
     ) -> None:
         self.steps = steps
         self.budget_s = budget_s
@@ -305,6 +306,9 @@ class StepBudgets:
         self.live = list(range(len(steps)))
         self._settle = settle
         self._clock = clock
+        #: True once whoever sends the attempts must stop (the steps still live are left
+        #: unsettled, for that sender to pass on); None: never.
+        self._hand_over = hand_over
         self._backoff = wait_random_exponential(
             multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
         )
@@ -356,15 +360,19 @@ class StepBudgets:
         assert isinstance(error, RedisUnavailable)  # the only kind retried
         self.failed(error)
 
+    def handing_over(self) -> bool:
+        """Whether the attempts stop here with steps still live (see `hand_over`)."""
+        return bool(self.live) and self._hand_over is not None and self._hand_over()
+
     def _wait(self, retry_state: RetryCallState) -> float:
         """The backoff, cut short at the next deadline of a step still tried."""
-        if not self.live:
+        if not self.live or self.handing_over():
             return 0.0
         next_deadline = min(self.deadlines[i] for i in self.live)
         return max(0.0, min(self._backoff(retry_state), next_deadline - self._clock()))
 
     def _all_given_up(self, retry_state: RetryCallState) -> bool:
-        return not self.live
+        return not self.live or self.handing_over()
 
 
 def _fail_step(future: asyncio.Future[list[Reply]], error: BaseException) -> None:

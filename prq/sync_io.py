@@ -105,7 +105,7 @@ class SyncRedisIO(IOCounters):
         deadline = time.monotonic() + self._step_deadline_s
         while True:
             if lead:
-                self._lead()
+                self._lead(mine)
             waiting = next((step for step in mine if not step.done), None)
             if waiting is None:
                 break
@@ -139,13 +139,13 @@ class SyncRedisIO(IOCounters):
                     step.done = True
             return True
 
-    def _lead(self) -> None:
+    def _lead(self, mine: list[_Step]) -> None:
         try:
             with self._lock:
                 batch = self._pending[:DEFAULT_MAX_BATCH_STEPS]
                 del self._pending[: len(batch)]
             if batch:
-                self._send_batch(batch)
+                self._send_batch(batch, mine)
         finally:
             with self._lock:
                 if self._pending:
@@ -153,7 +153,7 @@ class SyncRedisIO(IOCounters):
                 else:
                     self._leading = False
 
-    def _send_batch(self, batch: list[_Step]) -> None:
+    def _send_batch(self, batch: list[_Step], mine: list[_Step]) -> None:
         # A step that waited past its budget (and a grace) behind earlier round trips is given
         # up unsent: the thread leading this batch may be its own, and one more attempt could
         # take it a socket timeout past the bound (budget + socket timeout + 1 s).
@@ -167,11 +167,15 @@ class SyncRedisIO(IOCounters):
         batch = [step for step in batch if not step.done]
         if not batch:
             return
+        # The leading thread retries for the batch only while a step of its own is in it: once
+        # its own are settled it hands the others back, first in line with their budgets still
+        # counting, so its caller is not kept past its own bound serving later steps.
         budgets = StepBudgets(
             [step.calls for step in batch],
             [step.asked for step in batch],
             budget_s,
             lambda i, result: batch[i].finish(result),
+            hand_over=lambda: all(step.done for step in mine),
         )
         try:
             self._send(budgets)
@@ -180,6 +184,9 @@ class SyncRedisIO(IOCounters):
         except BaseException as exc:  # never leave a waiting thread behind
             budgets.give_up(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
             raise
+        if budgets.live:  # handed over: the lead passes to the oldest of them (_lead)
+            with self._lock:
+                self._pending[:0] = [batch[i] for i in budgets.live if not batch[i].done]
 
     def _send(self, budgets: StepBudgets) -> None:
         """One round trip for the steps, retried on connection errors while any step's budget
@@ -190,7 +197,7 @@ class SyncRedisIO(IOCounters):
         except RedisUnavailable as exc:
             logger.debug("redis attempt failed, retrying error=%s", exc)
             budgets.failed(exc)
-        if not budgets.live:
+        if not budgets.live or budgets.handing_over():
             return
         try:
             for attempt in Retrying(**budgets.retrying()):
@@ -199,7 +206,8 @@ class SyncRedisIO(IOCounters):
                     metrics.REDIS_RETRIES.inc()
                     budgets.answered(self._attempt(budgets.calls()))
         except RedisUnavailable:
-            assert not budgets.live  # each step was given up when its budget ran out
+            # each step was given up when its budget ran out, or the rest are handed over
+            assert not budgets.live or budgets.handing_over()
 
     def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
         self.count(calls)

@@ -137,3 +137,27 @@ def test_a_zero_budget_gives_one_attempt() -> None:
     run = Run([0.0], 0.0)
     run.until()
     assert len(run.sent) == 1 and isinstance(run.settled[0][1], QueueUnavailable)
+
+
+def test_a_sender_whose_own_step_is_settled_stops_and_leaves_the_rest_unsettled() -> None:
+    # Given a batch of two steps (asked at 0 s and 0.3 s, 1 s budgets) sent by the thread that
+    # asked the first: it retries for the batch only while its own step is in it
+    run = Run([0.0, 0.3], 1.0)
+    own_done = lambda: 0 in run.settled  # noqa: E731
+    run.budgets = StepBudgets(
+        run.steps, [0.0, 0.3], 1.0, run._settle, clock=run.clock, hand_over=own_done
+    )
+    run.clock.now = 0.3
+    # When Redis never answers
+    retrying = Retrying(sleep=run.clock.sleep, **run.budgets.retrying())
+    with pytest.raises(RedisUnavailable):
+        for attempt in retrying:
+            with attempt:
+                run.clock.now += ATTEMPT_S
+                raise RedisUnavailable("connection refused")
+    # Then its own step was given up after its budget, and the attempts stopped right there:
+    # the second step is still live, unsettled, its budget still counting, for another sender
+    assert run.settled[0][0] == pytest.approx(1.0 + ATTEMPT_S)
+    assert run.clock.now == pytest.approx(1.0 + ATTEMPT_S)
+    assert 1 not in run.settled and run.budgets.live == [1] and run.budgets.handing_over()
+    assert run.budgets.remaining_s() == pytest.approx(0.3 - ATTEMPT_S)
