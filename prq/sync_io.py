@@ -66,8 +66,9 @@ class SyncRedisIO(IOCounters):
     """Round trips to Redis for the blocking queue.
 
     Batches like AsyncRedisIO, by group commit: the thread that finds no round trip in flight
-    leads and sends every waiting step; the others wait. When the leader's batch is done it
-    passes the lead to the oldest waiting step's thread, so no thread serves others for long.
+    leads and sends every waiting step; the others wait. When the leader's batch is done, or
+    its own steps are (the rest go back first in line), it passes the lead to the oldest
+    waiting step's thread, so no thread serves others past its own bound.
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
