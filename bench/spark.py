@@ -4,14 +4,20 @@ In one run, on one Redis and one local Spark (`local[2]`), for the same DataFram
 
   (a) raw-rpush        foreachPartition, one variadic RPUSH of 1,000 JSON rows per round trip,
                        no dedup (what a hand-written sink does)
+  (k) keyed-set        foreachPartition, one key per row: SET <key> <row> PX <ttl> NX, 1,000
+                       per pipelined round trip (the floor of a sink that keeps each row under
+                       its own key with a TTL, written once per id, as prq does)
+  (s) scripted-set     the same SETs from one Lua script per 1,000 rows (the floor of such a
+                       sink that checks and writes a batch atomically, as prq does)
   (b) prq-enqueue-arrow  prq.spark.enqueue_dataframe (mapInArrow, exact counts), idempotent
                        by id: the recommended bulk enqueue, judged against the 0.8x target
   (b') prq-enqueue-rows   prq.spark.enqueue_partitions (foreachPartition, fire and forget)
   (c) prq-call         prq.spark.call_dataframe against an echo receiver (`prq worker`)
 
-Each variant runs once to warm the JVM and the Python workers. Then (a), (b) and (b') are measured
-in --repeats rounds (default 3; each round on an emptied Redis), and the table shows the round
-whose (b) ratio is the median, with every round's ratio below it; (c) is measured once. Ratios
+Each variant runs once to warm the JVM and the Python workers. Then (a), (k), (s), (b) and (b')
+are measured in --repeats rounds (default 3; each round on an emptied Redis), and the table
+shows the round whose (b) ratio is the median, with every round's ratio below it, and (b)
+against the two floors (k) and (s) in that round; (c) is measured once. Ratios
 are to (a) of the same round. Redis's own CPU time (INFO cpu) is reported per variant, and
 Spark's: the CPU time of this process and its descendants (the JVM, its Python workers, the echo
 worker; an embedded redis-server left out). On a small machine the job is bound by the CPU they
@@ -88,6 +94,47 @@ def _raw_push(url: str, key: str) -> Callable[[Iterator[Any]], None]:
     return push
 
 
+#: The floor sinks' script: SET PX NX for each (key, row) pair of its arguments.
+FLOOR_SCRIPT = """
+local ttl = ARGV[1]
+for i = 2, #ARGV, 2 do redis.call('SET', ARGV[i], ARGV[i + 1], 'PX', ttl, 'NX') end
+return 0
+"""
+#: The floor sinks' key TTL (prq's default list TTL: a day).
+FLOOR_TTL_MS = 86_400_000
+
+
+def _keyed_set(url: str, prefix: str, scripted: bool) -> Callable[[Iterator[Any]], None]:
+    """A sink that writes each row under its own key (`prefix` and the row's order_id) with a
+    TTL, once per key: 1,000 pipelined SETs per round trip, or one script per 1,000."""
+
+    def write(rows: Iterator[Any]) -> None:
+        client = _clients.get((url, os.getpid()))
+        if client is None:
+            client = _clients.setdefault((url, os.getpid()), redis.Redis.from_url(url))
+        script = client.register_script(FLOOR_SCRIPT)
+        pairs: list[str] = []
+
+        def flush() -> None:
+            if scripted:
+                script(args=[FLOOR_TTL_MS, *pairs])
+            else:
+                pipe = client.pipeline(transaction=False)
+                for i in range(0, len(pairs), 2):
+                    pipe.set(pairs[i], pairs[i + 1], px=FLOOR_TTL_MS, nx=True)
+                pipe.execute()
+            pairs.clear()
+
+        for row in rows:
+            pairs += [f"{prefix}:{row.order_id}", json.dumps(row.asDict())]
+            if len(pairs) == 2 * BATCH:
+                flush()
+        if pairs:
+            flush()
+
+    return write
+
+
 def _start_worker(url: str, prefix: str, endpoint: str) -> subprocess.Popen[str]:
     env = os.environ | {"PRQ_REDIS_URL": url, "PRQ_PREFIX": prefix}
     worker = subprocess.Popen(
@@ -154,6 +201,10 @@ def run(url: str, rows: int, call_rows: int, repeats: int) -> tuple[list[list[Re
 
     enqueues: list[tuple[str, Callable[[str], object]]] = [
         ("raw-rpush", lambda tag: df.foreachPartition(_raw_push(url, f"{prefix}:raw:{tag}"))),
+        ("keyed-set",
+         lambda tag: df.foreachPartition(_keyed_set(url, f"{prefix}:kv:{tag}", scripted=False))),
+        ("scripted-set",
+         lambda tag: df.foreachPartition(_keyed_set(url, f"{prefix}:ks:{tag}", scripted=True))),
         ("prq-enqueue-arrow",
          lambda tag: enqueue_dataframe(df, config(tag, "poll://bench-b")).collect()),
         ("prq-enqueue-rows",
@@ -235,14 +286,25 @@ def main(argv: list[str] | None = None) -> int:
         f"prq-enqueue-arrow vs raw-rpush, median of {len(rounds)} rounds: {ratio:.2f}x "
         f"(target >= 0.8x) {verdict}; rounds: {each}"
     )
+    floors = ", ".join(
+        f"{name} {rate_ratio(rounds[middle], name):.2f}x raw-rpush, "
+        f"prq-enqueue-arrow {rate_ratio(rounds[middle], 'prq-enqueue-arrow', name):.2f}x it"
+        for name in ("keyed-set", "scripted-set")
+    )
+    print(f"the key-per-row floors in that round: {floors}")
     return 0
+
+
+def rate_ratio(results: list[Result], name: str, base: str = "raw-rpush") -> float:
+    """Variant `name`'s rows/s over variant `base`'s, in one round."""
+    of = next(r for r in results if r[0] == name)
+    to = next(r for r in results if r[0] == base)
+    return (of[1] / of[2]) / (to[1] / to[2])
 
 
 def arrow_ratio(results: list[Result]) -> float:
     """(b)'s rows/s over (a)'s, in one round."""
-    raw = next(r for r in results if r[0] == "raw-rpush")
-    arrow = next(r for r in results if r[0] == "prq-enqueue-arrow")
-    return (arrow[1] / arrow[2]) / (raw[1] / raw[2])
+    return rate_ratio(results, "prq-enqueue-arrow")
 
 
 if __name__ == "__main__":
