@@ -96,7 +96,9 @@ Shape = tuple[bytes, bytes, list[tuple[str, str | bytes]]]
 _PLAIN_ID = re.compile(REQUEST_ID_PATTERN).fullmatch
 _PLAIN_ID_CHARS = re.compile(r"[A-Za-z0-9_.:\-]*").fullmatch
 #: The fields that make a request's shape (see BulkClient._shape), read from its __dict__.
-_shape_key = itemgetter("endpoint", "method", "service", "priority", "producer", "delivery")
+_shape_key = itemgetter(
+    "endpoint", "method", "service", "priority", "producer", "delivery", "response_ttl_s"
+)
 #: Request.params' JSON, by the serializer of its type (NaN and infinities as null, as the
 #: models write them; pydantic_core.to_json alone would write NaN).
 _params_json = TypeAdapter(JsonValue).serializer.to_json
@@ -369,18 +371,19 @@ class BulkClient:
         self, request: Request, by_lane: dict[Lane, list[tuple[str, str | bytes]]]
     ) -> Shape | None:
         """The JSON pieces and the lane's list of the requests with the endpoint, method,
-        service, priority, producer and delivery of `request`, or None when they are not what
-        a validated Request holds. The stored form's fields, in its JSON's order
-        (models.StoredRequest): m (method), p (params, left out when None), then s (service),
-        q (priority), r (producer), d (delivery), each left out at its default, and h
-        (headers, left out when empty); the pieces are what comes before the params and what
-        comes between them and the headers."""
+        service, priority, producer, delivery and asked response TTL of `request`, or None
+        when they are not what a validated Request holds. The stored form's fields, in its
+        JSON's order (models.StoredRequest): m (method), p (params, left out when None), then s
+        (service), q (priority), r (producer), d (delivery), k (response TTL), each left out at
+        its default, and h (headers, left out when empty); the pieces are what comes before the
+        params and what comes between them and the headers."""
         endpoint, method, service = request.endpoint, request.method, request.service
         priority, producer, delivery = request.priority, request.producer, request.delivery
+        keep = request.response_ttl_s
         if not (
             type(endpoint) is str and type(method) is str and type(service) is str
             and type(priority) is int and (producer is None or type(producer) is str)
-            and delivery in DELIVERY_MODES
+            and delivery in DELIVERY_MODES and (keep is None or type(keep) is float)
         ):  # fmt: skip
             return None
         try:
@@ -394,6 +397,7 @@ class BulkClient:
             b',"q":%d' % priority if priority else b"",
             b',"r":%b' % to_json(BULK_PRODUCER if producer is None else producer),
             b',"d":%b' % to_json(delivery) if delivery != "at_most_once" else b"",
+            b',"k":%b' % to_json(keep) if keep is not None else b"",
         ))  # fmt: skip
         return head, tail, by_lane.setdefault(lane, [])
 

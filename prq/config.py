@@ -43,6 +43,8 @@ DEFAULT_RETRY_BUDGET_S = 30.0
 DEFAULT_HANDOFF_CONFIRM_S = 2.0
 #: How long a response is kept (for pollers, and for idempotent re-enqueue of the same id).
 DEFAULT_RESPONSE_TTL_S = 20 * 60.0
+#: The longest a request may ask its answer to be kept (Request.response_ttl_s): a week.
+DEFAULT_MAX_RESPONSE_TTL_S = 7 * 24 * 3600.0
 #: Request TTL = pickup timeout + this.
 DEFAULT_REQUEST_TTL_EXTRA_S = 2 * 60.0
 #: TTL of an endpoint's queue keys (levels, lanes, the enqueue counter), renewed by its pushes
@@ -152,6 +154,9 @@ class QueueSettings(BaseSettings):
     request_locators: bool = False
     retry_budget_s: float = Field(DEFAULT_RETRY_BUDGET_S, ge=0)
     response_ttl_s: float = Field(DEFAULT_RESPONSE_TTL_S, gt=0)
+    #: A request that asks for its answer to be kept longer (Request.response_ttl_s) gets at
+    #: most this, or response_ttl_s when that is longer.
+    max_response_ttl_s: float = Field(DEFAULT_MAX_RESPONSE_TTL_S, gt=0)
     request_ttl_extra_s: float = Field(DEFAULT_REQUEST_TTL_EXTRA_S, gt=0)
     list_ttl_s: float = Field(DEFAULT_LIST_TTL_S, gt=0)
     cancel_marker_ttl_s: float = Field(DEFAULT_CANCEL_MARKER_TTL_S, gt=0)
@@ -253,6 +258,14 @@ class QueueSettings(BaseSettings):
         attempt_s = self.request_ttl_s(pickup_timeout_s) + self.in_flight_ttl_s()
         replay_s = self.request_ttl_s(self.pickup_timeout_s)
         return max(1, attempts) * attempt_s + self.dead_letter_ttl_s + replay_s
+
+    def response_ttl_for(self, asked_s: float | None) -> float:
+        """How long a receiver keeps the answer to a request that asked for `asked_s` seconds
+        (None: nothing asked): response_ttl_s, or what was asked up to the longer of
+        max_response_ttl_s and response_ttl_s."""
+        if asked_s is None:
+            return self.response_ttl_s
+        return min(asked_s, max(self.max_response_ttl_s, self.response_ttl_s))
 
     def request_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a queued request: its pickup timeout plus the extra."""

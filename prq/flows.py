@@ -575,12 +575,18 @@ def take_flow(
 
 
 def respond_flow(
-    ctx: Context, endpoint: str, request_id: str, owner_token: str, response: bytes
+    ctx: Context,
+    endpoint: str,
+    request_id: str,
+    owner_token: str,
+    response: bytes,
+    ttl_s: float | None = None,
 ) -> Flow[str]:
-    """Store a response as the request's owner (signed, with a signing key); returns the
-    script's outcome."""
+    """Store a response as the request's owner, kept `ttl_s` (None: the response TTL; signed
+    to expire then too, with a signing key); returns the script's outcome."""
+    keep_ms = _ms(ctx.settings.response_ttl_s if ttl_s is None else ttl_s)
     if ctx.signer is not None:
-        expiry_ms = ctx.wall_ms() + _ms(ctx.settings.response_ttl_s)
+        expiry_ms = ctx.wall_ms() + keep_ms
         response = ctx.signer.sign("response", request_id, endpoint, response, expiry_ms)
     replies = yield _exec(
         apply_response_call(
@@ -588,7 +594,7 @@ def respond_flow(
             request_id,
             owner_token,
             response,
-            _ms(ctx.settings.response_ttl_s),
+            keep_ms,
             ctx.wall_ms(),
             ctx.keys.node_channel_prefix,
             ctx.settings.pulse_inline_limit_bytes,

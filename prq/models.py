@@ -65,6 +65,10 @@ def _empty(value: object) -> bool:
     return not value
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
 #: The name of a DataStream in a message.
 StreamName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 #: The delivery modes, as text.
@@ -135,6 +139,12 @@ class Request(BaseModel):
     #: Binary payloads kept beside Redis, by name (prq.datastreams); left out of the JSON
     #: when there are none.
     streams: dict[StreamName, DataStream] = Field(default_factory=dict, exclude_if=_empty)
+    #: How long its answer is kept once stored, seconds (a detached request's reader, e.g. a
+    #: Spark job, may come back later). None: the receiver's response_ttl_s. A receiver keeps
+    #: it at most its max_response_ttl_s (QueueSettings.response_ttl_for).
+    response_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None, exclude_if=_unset
+    )
 
     def __init__(self, **data: Any) -> None:
         # Raise the typed error (not a pydantic ValidationError) for a bad endpoint.
@@ -220,8 +230,9 @@ class StoredRequest(BaseModel):
     """A request as its record keeps it: only what the record's key does not say (the endpoint
     and the id), under one-letter names, with every field at its default left out. So
     `{"m":"resize","p":{"w":64}}` is a call of `resize` with those params, priority 0, no
-    producer named, at_most_once, no service, headers or streams. `decode_stored_request`
-    rebuilds the Request with the endpoint and id the record's key names."""
+    producer named, at_most_once, no service, headers or streams, and no asked response TTL
+    (`k`, seconds). `decode_stored_request` rebuilds the Request with the endpoint and id the
+    record's key names."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -231,6 +242,7 @@ class StoredRequest(BaseModel):
     q: int = 0
     r: str | None = None
     d: Delivery = "at_most_once"
+    k: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     h: dict[str, str] = Field(default_factory=dict)
     x: dict[StreamName, DataStream] = Field(default_factory=dict)
 
@@ -239,7 +251,8 @@ def encode_stored_request(request: Request) -> bytes:
     """The bytes a record keeps for `request` (StoredRequest)."""
     stored = StoredRequest.model_construct(
         m=request.method, p=request.params, s=request.service, q=request.priority,
-        r=request.producer, d=request.delivery, h=request.headers, x=request.streams,
+        r=request.producer, d=request.delivery, k=request.response_ttl_s, h=request.headers,
+        x=request.streams,
     )  # fmt: skip
     return stored.model_dump_json(exclude_defaults=True).encode()
 
@@ -259,7 +272,7 @@ def decode_stored_request(raw: bytes | str, endpoint: str, request_id: str) -> R
         return Request(
             endpoint=endpoint, id=request_id, method=stored.m, params=stored.p,
             service=stored.s, priority=stored.q, producer=stored.r, delivery=stored.d,
-            headers=stored.h, streams=stored.x,
+            headers=stored.h, streams=stored.x, response_ttl_s=stored.k,
         )  # fmt: skip
     except (ValidationError, ValueError) as exc:
         raise SerializationError(f"stored request {request_id} is not valid: {exc}") from exc

@@ -569,8 +569,16 @@ class QueueBase:
         if pending.request.delivery == "at_least_once":
             self._ran.remember(request_id, body)
         return respond_flow(
-            self.ctx, pending.request.endpoint, request_id, pending.owner_token, body
-        )
+            self.ctx, pending.request.endpoint, request_id, pending.owner_token, body,
+            self.settings.response_ttl_for(pending.request.response_ttl_s),
+        )  # fmt: skip
+
+    def _answer_ttl_s(self, request_id: str) -> float:
+        """How long the answer to a held request is kept: what it asked for, within this
+        node's bounds (QueueSettings.response_ttl_for)."""
+        pending = self._held.get(request_id)
+        asked = pending.request.response_ttl_s if pending is not None else None
+        return self.settings.response_ttl_for(asked)
 
     def _notify_flow(
         self, request: Request, body: bytes, pickup_timeout_s: float | None

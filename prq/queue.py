@@ -552,11 +552,12 @@ class AsyncQueue(QueueBase):
     async def _encoded_answer(self, response: Response) -> bytes:
         """The body that answers a held request: its streams stored, its size checked, kept
         beside Redis over inline_limit_bytes."""
+        ttl_s = self._answer_ttl_s(response.id)
         if self._streams.unstored(response):
-            response = await asyncio.to_thread(self._streams.store_response, response)
+            response = await asyncio.to_thread(self._streams.store_response, response, ttl_s)
         body = self._encode_response(response)
         if self._streams.spills(body):
-            body = await asyncio.to_thread(self._streams.spill_response, response, body)
+            body = await asyncio.to_thread(self._streams.spill_response, response, body, ttl_s)
         return body
 
     async def _write_answer(self, request_id: str, body: bytes) -> None:

@@ -93,11 +93,12 @@ class StreamKeeper:
         streams = self._stored(request.streams, expires, f"request {request.id}")
         return request.model_copy(update={"streams": streams})
 
-    def store_response(self, response: Response) -> Response:
-        """`response` with its streams in the store (blocking)."""
+    def store_response(self, response: Response, ttl_s: float) -> Response:
+        """`response` with its streams in the store (blocking), kept as long as the response
+        (`ttl_s`)."""
         if not self.unstored(response):
             return response
-        expires = _now_ms() + int(self.settings.response_ttl_s * 1000)
+        expires = _now_ms() + int(ttl_s * 1000)
         streams = self._stored(response.streams, expires, f"the response to {response.id}")
         return response.model_copy(update={"streams": streams})
 
@@ -132,10 +133,10 @@ class StreamKeeper:
         stub = request.model_copy(update={"params": None, "headers": {}})
         return self._spill(body, encode_stored_request(stub), expires)
 
-    def spill_response(self, response: Response, body: bytes) -> bytes:
+    def spill_response(self, response: Response, body: bytes, ttl_s: float) -> bytes:
         """Write a response's JSON to the store (blocking); the marker Redis keeps instead,
-        which expires with the response."""
-        expires = _now_ms() + int(self.settings.response_ttl_s * 1000)
+        which expires with the response (`ttl_s`)."""
+        expires = _now_ms() + int(ttl_s * 1000)
         stub = Response(id=response.id).model_dump_json().encode()
         return self._spill(body, stub, expires)
 

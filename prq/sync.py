@@ -493,10 +493,11 @@ class Queue(QueueBase):
     def _encoded_answer(self, response: Response) -> bytes:
         """The body that answers a held request: its streams stored, its size checked, kept
         beside Redis over inline_limit_bytes."""
-        response = self._streams.store_response(response)
+        ttl_s = self._answer_ttl_s(response.id)
+        response = self._streams.store_response(response, ttl_s)
         body = self._encode_response(response)
         if self._streams.spills(body):
-            body = self._streams.spill_response(response, body)
+            body = self._streams.spill_response(response, body, ttl_s)
         return body
 
     def _write_answer(self, request_id: str, body: bytes) -> None:

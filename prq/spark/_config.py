@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,11 @@ class SparkQueueConfig:
     delivery: Delivery = "at_most_once"
     #: How long a request may wait for a receiver (None: the queue's default).
     pickup_timeout_s: float | None = None
+    #: How long each answer is kept once stored, seconds, for call_dataframe, a rerun or any
+    #: reader by id (Request.response_ttl_s): the receivers keep it that long, up to their
+    #: max_response_ttl_s (a week by default). None: `queue_settings["response_ttl_s"]` when
+    #: given, else the receivers' own response_ttl_s.
+    response_ttl_s: float | None = None
     #: Write each request's id → endpoint locator. Off by default: locators would be most of
     #: the enqueue's Redis work, and lookups by id alone (`Queue.status`, `Queue.cancel`, the
     #: admin service) find bulk requests without them by asking the registered endpoints.
@@ -130,6 +136,8 @@ class SparkQueueConfig:
             raise ValueError("max_queued must be at least 1 (or None: no bound)")
         if self.task_timeout_s is not None and self.task_timeout_s <= 0:
             raise ValueError("task_timeout_s must be positive (or None: no bound)")
+        if self.response_ttl_s is not None and not 0 < self.response_ttl_s < math.inf:
+            raise ValueError("response_ttl_s must be positive and finite (or None)")
         if not ID_RE.match(f"{self.namespace}:x"):
             raise ValueError(
                 f"namespace {self.namespace!r} cannot start a request id "
@@ -144,6 +152,13 @@ class SparkQueueConfig:
         if len(self.producer) > MAX_PRODUCER_LENGTH:
             raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
         _check_queue_settings(self.queue_settings)
+
+    def asked_response_ttl_s(self) -> float | None:
+        """The answer lifetime every request of the job asks for (see response_ttl_s)."""
+        if self.response_ttl_s is not None:
+            return self.response_ttl_s
+        given = (self.queue_settings or {}).get("response_ttl_s")
+        return float(given) if given is not None else None
 
     def for_run(self) -> SparkQueueConfig:
         """A copy for one action: its token tells this action's own earlier attempts (counted as

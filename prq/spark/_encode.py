@@ -1,9 +1,9 @@
 """Rows to request bodies, without building a Request model per row.
 
 A row becomes the stored form of a detached Request (prq.models.StoredRequest): {"m": method,
-"p": {column: value, ...}, "r": producer[, "q": priority][, "d": delivery]}, which
-`prq.models.decode_stored_request` reads back on the receiver with the endpoint and id its
-record's key names.
+"p": {column: value, ...}, "r": producer[, "q": priority][, "d": delivery][, "k": response
+TTL]}, which `prq.models.decode_stored_request` reads back on the receiver with the endpoint
+and id its record's key names.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
 
@@ -108,7 +108,9 @@ def _tail(cfg: SparkQueueConfig) -> str:
     """The body's text after the params object: what is not at its default (StoredRequest)."""
     priority = f',"q":{cfg.priority:d}' if cfg.priority else ""
     delivery = f',"d":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
-    return f',"r":{json.dumps(cfg.producer)}{priority}{delivery}}}'
+    asked = cfg.asked_response_ttl_s()
+    keep = f',"k":{json.dumps(float(asked))}' if asked is not None else ""
+    return f',"r":{json.dumps(cfg.producer)}{priority}{delivery}{keep}}}'
 
 
 # -- Arrow ---------------------------------------------------------------------------------------

@@ -402,6 +402,41 @@ def test_call_and_collect_runs_each_request_once_despite_a_failed_task(
     assert len(ledger_lines(ledger)) == 20_000
 
 
+@pytest.mark.parametrize(
+    ("asked", "kept_s"),
+    [
+        ({"response_ttl_s": 3 * 3600.0}, 3 * 3600.0),  # longer than the worker's 20 minutes
+        ({"queue_settings": {"response_ttl_s": 30.0}}, 30.0),  # as the job's settings say
+        ({}, 20 * 60.0),  # nothing asked: the worker's own
+    ],
+)
+def test_the_job_sets_how_long_its_answers_are_kept(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    receiver: tuple[Prq, Path],
+    asked: dict[str, Any],
+    kept_s: float,
+) -> None:
+    # Given a job that asks its answers to be kept for some time, and a worker that keeps
+    # answers 20 minutes of its own (the default)
+    endpoint = "poll://spark-call"
+    cfg = config(redis_url, key_prefix, endpoint, poll_interval_s=0.02, **asked)
+    df = spark.range(0, 40, numPartitions=2).selectExpr("id AS key", "id AS n")
+
+    # When its rows are called
+    rows = call_dataframe(df, cfg).collect()
+
+    # Then every answer is kept as long as the job asked (each record's TTL, set when the
+    # worker answered it)
+    assert len(rows) == 40 and sum(r.result_json is not None for r in rows) == 40 - 6
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    ttls = [redis_client.pttl(keys.request(r.request_id)) for r in rows]
+    low = max(0.0, kept_s * 1000 - 60_000)
+    assert all(low < ttl <= kept_s * 1000 for ttl in ttls), sorted(ttls)[:3]
+
+
 #: Receiver timeout of the delivery test (and the heartbeat that keeps live receivers in it).
 FAST_LOSS = {
     "receiver_timeout_s": 2.0,

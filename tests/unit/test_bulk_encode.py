@@ -152,6 +152,9 @@ def test_fields_of_every_kind(bulk: BulkClient) -> None:
         Request(endpoint="poll://e", method="m", headers={"ü": '\n"', "b": "", "a": "x"}),
         Request(endpoint="poll://e", method="m", streams={"blob": stored}),
         Request(endpoint="poll://other", method="m", params={"x": "y"}),
+        Request(endpoint="poll://e", method="m", response_ttl_s=5),
+        Request(endpoint="poll://e", method="m", response_ttl_s=0.125, headers={"h": "v"}),
+        Request(endpoint="poll://e", method="m", response_ttl_s=1e9, delivery="at_least_once"),
     ]
     assert_same(bulk, batch)
 
@@ -220,6 +223,7 @@ printable = st.text(st.characters(codec="utf-8").filter(str.isprintable), min_si
     producer=st.none() | st.text(max_size=20),
     delivery=st.sampled_from(["at_most_once", "at_least_once"]),
     headers=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    response_ttl_s=st.none() | st.floats(min_value=0.001, max_value=1e12),
     explicit_id=st.none()
     | st.text(string.ascii_letters + string.digits + "_.:-", min_size=1, max_size=40),
 )
@@ -232,6 +236,7 @@ def test_any_request(
     producer: str | None,
     delivery: str,
     headers: dict[str, str],
+    response_ttl_s: float | None,
     explicit_id: str | None,
 ) -> None:
     ids = {} if explicit_id is None or explicit_id[0] in "_.:-" else {"id": explicit_id}
@@ -244,6 +249,7 @@ def test_any_request(
         producer=producer,
         delivery=delivery,
         headers=headers,
+        response_ttl_s=response_ttl_s,
         **ids,
     )
     assert_same(ANY_CLIENT, [request])

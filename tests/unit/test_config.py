@@ -19,6 +19,17 @@ def test_defaults_follow_the_design() -> None:
     assert settings.response_ttl_s == 20 * 60
 
 
+def test_a_request_gets_the_answer_lifetime_it_asks_for_within_the_receivers_bound() -> None:
+    settings = QueueSettings(response_ttl_s=60, max_response_ttl_s=3600)
+    assert settings.response_ttl_for(None) == 60  # nothing asked: the receiver's own
+    assert settings.response_ttl_for(5) == 5  # shorter: as asked
+    assert settings.response_ttl_for(600) == 600  # longer, within the bound: as asked
+    assert settings.response_ttl_for(10**9) == 3600  # over the bound: the bound
+    # A bound below the receiver's own TTL never shortens what is kept by default
+    assert QueueSettings(response_ttl_s=600, max_response_ttl_s=60).response_ttl_for(10**9) == 600
+    assert QueueSettings().max_response_ttl_s == 7 * 24 * 3600
+
+
 def test_environment_sets_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRQ_PICKUP_TIMEOUT_S", "9")
     monkeypatch.setenv("PRQ_REDIS_URL", "redis://example.invalid:1/2")

@@ -161,3 +161,32 @@ def test_a_job_without_params_columns_sends_requests_without_params() -> None:
     rows = [Row(key=3, ignored="c")]
     chunks = [*arrow_chunks(cfg, [batch], LIMIT), *row_chunks(cfg, rows, LIMIT)]
     assert decoded(chunks) == {f"job-1:{k}": {} for k in (1, 2, 3)}
+
+
+@pytest.mark.parametrize(
+    ("fields", "asked"),
+    [
+        ({}, None),
+        ({"response_ttl_s": 30}, 30.0),
+        ({"queue_settings": {"response_ttl_s": 5}}, 5.0),
+        ({"response_ttl_s": 30, "queue_settings": {"response_ttl_s": 5}}, 30.0),
+    ],
+)
+def test_the_answer_lifetime_a_job_asks_for_travels_in_every_body(
+    fields: dict[str, Any], asked: float | None
+) -> None:
+    cfg = config(**fields)
+    batch = pa.RecordBatch.from_pydict({"key": [1], "n": [5]})
+    chunks = [*arrow_chunks(cfg, [batch], LIMIT), *row_chunks(cfg, [Row(key=2, n=6)], LIMIT)]
+    requests = [
+        decode_stored_request(body, cfg.endpoint, rid)
+        for chunk in chunks
+        for rid, body in zip(chunk.ids, chunk.bodies, strict=True)
+    ]
+    assert [r.response_ttl_s for r in requests] == [asked, asked]
+
+
+@pytest.mark.parametrize("ttl", [0, -2.0, float("inf"), float("nan")])
+def test_a_job_answer_lifetime_that_is_not_positive_and_finite_is_refused(ttl: float) -> None:
+    with pytest.raises(ValueError, match="response_ttl_s must be positive and finite"):
+        config(response_ttl_s=ttl)

@@ -35,6 +35,8 @@ REQUESTS = [
         method="m",
         streams={"f": DataStream(reference="ref-1", length=3, stream_id="0" * 32)},
     ),
+    Request(endpoint=E, method="m", response_ttl_s=5),
+    Request(endpoint=E, method="m", response_ttl_s=0.25),
 ]
 
 
@@ -47,12 +49,27 @@ def test_a_request_round_trips_through_its_stored_form(request_: Request) -> Non
     # Neither the endpoint nor the id is stored: the record's key says them
     fields = json.loads(stored)
     assert request_.id not in stored.decode() and E not in stored.decode()
-    assert set(fields) <= set("mpsqrdhx")
+    assert set(fields) <= set("mpsqrdhxk")
 
 
 def test_defaults_are_left_out() -> None:
     request = Request(endpoint=E, method="echo", params={"n": 1})
     assert encode_stored_request(request) == b'{"m":"echo","p":{"n":1}}'
+
+
+def test_an_asked_response_ttl_is_kept_in_seconds_and_left_out_when_not_asked() -> None:
+    asked = Request(endpoint=E, method="m", response_ttl_s=86400)
+    assert encode_stored_request(asked) == b'{"m":"m","k":86400.0}'
+    assert decode_stored_request(b'{"m":"m","k":5}', E, asked.id).response_ttl_s == 5
+    assert "response_ttl_s" not in Request(endpoint=E, method="m").model_dump_json()
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("inf"), float("nan")])
+def test_a_response_ttl_that_is_not_a_positive_finite_number_is_refused(ttl: float) -> None:
+    with pytest.raises(ValueError):
+        Request(endpoint=E, method="m", response_ttl_s=ttl)
+    with pytest.raises(SerializationError):
+        decode_stored_request(b'{"m":"m","k":%s}' % json.dumps(ttl).encode(), E, "r1")
 
 
 def test_the_whole_json_of_an_earlier_prq_is_read_when_it_names_this_record() -> None:
