@@ -44,7 +44,7 @@ from prq._types import Call, Exec
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, SerializationError
 from prq.flows import old_layout_message, registry_calls
-from prq.keys import KeySchema
+from prq.keys import KeySchema, ledger_token
 from prq.levels import levels_call, levels_from
 from prq.models import (
     DELIVERY_MODES,
@@ -75,7 +75,15 @@ from prq.sync_io import SyncRedisIO
 if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore
 
-__all__ = ["DEFAULT_BATCH_SIZE", "BatchRefused", "BulkClient", "BulkResult", "Rejected"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_LEDGER_TTL_S",
+    "BatchRefused",
+    "BulkClient",
+    "BulkResult",
+    "Ledger",
+    "Rejected",
+]
 
 #: Requests per round trip (the measured sweet spot: larger batches gain little).
 DEFAULT_BATCH_SIZE = 1000
@@ -116,6 +124,37 @@ def new_batch_nonce() -> str:
     return secrets.token_urlsafe(8)
 
 
+#: How long a dedup ledger remembers, by default: a week.
+DEFAULT_LEDGER_TTL_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """A dedup window that outlives the requests' records: requests enqueued with a ledger that
+    a receiver took (so they ran, or may have) are remembered by it, and an enqueue with the
+    same ledger never queues their ids again, even once their records and answers are gone;
+    such ids come back in `BulkResult.expired_ids`. Ids no receiver took (withdrawn at their
+    pickup timeout, or expired unanswered) are not remembered: they are queued afresh.
+
+    It lives `ttl_s` after the last enqueue that names it (a week by default) and costs Redis one
+    set member per request taken (its id), per endpoint, beside 12 bytes in each record. Name
+    it after the logical run whose reruns it guards (e.g. a Spark job's namespace).
+    """
+
+    name: str
+    ttl_s: float = DEFAULT_LEDGER_TTL_S
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a ledger needs a name")
+        if not 0 < self.ttl_s < float("inf"):
+            raise ValueError("a ledger's ttl_s must be positive and finite")
+
+    def spelled(self) -> tuple[str, int]:
+        """(token, TTL in ms), as enqueue_many_call takes them."""
+        return ledger_token(self.name), max(1, int(self.ttl_s * 1000))
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A request refused before anything was written, and why."""
@@ -130,8 +169,12 @@ class BulkResult:
 
     #: Requests queued by this call (a retried round trip is not counted twice).
     accepted: int = 0
-    #: Ids that were already known (queued, running, answered, cancelled): not enqueued again.
+    #: Ids that were already known (queued, running, answered, cancelled, or taken before by
+    #: the ledger's account): not enqueued again.
     duplicate_ids: list[str] = field(default_factory=list)
+    #: Those of duplicate_ids known only to the ledger: a receiver took them, and their records
+    #: (and answers) are gone.
+    expired_ids: list[str] = field(default_factory=list)
     #: Requests refused before any write (an invalid endpoint, a body over max_body_bytes).
     rejected: list[Rejected] = field(default_factory=list)
     #: Each endpoint written to: its queued requests (over all priorities) after this call's
@@ -145,6 +188,7 @@ class BulkResult:
     def add(self, other: BulkResult) -> None:
         self.accepted += other.accepted
         self.duplicate_ids += other.duplicate_ids
+        self.expired_ids += other.expired_ids
         self.rejected += other.rejected
         self.depths |= other.depths
 
@@ -220,8 +264,11 @@ class BulkClient:
         pickup_timeout_s: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         nonce: str | None = None,
+        ledger: Ledger | None = None,
     ) -> BulkResult:
-        """Enqueue detached requests, `batch_size` per round trip; idempotent by request id.
+        """Enqueue detached requests, `batch_size` per round trip; idempotent by request id
+        (while a request's record lives; with a `ledger`, also for ids a receiver took before,
+        after their records are gone: see Ledger).
 
         `nonce` names the sender of these requests across retries (e.g. a Spark task: its run
         and partition, the same for every attempt): ids that an earlier call with the same
@@ -247,10 +294,10 @@ class BulkClient:
         try:
             batch = next(batches, None)
         except Exception:  # what the requests raise comes after the batches read before it
-            self._sent(encoded, pickup, nonce or new_batch_nonce(), locators)
+            self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger)
             raise
         if batch is None:  # one round trip: nothing to overlap with
-            total.add(self._sent(encoded, pickup, nonce or new_batch_nonce(), locators))
+            total.add(self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger))
             return total
         # Several round trips: the next batch is read and encoded while the previous one is in
         # flight (its thread waits on Redis), and sent only once that one has succeeded: one
@@ -259,7 +306,7 @@ class BulkClient:
         with ThreadPoolExecutor(1, thread_name_prefix="prq-bulk-send") as sender:
             while True:
                 in_flight: Future[BulkResult] = sender.submit(
-                    self._sent, encoded, pickup, nonce or new_batch_nonce(), locators
+                    self._sent, encoded, pickup, nonce or new_batch_nonce(), locators, ledger
                 )
                 if batch is None:
                     total.add(in_flight.result())
@@ -273,7 +320,7 @@ class BulkClient:
                     batch = next(batches, None)
                 except Exception:  # as above: the batches read before it are sent first
                     in_flight.result()
-                    self._sent(encoded, pickup, nonce or new_batch_nonce(), locators)
+                    self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger)
                     raise
                 total.add(in_flight.result())
 
@@ -288,6 +335,7 @@ class BulkClient:
         priority: int = 0,
         producer: str = BULK_PRODUCER,
         delivery: Delivery = "at_most_once",
+        ledger: Ledger | None = None,
     ) -> BulkResult:
         """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
         queued at `priority` in `producer`'s turns with `delivery` (the bodies should name the
@@ -311,7 +359,7 @@ class BulkClient:
         lane = (endpoint, priority, producer, self._attempts(delivery))
         if locators is None:
             locators = self.settings.request_locators
-        return self._send({lane: items}, pickup, nonce or new_batch_nonce(), locators)
+        return self._send({lane: items}, pickup, nonce or new_batch_nonce(), locators, ledger)
 
     def _attempts(self, delivery: Delivery) -> int:
         """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
@@ -402,11 +450,16 @@ class BulkClient:
         return head, tail, by_lane.setdefault(lane, [])
 
     def _sent(
-        self, encoded: Encoded, pickup_timeout_s: float, nonce: str, locators: bool
+        self,
+        encoded: Encoded,
+        pickup_timeout_s: float,
+        nonce: str,
+        locators: bool,
+        ledger: Ledger | None,
     ) -> BulkResult:
         """One batch's round trip, with its refused requests added to the result."""
         by_lane, rejected = encoded
-        result = self._send(by_lane, pickup_timeout_s, nonce, locators)
+        result = self._send(by_lane, pickup_timeout_s, nonce, locators, ledger)
         result.rejected += rejected
         return result
 
@@ -416,6 +469,7 @@ class BulkClient:
         pickup_timeout_s: float,
         nonce: str,
         locators: bool,
+        ledger: Ledger | None = None,
     ) -> BulkResult:
         """One round trip: a script call per endpoint, priority and producer (plus the
         locators); counts from the replies."""
@@ -445,6 +499,7 @@ class BulkClient:
                     priority,
                     producer,
                     attempts,
+                    ledger=ledger.spelled() if ledger is not None else None,
                 )
             )
             if locators:
@@ -461,7 +516,8 @@ class BulkClient:
         for (endpoint, *_), items in by_lane.items():
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
-            result.duplicate_ids += outcome.duplicate_ids
+            result.duplicate_ids += outcome.duplicate_ids + outcome.gone_ids
+            result.expired_ids += outcome.gone_ids
             result.depths[endpoint] = outcome.depth
             if outcome.refused_ids:
                 refused[endpoint] = refused.get(endpoint, 0) + len(outcome.refused_ids)

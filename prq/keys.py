@@ -21,6 +21,10 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      deadline>,<first sequence number>,     renewed by a rerun
                                      <nonce>" (a batch of SHARED_HEAD_MIN
                                      or more; scripts/_body.lua)
+    prq:{<e>}:dd:<token>     set     a dedup ledger (prq.bulk.Ledger): the  the ledger's TTL (days),
+                                     ids of its requests a receiver took,   renewed by its enqueues
+                                     and '.' (it exists); token: 8
+                                     characters of the ledger name's hash
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
@@ -60,17 +64,26 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from prq.models import validate_endpoint
 
-__all__ = ["EndpointKeys", "KeySchema", "decode_endpoint", "encode_endpoint"]
+__all__ = ["EndpointKeys", "KeySchema", "decode_endpoint", "encode_endpoint", "ledger_token"]
 
 
 def encode_endpoint(endpoint: str) -> str:
     """Encode a (valid) endpoint for use inside a key; injective and free of `{}:*?[]`."""
     return quote(validate_endpoint(endpoint), safe="")
+
+
+def ledger_token(name: str) -> str:
+    """The short name of a dedup ledger in keys and records: 8 URL-safe characters (48 bits) of
+    the SHA-256 of its name, so a long name costs each record only these."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return base64.urlsafe_b64encode(digest[:6]).decode()
 
 
 def decode_endpoint(encoded: str) -> str:
@@ -139,6 +152,10 @@ class EndpointKeys:
     def batch_head(self, token: str) -> str:
         """The shared head `token` of a bulk batch (scripts/_body.lua, enqueue_many.lua)."""
         return f"{self.tag}:bh:{token}"
+
+    def ledger(self, token: str) -> str:
+        """A dedup ledger of this endpoint (`ledger_token` of its name; scripts/take.lua)."""
+        return f"{self.tag}:dd:{token}"
 
     def renewal(self, request_id: str) -> str:
         """A signed request's renewed signature header (prq.signing), written by a node that

@@ -217,6 +217,9 @@ class BatchOutcome:
     refused_ids: list[str] = field(default_factory=list)
     #: The endpoint's queued requests after the batch (over all priorities).
     depth: int = 0
+    #: Ids the batch's ledger says a receiver took before, whose records are gone: not
+    #: enqueued again (not among duplicate_ids).
+    gone_ids: list[str] = field(default_factory=list)
 
 
 def enqueue_many_call(
@@ -231,9 +234,12 @@ def enqueue_many_call(
     producer: str = "",
     max_attempts: int = 0,
     one_way: bool = False,
+    ledger: tuple[str, int] | None = None,
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
     is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
+    `ledger`: (token, TTL in ms) of the batch's dedup ledger (prq.keys.ledger_token): ids a
+    receiver took before are not queued again while it lives, though their records are gone.
     `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
     `pickup_window_ms` after now by Redis's clock.
 
@@ -258,11 +264,13 @@ def enqueue_many_call(
         ]
     if one_way:
         named.append(_queued_field(b"ow", b"1"))
+    if ledger is not None:
+        named.append(_queued_field(b"dd", ledger[0].encode()))
     named.append(b"b:")
     fields = b"".join(named)
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_window_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
-        priority, producer, shape, token,
+        priority, producer, shape, token, ledger[1] if ledger is not None else 0,
     ]  # fmt: skip
     if shape == "Q2":
         prefix = keys.request_prefix
@@ -274,10 +282,12 @@ def enqueue_many_call(
         for request_id, body in items:
             raw = body.encode() if isinstance(body, str) else body
             args += [request_id, fields + raw]
-    return ENQUEUE_MANY.call(
-        (keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix),
-        tuple(args),
-    )
+    endpoint_keys: tuple[str, ...] = (
+        keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix
+    )  # fmt: skip
+    if ledger is not None:
+        endpoint_keys += (keys.ledger(ledger[0]),)
+    return ENQUEUE_MANY.call(endpoint_keys, tuple(args))
 
 
 #: The smallest batch enqueue_many sends whole, with a shared head (see enqueue_many_call).
@@ -291,19 +301,22 @@ def _queued_field(name: bytes, value: bytes) -> bytes:
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
     items = _array(reply, "enqueue_many")
-    head = items[:5]
+    head = items[:6]
     if (
-        len(head) < 5
+        len(head) < 6
         or not all(isinstance(v, int) for v in head)
-        or len(items) != 5 + head[1] + head[3]  # type: ignore[operator]
-        or head[0] + head[1] + head[3] != expected  # type: ignore[operator]
+        or len(items) != 6 + head[1] + head[3] + head[5]  # type: ignore[operator]
+        or head[0] + head[1] + head[3] + head[5] != expected  # type: ignore[operator]
     ):
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
-    accepted, duplicates, counter, _, depth = head
+    accepted, duplicates, counter, refused, depth, _ = head
     assert isinstance(accepted, int) and isinstance(counter, int)
-    assert isinstance(duplicates, int) and isinstance(depth, int)
-    ids = [_text(v) for v in items[5:]]
-    return BatchOutcome(accepted, ids[:duplicates], counter, ids[duplicates:], depth)
+    assert isinstance(duplicates, int) and isinstance(depth, int) and isinstance(refused, int)
+    ids = [_text(v) for v in items[6:]]
+    after = duplicates + refused
+    return BatchOutcome(
+        accepted, ids[:duplicates], counter, ids[duplicates:after], depth, ids[after:]
+    )
 
 
 # -- take ---------------------------------------------------------------------------------------

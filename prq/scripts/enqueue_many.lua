@@ -9,6 +9,9 @@ KEYS[2]  enqueue counter       prq:{e}:seq
 KEYS[3]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, same slot)
 KEYS[4]  limits                prq:{e}:lim  (hash: mp = max pending; absent = no limit)
 KEYS[5]  level prefix          prq:{e}:l:   (the priority is appended)
+KEYS[6]  the batch's dedup ledger, when it has one: prq:{e}:dd:<token> (a set: the ids of its
+         requests a receiver took, take.lua; and '.', so that it exists while its requests
+         wait); each record then names the token in its field 'dd'
 ARGV[1]  batch nonce (the same when the call is retried)
 ARGV[2]  now_ms (the enqueuer's clock: the requests' creation time)
 ARGV[3]  pickup window, ms: the pickup deadline "pd" is this much after now by server time
@@ -20,11 +23,11 @@ ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
 ARGV[9]  the queued form's shape the batch comes in (_body.lua):
-           Q1  ARGV[11..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
+           Q1  ARGV[12..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
                creation time (ARGV[2]), deadline and sequence number, then its rest (its named
                fields, the batch nonce 'bn' first, and body, as the enqueuer spelled them); for
                small batches
-           Q2  ARGV[11..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
+           Q2  ARGV[12..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
                its id) and its whole string ('Q2', creation time and place in the batch, the
                head's token 'bh' first, other fields and body), stored as it came; the batch's
                shared head says its deadline, first sequence number and nonce
@@ -32,8 +35,10 @@ ARGV[9]  the queued form's shape the batch comes in (_body.lua):
          hash (enqueue.lua), only when set
 ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
          the same when the call is sent again)
+ARGV[11] the ledger's TTL, ms, renewed by every batch ('0' without a ledger)
 
-Reply: {accepted, duplicates, counter, refused, depth, dup_id1, ..., refused_id1, ...}
+Reply: {accepted, duplicates, counter, refused, depth, gone, dup_id1, ..., refused_id1, ...,
+        gone_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
                same batch whose reply was lost: counted again, so a retried call reports what
                the batch did, not what the retry did)
@@ -44,9 +49,15 @@ Reply: {accepted, duplicates, counter, refused, depth, dup_id1, ..., refused_id1
                their ids follow the duplicates' (send them again later)
   depth      = the endpoint's queued requests after the batch (over all levels): what a bulk
                enqueuer holds itself back by (backpressure)
+  gone       = ids the batch's ledger holds whose record is gone (a receiver took them, and
+               their outcome has expired since): nothing was enqueued for them; their ids
+               follow the refused ones
 
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
+- with a ledger, nor is an id a receiver took before, for as long as the ledger lives, though
+  its record is gone; an id no receiver took (its record withdrawn or expired unanswered) is
+  enqueued afresh
 - a replay of the batch (same nonce) enqueues nothing more and reports the same counts
 - each record is written with its TTL, in the queued form (_body.lua); the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
@@ -59,8 +70,8 @@ Invariants:
 -- include: _body
 -- include: _queue
 local prefix, nonce, ttl, shape = KEYS[3], ARGV[1], ARGV[4], ARGV[9]
-local FIRST = 11
-local fresh, dups, refused = {}, {}, {}
+local FIRST = 12
+local fresh, dups, refused, gone = {}, {}, {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -105,6 +116,18 @@ local function settle(key, record)
   return 'refused'
 end
 
+-- the ledger: which ids of the batch a receiver took before (1), in argument order
+local ledger, taken_before = KEYS[6], nil
+if ledger then
+  local cut, ids = #prefix + 1, {}
+  for i = FIRST, #ARGV, 2 do
+    ids[#ids + 1] = shape == 'Q2' and string.sub(ARGV[i], cut) or ARGV[i]
+  end
+  taken_before = redis.call('SMISMEMBER', ledger, unpack(ids))
+  redis.call('SADD', ledger, '.')
+  redis.call('PEXPIRE', ledger, ARGV[11])
+end
+
 local n, again = 0, 0
 local function tally(verdict, id)
   if verdict == 'fresh' then
@@ -116,6 +139,8 @@ local function tally(verdict, id)
     refused[#refused + 1] = id
   elseif verdict == 'again' then
     again = again + 1
+  elseif verdict == 'gone' then
+    gone[#gone + 1] = id
   else
     dups[#dups + 1] = id
   end
@@ -123,12 +148,20 @@ end
 
 -- the common case (a new id, room left) is one SET; the rest is settled above. The Q2 loop
 -- is the hot one (Spark, BulkClient): its strings go to Redis as they came
+-- an id of the ledger (taken before): what its record says, or 'gone' when it has none
+local function settle_taken(key, record)
+  if redis.call('EXISTS', key) == 1 then return settle(key, record) end
+  return 'gone'
+end
+
 local call = redis.call
 if shared then
   local cut = #prefix + 1
   for i = FIRST, #ARGV, 2 do
     local key = ARGV[i]
-    if (not room or room > 0) and call('SET', key, ARGV[i + 1], 'PX', ttl, 'NX') then
+    if taken_before and taken_before[(i - FIRST) / 2 + 1] == 1 then
+      tally(settle_taken(key, ARGV[i + 1]), string.sub(key, cut))
+    elseif (not room or room > 0) and call('SET', key, ARGV[i + 1], 'PX', ttl, 'NX') then
       if room then room = room - 1 end
       if n == 0 then reserve() end
       n = n + 1
@@ -141,7 +174,9 @@ else
   for i = FIRST, #ARGV, 2 do
     local key = prefix .. ARGV[i]
     local record = head .. (sequence + 1) .. ',' .. ARGV[i + 1]
-    if (not room or room > 0) and call('SET', key, record, 'PX', ttl, 'NX') then
+    if taken_before and taken_before[(i - FIRST) / 2 + 1] == 1 then
+      tally(settle_taken(key, record), ARGV[i])
+    elseif (not room or room > 0) and call('SET', key, record, 'PX', ttl, 'NX') then
       tally('fresh', ARGV[i])
     else
       tally(settle(key, record), ARGV[i])
@@ -166,7 +201,8 @@ if #fresh > 0 then
 else
   counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-local out = {accepted, duplicates, counter, #refused, queue_depth(KEYS[1], KEYS[5])}
+local out = {accepted, duplicates, counter, #refused, queue_depth(KEYS[1], KEYS[5]), #gone}
 for _, id in ipairs(dups) do out[#out + 1] = id end
 for _, id in ipairs(refused) do out[#out + 1] = id end
+for _, id in ipairs(gone) do out[#out + 1] = id end
 return out

@@ -60,6 +60,10 @@ Invariants:
   all nodes share, so a receiver that died parked is handed nothing after its park ends
 - what is handed out joins the in-flight set; answering, cancelling or declaring a side lost
   removes it (apply_response, cancel, beat, read_response), a beat refreshes its score
+- a request whose record names a dedup ledger ('dd', enqueue_many.lua) joins that ledger
+  when it is taken, if the ledger still exists (prq:{e}:dd:<token>, beside the records: the
+  records' prefix with 'dd:' for 'r:'), so an enqueue with that ledger knows it after its
+  record is gone
 - at_least_once: what a take hands out joins the lease set too; before taking, the take hands
   out again (or dead-letters) up to 16 leased requests whose receiver was silent past the
   receiver timeout, so a detached request nobody waits on is redelivered as well
@@ -161,15 +165,16 @@ if max_in_flight then
   end
 end
 local got, skipped = 0, 0
+local ledgers = {}  -- ledger token -> the ids taken now that name it
 while got < want and budget > 0 do
   local id = queue_pop(KEYS[1], KEYS[9])
   if not id then break end
   budget = budget - 1
   local key = KEYS[2] .. id
-  local read = record_hmget(key, {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'b', 'bk',
+  local read = record_hmget(key, {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'dd', 'b', 'bk',
     unpack(BODY_AHEAD)})
-  local st, deadline, att, ct, sq, ma = unpack(read, 1, 6)
-  local body = body_read(key, read, 7)
+  local st, deadline, att, ct, sq, ma, dd = unpack(read, 1, 7)
+  local body = body_read(key, read, 8)
   deadline = tonumber(deadline)
   -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)
   if st == 'queued' and body and (not deadline or deadline >= now_server) then
@@ -181,9 +186,18 @@ while got < want and budget > 0 do
     in_flight(id, ma)
     hand_out(id, body, att, ct, sq)
     got = got + 1
+    if dd then
+      ledgers[dd] = ledgers[dd] or {}
+      table.insert(ledgers[dd], id)
+    end
   else
     skipped = skipped + 1
   end
+end
+-- the ledgers remember what a receiver took, while they live (enqueue_many.lua keeps them)
+for token, ids in pairs(ledgers) do
+  local ledger = string.sub(KEYS[2], 1, -3) .. 'dd:' .. token
+  if redis.call('EXISTS', ledger) == 1 then redis.call('SADD', ledger, unpack(ids)) end
 end
 if got > 0 then
   redis.call('PEXPIRE', KEYS[3], ARGV[7])

@@ -24,10 +24,13 @@ Backpressure: a task whose batch leaves the endpoint holding `cfg.max_queued` qu
 fails with QueueFull (Spark retries it) if they take none within `cfg.queue_full_timeout_s`.
 The endpoint then holds at most max_queued plus one batch per running task.
 
-How long an id is guarded: while its record lives, i.e. while it is queued or running and then
-for its answer's lifetime, which the job asks for (`cfg.response_ttl_s`, or
-`queue_settings["response_ttl_s"]`; receivers keep it up to their max_response_ttl_s, a week by
-default; unasked, their own response_ttl_s). A rerun after that enqueues the rows again.
+How long an id is guarded: while its record lives (queued, running, then for its answer's
+lifetime, which the job asks for: `cfg.response_ttl_s`, or `queue_settings["response_ttl_s"]`;
+receivers keep it up to their max_response_ttl_s, a week by default; unasked, their own
+response_ttl_s), and after that by the job's ledger (prq.bulk.Ledger, named by the namespace)
+for `cfg.dedup_ttl_s` (a week by default): a row a receiver took is not sent again, and a rerun
+answers it "OutcomeExpired" (call) or counts it as a duplicate (enqueue). A row no receiver took
+is queued afresh by a rerun: it never ran.
 
 Call-and-collect: each request gets `cfg.call_timeout_s` from its sending to its outcome (a
 CallTimeout says it was sent and may still run); `cfg.task_timeout_s`, when set, bounds a

@@ -122,11 +122,13 @@ class _Caller:
             stop = start + self.cfg.batch_size
             sent = self.enqueuer.send(ids[start:stop], bodies[start:stop])
             due = time.monotonic() + self.cfg.call_timeout_s
-            self.in_flight.update(dict.fromkeys(sent.ids, due))
+            gone = set(sent.result.expired_ids)
+            self.in_flight.update(dict.fromkeys((i for i in sent.ids if i not in gone), due))
             answers += [
                 (rid, None, "DuplicateKey", f"request {rid}: its row key came before in the task")
                 for rid in sent.repeated
             ]
+            answers += [(rid, None, "OutcomeExpired", self._gone_message(rid)) for rid in gone]
         return answers
 
     def _collect(self) -> list[_Answer]:
@@ -178,6 +180,13 @@ class _Caller:
         for rid in due:
             del self.in_flight[rid]
         return [(rid, None, "CallTimeout", self._sent_message()) for rid in due]
+
+    def _gone_message(self, rid: str) -> str:
+        return (
+            f"request {rid} was taken by a receiver in an earlier run of namespace "
+            f"{self.cfg.namespace!r}, and its outcome is no longer kept; it was not sent again "
+            "(dedup_ttl_s), so it ran once, or may have"
+        )
 
     def _sent_message(self) -> str:
         return (

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prq.bulk import BULK_PRODUCER, MAX_BATCH_SIZE
+from prq.bulk import BULK_PRODUCER, DEFAULT_LEDGER_TTL_S, MAX_BATCH_SIZE
 from prq.config import check_queue_settings
 from prq.models import (
     DELIVERY_MODES,
@@ -87,6 +87,12 @@ class SparkQueueConfig:
     #: max_response_ttl_s (a week by default). None: `queue_settings["response_ttl_s"]` when
     #: given, else the receivers' own response_ttl_s.
     response_ttl_s: float | None = None
+    #: The job's dedup window, seconds: a row whose request a receiver took is never queued
+    #: again by a rerun with the same namespace within it, though its record and answer are
+    #: gone (a rerun answers it "OutcomeExpired" and counts it as a duplicate; prq.bulk.Ledger:
+    #: one set member per row taken, per endpoint). It runs from the job's last enqueue; a
+    #: week by default. None: rows are guarded only while their records live.
+    dedup_ttl_s: float | None = DEFAULT_LEDGER_TTL_S
     #: Write each request's id → endpoint locator. Off by default: locators would be most of
     #: the enqueue's Redis work, and lookups by id alone (`Queue.status`, `Queue.cancel`, the
     #: admin service) find bulk requests without them by asking the registered endpoints.
@@ -126,6 +132,21 @@ class SparkQueueConfig:
 
     def __post_init__(self) -> None:
         validate_endpoint(self.endpoint)
+        self._check_numbers()
+        if not ID_RE.match(f"{self.namespace}:x"):
+            raise ValueError(
+                f"namespace {self.namespace!r} cannot start a request id "
+                f"(ids match {REQUEST_ID_PATTERN})"
+            )
+        if not 1 <= len(self.method) <= MAX_METHOD_LENGTH:
+            raise ValueError(f"method must be 1-{MAX_METHOD_LENGTH} characters")
+        if self.delivery not in DELIVERY_MODES:
+            raise ValueError(f"delivery must be one of {', '.join(DELIVERY_MODES)}")
+        if len(self.producer) > MAX_PRODUCER_LENGTH:
+            raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
+        _check_queue_settings(self.queue_settings)
+
+    def _check_numbers(self) -> None:
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
         if self.max_in_flight < 1:
@@ -136,22 +157,12 @@ class SparkQueueConfig:
             raise ValueError("max_queued must be at least 1 (or None: no bound)")
         if self.task_timeout_s is not None and self.task_timeout_s <= 0:
             raise ValueError("task_timeout_s must be positive (or None: no bound)")
-        if self.response_ttl_s is not None and not 0 < self.response_ttl_s < math.inf:
-            raise ValueError("response_ttl_s must be positive and finite (or None)")
-        if not ID_RE.match(f"{self.namespace}:x"):
-            raise ValueError(
-                f"namespace {self.namespace!r} cannot start a request id "
-                f"(ids match {REQUEST_ID_PATTERN})"
-            )
-        if not 1 <= len(self.method) <= MAX_METHOD_LENGTH:
-            raise ValueError(f"method must be 1-{MAX_METHOD_LENGTH} characters")
+        for name in ("response_ttl_s", "dedup_ttl_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be positive and finite (or None)")
         if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be within {MIN_PRIORITY}..{MAX_PRIORITY}")
-        if self.delivery not in DELIVERY_MODES:
-            raise ValueError(f"delivery must be one of {', '.join(DELIVERY_MODES)}")
-        if len(self.producer) > MAX_PRODUCER_LENGTH:
-            raise ValueError(f"producer must be at most {MAX_PRODUCER_LENGTH} characters")
-        _check_queue_settings(self.queue_settings)
 
     def asked_response_ttl_s(self) -> float | None:
         """The answer lifetime every request of the job asks for (see response_ttl_s)."""

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prq.bulk import BulkClient, BulkResult
+from prq.bulk import BulkClient, BulkResult, Ledger
 from prq.config import QueueSettings
 from prq.datastreams import FileSystemStore
 from prq.errors import QueueFull
@@ -104,6 +104,10 @@ class Enqueuer:
         self.bulk = client(cfg)
         self.nonce = f"{cfg.run_token or 'norun'}:{cfg.namespace}:p{partition}"
         self.seen: set[str] = set()
+        #: The job's dedup window beyond the records' lives (SparkQueueConfig.dedup_ttl_s)
+        self.ledger = (
+            Ledger(cfg.namespace, cfg.dedup_ttl_s) if cfg.dedup_ttl_s is not None else None
+        )
 
     @property
     def max_body_bytes(self) -> int:
@@ -149,6 +153,7 @@ class Enqueuer:
                     priority=self.cfg.priority,
                     producer=self.cfg.producer,
                     delivery=self.cfg.delivery,
+                    ledger=self.ledger,
                 )
             except QueueFull:
                 if time.monotonic() + delay > deadline:

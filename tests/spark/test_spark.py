@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -435,6 +436,46 @@ def test_the_job_sets_how_long_its_answers_are_kept(
     ttls = [redis_client.pttl(keys.request(r.request_id)) for r in rows]
     low = max(0.0, kept_s * 1000 - 60_000)
     assert all(low < ttl <= kept_s * 1000 for ttl in ttls), sorted(ttls)[:3]
+
+
+def test_a_rerun_after_the_answers_expired_runs_nothing_twice(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    receiver: tuple[Prq, Path],
+) -> None:
+    _, ledger = receiver
+    # Given a job whose 300 rows ran once each on a long-lived worker, their answers kept a
+    # second only, and gone since (records and all)
+    endpoint = "poll://spark-call"
+    cfg = config(redis_url, key_prefix, endpoint, poll_interval_s=0.02, response_ttl_s=1.0)
+    df = spark.range(0, 300, numPartitions=2).selectExpr("id AS key", "id AS n")
+    first = call_dataframe(df, cfg).collect()
+    assert len(first) == 300 and len(ledger_lines(ledger)) == 300
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    records = [keys.request(r.request_id) for r in first]
+    wait_until(lambda: redis_client.exists(*records) == 0, 30, 0.1, "the answers expired")
+
+    # When the job runs again with the same namespace, calling and enqueueing
+    again = call_dataframe(df, cfg).collect()
+    counts = totals([tuple(r) for r in enqueue_dataframe(df, cfg).collect()])
+
+    # Then no row runs a second time: each is answered OutcomeExpired (it ran, or may have)
+    # and counted as a duplicate
+    assert len(again) == 300 and {r.error_type for r in again} == {"OutcomeExpired"}
+    assert all("not sent again" in r.error_message for r in again)
+    assert counts == (0, 300, 0)
+    assert queue_depth(redis_client, keys) == 0
+    runs = Counter(ledger_lines(ledger))
+    assert len(runs) == 300 and set(runs.values()) == {1}
+
+    # And a job without a dedup window runs them again (the records were its only guard),
+    # with no false alarm of data loss on the worker that ran them before
+    unguarded = call_dataframe(df, replace(cfg, dedup_ttl_s=None)).collect()
+    assert sum(r.result_json is not None for r in unguarded) == 300 - len(range(0, 300, 7))
+    assert {r.error_type for r in unguarded} == {None, "ValueError"}
+    assert set(Counter(ledger_lines(ledger)).values()) == {2}
 
 
 #: Receiver timeout of the delivery test (and the heartbeat that keeps live receivers in it).

@@ -1,0 +1,127 @@
+"""A dedup ledger (prq.bulk.Ledger) on real Redis and real receivers, both facades: an id a
+receiver took is not queued again once its record is gone; one no receiver took is."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from prq import QueueSettings, Request
+from prq.bulk import BulkClient, Ledger
+from prq.keys import ledger_token
+from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.queued import queue_depth
+from tests.redis_servers import async_wait_until
+from tests.stored_bodies import record_fields
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://ledgered"
+#: Answers kept half a second (each request asks for it), so their records go soon.
+BRIEF_S = 0.5
+
+
+@pytest.fixture
+def bulk(redis_url: str, key_prefix: str) -> Iterator[BulkClient]:
+    settings = QueueSettings(**{**FAST_SETTINGS, "request_ttl_extra_s": 0.3})
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
+        yield client
+
+
+def rows(run: str, n: int) -> list[Request]:
+    return [
+        Request(endpoint=ENDPOINT, method="m", params=i, id=f"{run}:{i}", response_ttl_s=BRIEF_S)
+        for i in range(n)
+    ]
+
+
+def gone(client: redis.Redis, bulk: BulkClient, requests: list[Request]) -> bool:
+    keys = bulk.keys.endpoint(ENDPOINT)
+    return client.exists(*[keys.request(r.id) for r in requests]) == 0
+
+
+# (3: each record spelled by the script; 10: the batch sent whole, with a shared head)
+@pytest.mark.parametrize("n", [3, 10])
+async def test_an_id_a_receiver_took_is_not_queued_again_once_its_record_is_gone(
+    bulk: BulkClient, make_queue: QueueFactory, redis_client: redis.Redis, n: int
+) -> None:
+    # Given requests enqueued with a ledger, each run once by a receiver, whose answers (and
+    # records) are gone since
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(request: Request) -> object:
+        with lock:
+            runs[request.id] += 1
+        return request.params
+
+    make_queue.serve(make_queue(), ENDPOINT, handler, concurrency=4)
+    requests = rows("job-1", n)
+    ledger = Ledger("job-1", ttl_s=3600)
+    assert bulk.enqueue_many(requests, ledger=ledger).accepted == n
+    await async_wait_until(lambda: len(runs) == n, 20, 0.02, "every request run")
+    await async_wait_until(lambda: gone(redis_client, bulk, requests), 20, 0.05, "records gone")
+
+    # When the same ids are enqueued again with the same ledger (a rerun)
+    again = bulk.enqueue_many(requests, ledger=ledger)
+
+    # Then none is queued: each is a duplicate whose outcome has expired, and none runs again
+    assert (again.accepted, again.duplicates) == (0, n)
+    assert (
+        sorted(again.expired_ids) == sorted(again.duplicate_ids) == sorted(r.id for r in requests)
+    )
+    assert queue_depth(redis_client, bulk.keys.endpoint(ENDPOINT)) == 0
+    assert gone(redis_client, bulk, requests)
+    assert set(runs.values()) == {1}
+    # And without the ledger they would have been queued again
+    assert bulk.enqueue_many(requests).accepted == n
+
+
+async def test_an_id_no_receiver_took_is_queued_afresh(
+    bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given a request enqueued with a ledger that nobody took before its record expired
+    request = rows("job-2", 1)[0]
+    ledger = Ledger("job-2", ttl_s=3600)
+    assert bulk.enqueue_many([request], pickup_timeout_s=0.2, ledger=ledger).accepted == 1
+    await async_wait_until(lambda: gone(redis_client, bulk, [request]), 20, 0.05, "expired")
+
+    # When it is enqueued again with the ledger
+    again = bulk.enqueue_many([request], ledger=ledger)
+
+    # Then it is queued afresh: it never ran
+    assert (again.accepted, again.duplicates, again.expired_ids) == (1, 0, [])
+
+
+async def test_the_ledger_lives_its_ttl_and_holds_only_what_receivers_took(
+    bulk: BulkClient, make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given a ledgered batch, one request of which a receiver took
+    ledger = Ledger("job-3: a long name, as a job's namespace may be " + "x" * 100, ttl_s=600)
+    requests = rows("job-3", 2)
+    bulk.enqueue_many(requests, ledger=ledger)
+    keys = bulk.keys.endpoint(ENDPOINT)
+    key = keys.ledger(ledger_token(ledger.name))
+    # ...each record naming the ledger by its short token alone
+    assert (
+        record_fields(redis_client, keys.request(requests[0].id))[b"dd"]
+        == ledger_token(ledger.name).encode()
+    )
+    assert len(ledger_token(ledger.name)) == 8
+    taken = make_queue()
+    pending = await taken.dequeue(ENDPOINT, timeout_s=5)
+    assert pending is not None
+
+    # Then the ledger holds the taken id (and its marker), with the ledger's TTL
+    assert redis_client.smembers(key) == {b".", pending.id.encode()}
+    assert 590_000 < redis_client.pttl(key) <= 600_000
+    # And a request enqueued without a ledger names none and joins none when taken
+    plain = Request(endpoint="poll://unledgered", method="m")
+    bulk.enqueue_many([plain])
+    assert b"dd" not in record_fields(
+        redis_client, bulk.keys.endpoint(plain.endpoint).request(plain.id)
+    )
