@@ -44,7 +44,7 @@ from prq._types import Call, Exec
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, SerializationError
 from prq.flows import old_layout_message, registry_calls
-from prq.keys import KeySchema, ledger_token
+from prq.keys import EndpointKeys, KeySchema, ledger_token
 from prq.levels import levels_call, levels_from
 from prq.models import (
     DELIVERY_MODES,
@@ -82,6 +82,7 @@ __all__ = [
     "BulkClient",
     "BulkResult",
     "Ledger",
+    "LossWatch",
     "Rejected",
 ]
 
@@ -153,6 +154,41 @@ class Ledger:
     def spelled(self) -> tuple[str, int]:
         """(token, TTL in ms), as enqueue_many_call takes them."""
         return ledger_token(self.name), max(1, int(self.ttl_s * 1000))
+
+
+#: How long a loss watch outlives its last read.
+LOSS_WATCH_TTL_S = 3600.0
+
+
+@dataclass(slots=True)
+class LossWatch:
+    """Tells a reader of outcomes whether Redis lost data while it waited, so that a request
+    whose record is missing is known lost (DataLoss) rather than expired.
+
+    A key beside the endpoint's records (prq:{e}:lw:<token>) whose value the reader replaces
+    with a fresh mark at every read of outcomes (`BulkClient.outcomes(..., watch=)`), after the
+    records, reading the mark it replaces (SET ... GET): anything but the last mark (or this
+    one, when the command was sent again after a lost reply) means the key was lost or went
+    back: a restart without persistence, a flush, a failover to a replica that missed writes.
+    Start it (`BulkClient.start_watch`) before sending what it watches; it lives an hour past
+    its last read.
+    """
+
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(8))
+    #: The mark the last read left (None: not started).
+    mark: str | None = None
+    #: Redis lost data since the watch started (stays True).
+    lost: bool = False
+
+    def next_mark(self) -> str:
+        return secrets.token_urlsafe(6)
+
+    def saw(self, replaced: object, mark: str) -> None:
+        """Take what the read that left `mark` replaced."""
+        found = replaced.decode() if isinstance(replaced, bytes) else replaced
+        if found not in (self.mark, mark):
+            self.lost = True
+        self.mark = mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +301,14 @@ class BulkClient:
         batch_size: int = DEFAULT_BATCH_SIZE,
         nonce: str | None = None,
         ledger: Ledger | None = None,
+        retry_failed: bool = False,
     ) -> BulkResult:
         """Enqueue detached requests, `batch_size` per round trip; idempotent by request id
         (while a request's record lives; with a `ledger`, also for ids a receiver took before,
-        after their records are gone: see Ledger).
+        after their records are gone: see Ledger). `retry_failed`: an id whose record says it
+        ended without an answer for a reason worth another try (DataLoss, ReceiverLost, a
+        receiver shut down, at_least_once attempts used up) is enqueued afresh, as one whose
+        record is gone or was withdrawn is (it may run again if it ran before).
 
         `nonce` names the sender of these requests across retries (e.g. a Spark task: its run
         and partition, the same for every attempt): ids that an earlier call with the same
@@ -286,6 +326,12 @@ class BulkClient:
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
         locators = self.settings.request_locators
         total = BulkResult()
+
+        def sent(encoded: Encoded) -> BulkResult:  # one round trip, with a fresh nonce if unset
+            return self._sent(
+                encoded, pickup, nonce or new_batch_nonce(), locators, ledger, retry_failed
+            )
+
         batches = _chunks(iter(requests), batch_size)
         batch = next(batches, None)
         if batch is None:
@@ -294,10 +340,10 @@ class BulkClient:
         try:
             batch = next(batches, None)
         except Exception:  # what the requests raise comes after the batches read before it
-            self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger)
+            sent(encoded)
             raise
         if batch is None:  # one round trip: nothing to overlap with
-            total.add(self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger))
+            total.add(sent(encoded))
             return total
         # Several round trips: the next batch is read and encoded while the previous one is in
         # flight (its thread waits on Redis), and sent only once that one has succeeded: one
@@ -305,9 +351,7 @@ class BulkClient:
         # the call, as without the overlap. The requests are read at most a batch ahead.
         with ThreadPoolExecutor(1, thread_name_prefix="prq-bulk-send") as sender:
             while True:
-                in_flight: Future[BulkResult] = sender.submit(
-                    self._sent, encoded, pickup, nonce or new_batch_nonce(), locators, ledger
-                )
+                in_flight: Future[BulkResult] = sender.submit(sent, encoded)
                 if batch is None:
                     total.add(in_flight.result())
                     return total
@@ -320,7 +364,7 @@ class BulkClient:
                     batch = next(batches, None)
                 except Exception:  # as above: the batches read before it are sent first
                     in_flight.result()
-                    self._sent(encoded, pickup, nonce or new_batch_nonce(), locators, ledger)
+                    sent(encoded)
                     raise
                 total.add(in_flight.result())
 
@@ -336,6 +380,7 @@ class BulkClient:
         producer: str = BULK_PRODUCER,
         delivery: Delivery = "at_most_once",
         ledger: Ledger | None = None,
+        retry_failed: bool = False,
     ) -> BulkResult:
         """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
         queued at `priority` in `producer`'s turns with `delivery` (the bodies should name the
@@ -359,7 +404,8 @@ class BulkClient:
         lane = (endpoint, priority, producer, self._attempts(delivery))
         if locators is None:
             locators = self.settings.request_locators
-        return self._send({lane: items}, pickup, nonce or new_batch_nonce(), locators, ledger)
+        nonce = nonce or new_batch_nonce()
+        return self._send({lane: items}, pickup, nonce, locators, ledger, retry_failed)
 
     def _attempts(self, delivery: Delivery) -> int:
         """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
@@ -456,10 +502,11 @@ class BulkClient:
         nonce: str,
         locators: bool,
         ledger: Ledger | None,
+        retry_failed: bool,
     ) -> BulkResult:
         """One batch's round trip, with its refused requests added to the result."""
         by_lane, rejected = encoded
-        result = self._send(by_lane, pickup_timeout_s, nonce, locators, ledger)
+        result = self._send(by_lane, pickup_timeout_s, nonce, locators, ledger, retry_failed)
         result.rejected += rejected
         return result
 
@@ -470,6 +517,7 @@ class BulkClient:
         nonce: str,
         locators: bool,
         ledger: Ledger | None = None,
+        retry_failed: bool = False,
     ) -> BulkResult:
         """One round trip: a script call per endpoint, priority and producer (plus the
         locators); counts from the replies."""
@@ -500,6 +548,7 @@ class BulkClient:
                     producer,
                     attempts,
                     ledger=ledger.spelled() if ledger is not None else None,
+                    retry_failed=retry_failed,
                 )
             )
             if locators:
@@ -602,13 +651,27 @@ class BulkClient:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def outcomes(self, endpoint: str, request_ids: Sequence[str]) -> dict[str, RequestSnapshot]:
+    def start_watch(self, endpoint: str, watch: LossWatch) -> None:
+        """Start `watch` on `endpoint` (one round trip), before sending what it watches."""
+        keys = self.keys.endpoint(validate_endpoint(endpoint))
+        mark = watch.next_mark()
+        watch.saw(self._io.execute([self._watch_call(keys, watch, mark)])[0], mark)
+
+    @staticmethod
+    def _watch_call(keys: EndpointKeys, watch: LossWatch, mark: str) -> Call:
+        ttl_ms = int(LOSS_WATCH_TTL_S * 1000)
+        return Call(("SET", keys.loss_watch(watch.token), mark, "PX", ttl_ms, "GET"))
+
+    def outcomes(
+        self, endpoint: str, request_ids: Sequence[str], *, watch: LossWatch | None = None
+    ) -> dict[str, RequestSnapshot]:
         """Where each request stands, with its stored response once it has one, in one round
         trip (two when some must be withdrawn). A request whose receiver stopped beating for
         the receiver timeout is declared lost here (state "cancelled", reason
         "receiver_lost"), and one still queued past its pickup deadline is withdrawn (state
         "withdrawn", reason "pickup_timeout"; its id may be enqueued again), as a waiting
-        caller would do."""
+        caller would do. With a started `watch`, the same round trip reads it after the
+        records: `watch.lost` then says whether a record found missing may have been lost."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
         timeout_ms = int(self.settings.receiver_timeout_s * 1000)
         redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
@@ -618,10 +681,15 @@ class BulkClient:
         ]
         if not calls:
             return {}
+        mark = watch.next_mark() if watch is not None else ""
+        if watch is not None:
+            calls.append(self._watch_call(keys, watch, mark))
         replies = self._io.execute(calls)
+        if watch is not None:
+            watch.saw(replies[len(request_ids)], mark)
         found = {
             request_id: parse_snapshot(reply)
-            for request_id, reply in zip(request_ids, replies, strict=True)
+            for request_id, reply in zip(request_ids, replies[: len(request_ids)], strict=True)
         }
         now_ms = int(time.time() * 1000)
         overdue = [

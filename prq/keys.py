@@ -25,6 +25,8 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      ids of its requests a receiver took,   renewed by its enqueues
                                      and '.' (it exists); token: 8
                                      characters of the ledger name's hash
+    prq:{<e>}:lw:<token>     string  a loss watch (prq.bulk.LossWatch): a   an hour, renewed by
+                                     counter its reader increments          each read
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
@@ -156,6 +158,10 @@ class EndpointKeys:
     def ledger(self, token: str) -> str:
         """A dedup ledger of this endpoint (`ledger_token` of its name; scripts/take.lua)."""
         return f"{self.tag}:dd:{token}"
+
+    def loss_watch(self, token: str) -> str:
+        """A reader's loss watch on this endpoint (prq.bulk.LossWatch)."""
+        return f"{self.tag}:lw:{token}"
 
     def renewal(self, request_id: str) -> str:
         """A signed request's renewed signature header (prq.signing), written by a node that

@@ -235,11 +235,14 @@ def enqueue_many_call(
     max_attempts: int = 0,
     one_way: bool = False,
     ledger: tuple[str, int] | None = None,
+    retry_failed: bool = False,
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
     is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
     `ledger`: (token, TTL in ms) of the batch's dedup ledger (prq.keys.ledger_token): ids a
     receiver took before are not queued again while it lives, though their records are gone.
+    `retry_failed`: ids whose record says they ended without an answer for a reason worth
+    another try (data loss, a lost or shut-down receiver, attempts used up) are queued afresh.
     `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
     `pickup_window_ms` after now by Redis's clock.
 
@@ -271,6 +274,7 @@ def enqueue_many_call(
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_window_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
         priority, producer, shape, token, ledger[1] if ledger is not None else 0,
+        1 if retry_failed else 0,
     ]  # fmt: skip
     if shape == "Q2":
         prefix = keys.request_prefix

@@ -23,11 +23,11 @@ ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
 ARGV[9]  the queued form's shape the batch comes in (_body.lua):
-           Q1  ARGV[12..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
+           Q1  ARGV[13..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
                creation time (ARGV[2]), deadline and sequence number, then its rest (its named
                fields, the batch nonce 'bn' first, and body, as the enqueuer spelled them); for
                small batches
-           Q2  ARGV[12..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
+           Q2  ARGV[13..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
                its id) and its whole string ('Q2', creation time and place in the batch, the
                head's token 'bh' first, other fields and body), stored as it came; the batch's
                shared head says its deadline, first sequence number and nonce
@@ -36,6 +36,9 @@ ARGV[9]  the queued form's shape the batch comes in (_body.lua):
 ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
          the same when the call is sent again)
 ARGV[11] the ledger's TTL, ms, renewed by every batch ('0' without a ledger)
+ARGV[12] '1': retry failures: an id whose record says it ended without an answer for a reason
+         worth another try (RETRIED: data loss, a lost receiver, a receiver shut down, its
+         attempts used up) is enqueued afresh, as a withdrawn one is; '0': it is known
 
 Reply: {accepted, duplicates, counter, refused, depth, gone, dup_id1, ..., refused_id1, ...,
         gone_id1, ...}
@@ -54,7 +57,8 @@ Reply: {accepted, duplicates, counter, refused, depth, gone, dup_id1, ..., refus
                follow the refused ones
 
 Invariants:
-- a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh
+- a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh,
+  and with ARGV[12] one that failed for a reason worth another try
 - with a ledger, nor is an id a receiver took before, for as long as the ledger lives, though
   its record is gone; an id no receiver took (its record withdrawn or expired unanswered) is
   enqueued afresh
@@ -70,7 +74,10 @@ Invariants:
 -- include: _body
 -- include: _queue
 local prefix, nonce, ttl, shape = KEYS[3], ARGV[1], ARGV[4], ARGV[9]
-local FIRST = 12
+local FIRST = 13
+local RETRIED = {data_loss = true, receiver_lost = true, receiver_shutdown = true,
+  attempts_exhausted = true}
+local retry = ARGV[12] == '1'
 local fresh, dups, refused, gone = {}, {}, {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
@@ -102,11 +109,13 @@ local function write(key, record)
 end
 
 -- an id the first write did not take (known, or no room): what it is. A withdrawn record (a
--- retry of it is a fresh request) or one without a state (damaged) is replaced: 'fresh'
+-- retry of it is a fresh request), one without a state (damaged), or with `retry` one that
+-- failed for a reason in RETRIED, is replaced: 'fresh'
 local function settle(key, record)
   if redis.call('EXISTS', key) == 1 then
-    local st, bn = unpack(record_get(key, {'st', 'bn'}))
-    if st and st ~= 'withdrawn' then
+    local st, bn, why = unpack(record_get(key, {'st', 'bn', 'why'}))
+    local retried = retry and st == 'cancelled' and RETRIED[why]
+    if st and st ~= 'withdrawn' and not retried then
       if bn == nonce then return 'again' end
       return 'known'
     end

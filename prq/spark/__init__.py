@@ -56,7 +56,7 @@ Example:
 
 from __future__ import annotations
 
-from prq.spark._call import arrow_caller, call_dataframe
+from prq.spark._call import RETRYABLE_ERRORS, arrow_caller, call_dataframe, rows_to_retry
 from prq.spark._config import (
     CALL_RESULT_SCHEMA,
     ENQUEUE_STATS_SCHEMA,
@@ -69,6 +69,7 @@ from prq.spark._enqueue import arrow_enqueuer, enqueue_dataframe, enqueue_partit
 __all__ = [
     "CALL_RESULT_SCHEMA",
     "ENQUEUE_STATS_SCHEMA",
+    "RETRYABLE_ERRORS",
     "PartitionCounts",
     "SparkQueueConfig",
     "arrow_caller",
@@ -78,4 +79,5 @@ __all__ = [
     "enqueue_partitions",
     "foreach_batch",
     "request_id",
+    "rows_to_retry",
 ]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prq.bulk import BulkClient
+from prq.bulk import BulkClient, LossWatch
 from prq.errors import PrqError
 from prq.scripts import RequestSnapshot
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
@@ -19,47 +19,65 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["arrow_caller", "call_dataframe"]
+__all__ = ["RETRYABLE_ERRORS", "arrow_caller", "call_dataframe", "rows_to_retry"]
 
+#: The error types of call_dataframe's result rows worth sending again (rows_to_retry): lost,
+#: expired, timed out, given up by a receiver, or never sent. A service's own errors, and
+#: OutcomeExpired (it ran; its answer is no longer kept), are not among them.
+RETRYABLE_ERRORS = (
+    "DataLoss", "RequestExpired", "ReceiverLost", "PickupTimeout", "CallTimeout", "NotSent",
+)  # fmt: skip
 #: Requests whose outcomes one read asks for (see _Caller._read_outcomes).
 OUTCOME_WINDOW = 256
 _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
-_Answer = tuple[str, str | None, str | None, str | None]
+#: (request_id, result_json, error_type, error_message, maybe_executed): CALL_RESULT_SCHEMA
+_Answer = tuple[str, str | None, str | None, str | None, bool]
 
 
-def _answer(rid: str, snapshot: RequestSnapshot, endpoint: str, bulk: BulkClient) -> _Answer:
+def _answer(
+    rid: str, snapshot: RequestSnapshot, endpoint: str, bulk: BulkClient, lost: bool
+) -> _Answer:
     """A result row for a request in a final state: the result, or the error a waiting caller
-    would get (prq.outcomes), by its class name."""
+    would get (prq.outcomes), by its class name. `lost`: Redis lost data while the task
+    waited (LossWatch), so a record found missing was lost, not expired."""
     if snapshot.state in ("missing", "unknown"):
+        if lost:
+            return (
+                rid, None, "DataLoss",
+                f"Redis lost data while the task waited for request {rid} (a restart without "
+                "persistence, a flush, a failover to a replica that missed writes): its record "
+                "and any answer are gone; it may have run (maybe executed)",
+                True,
+            )  # fmt: skip
         return (
-            rid,
-            None,
-            "RequestExpired",
-            (
-                "nothing is stored under the id: it expired unanswered (pickup timeout plus the "
-                "request TTL extra) or its response outlived the response TTL"
-            ),
-        )
+            rid, None, "RequestExpired",
+            "nothing is stored under the id: it expired unanswered (pickup timeout plus the "
+            "request TTL extra) or its response outlived the response TTL; it may have run",
+            True,
+        )  # fmt: skip
     try:
         response = bulk.resolve(snapshot, rid, endpoint)
     except PrqError as exc:
-        return rid, None, type(exc).__name__, str(exc)
+        return rid, None, type(exc).__name__, str(exc), exc.maybe_executed
     if response is None:  # not final: _FINAL keeps these out
         raise AssertionError(f"request {rid} is still {snapshot.state}")
-    if response.error is not None:
-        return rid, None, response.error.type, response.error.message
-    return rid, json.dumps(response.result), None, None
+    if response.error is not None:  # a receiver took it: it ran, or may have
+        return rid, None, response.error.type, response.error.message, True
+    return rid, json.dumps(response.result), None, None, True
 
 
 def _refusals(chunk: Chunk, limit: int) -> list[_Answer]:
     """Answers for the rows of `chunk` that were never sent."""
-    answers: list[_Answer] = [(rid, None, "InvalidRequestId", msg) for rid, msg in chunk.invalid]
+    answers: list[_Answer] = [
+        (rid, None, "InvalidRequestId", msg, False) for rid, msg in chunk.invalid
+    ]
     answers += [
         (
             rid,
             None,
             "PayloadTooLarge",
             f"request {rid} is {size} bytes, over max_body_bytes={limit}; nothing was written",
+            False,
         )
         for rid, size in chunk.too_large
     ]
@@ -81,6 +99,9 @@ class _Caller:
         partition, attempt = task_identity()
         self.hook = FailureHook(cfg, partition, attempt)
         self.enqueuer = Enqueuer(cfg, partition)
+        #: Tells requests Redis lost from requests that expired (started before any is sent)
+        self.watch = LossWatch()
+        self.enqueuer.bulk.start_watch(cfg.endpoint, self.watch)
         #: id -> when it times out (monotonic); insertion-ordered, so oldest (and first due)
         #: first
         self.in_flight: dict[str, float] = {}
@@ -124,11 +145,14 @@ class _Caller:
             due = time.monotonic() + self.cfg.call_timeout_s
             gone = set(sent.result.expired_ids)
             self.in_flight.update(dict.fromkeys((i for i in sent.ids if i not in gone), due))
+            repeated = "its row key came before in the task"
             answers += [
-                (rid, None, "DuplicateKey", f"request {rid}: its row key came before in the task")
+                (rid, None, "DuplicateKey", f"request {rid}: {repeated}", False)
                 for rid in sent.repeated
             ]
-            answers += [(rid, None, "OutcomeExpired", self._gone_message(rid)) for rid in gone]
+            answers += [
+                (rid, None, "OutcomeExpired", self._gone_message(rid), True) for rid in gone
+            ]
         return answers
 
     def _collect(self) -> list[_Answer]:
@@ -159,9 +183,10 @@ class _Caller:
         for start in range(0, len(ids), window):
             part = ids[start : start + window]
             final = 0
-            for rid, snapshot in self.enqueuer.bulk.outcomes(self.cfg.endpoint, part).items():
+            bulk, watch = self.enqueuer.bulk, self.watch
+            for rid, snapshot in bulk.outcomes(self.cfg.endpoint, part, watch=watch).items():
                 if snapshot.state in _FINAL:
-                    answers.append(_answer(rid, snapshot, self.cfg.endpoint, self.enqueuer.bulk))
+                    answers.append(_answer(rid, snapshot, self.cfg.endpoint, bulk, watch.lost))
                     del self.in_flight[rid]
                     final += 1
             if final < len(part):
@@ -179,7 +204,7 @@ class _Caller:
             due.append(rid)
         for rid in due:
             del self.in_flight[rid]
-        return [(rid, None, "CallTimeout", self._sent_message()) for rid in due]
+        return [(rid, None, "CallTimeout", self._sent_message(), True) for rid in due]
 
     def _gone_message(self, rid: str) -> str:
         return (
@@ -205,8 +230,10 @@ class _Caller:
             f"not sent: the task ran past task_timeout_s={self.cfg.task_timeout_s:g} before "
             "there was room for it in the window (max_in_flight); it never ran"
         )
-        answers: list[_Answer] = [(rid, None, "CallTimeout", in_flight) for rid in self.in_flight]
-        answers += [(rid, None, "NotSent", unsent) for rid in self.backlog_ids]
+        answers: list[_Answer] = [
+            (rid, None, "CallTimeout", in_flight, True) for rid in self.in_flight
+        ]
+        answers += [(rid, None, "NotSent", unsent, False) for rid in self.backlog_ids]
         self.in_flight.clear()
         self.backlog_ids, self.backlog_bodies = [], []
         return answers
@@ -215,13 +242,12 @@ class _Caller:
 def _answers_batch(answers: list[_Answer]) -> pa.RecordBatch:
     import pyarrow as pa
 
-    columns = list(zip(*answers, strict=True)) if answers else [(), (), (), ()]
+    columns = list(zip(*answers, strict=True)) if answers else [(), (), (), (), ()]
+    names = ("request_id", "result_json", "error_type", "error_message", "maybe_executed")
     return pa.RecordBatch.from_pydict(
         {
-            name: pa.array(list(values), pa.string())
-            for name, values in zip(
-                ("request_id", "result_json", "error_type", "error_message"), columns, strict=True
-            )
+            name: pa.array(list(values), pa.bool_() if name == "maybe_executed" else pa.string())
+            for name, values in zip(names, columns, strict=True)
         }
     )
 
@@ -244,17 +270,46 @@ def arrow_caller(
 
 
 def call_dataframe(df: DataFrame, cfg: SparkQueueConfig) -> DataFrame:
-    """Call the endpoint once per row; a lazy DataFrame of CALL_RESULT_SCHEMA.
+    """Call the endpoint once per row; a lazy DataFrame of CALL_RESULT_SCHEMA (request_id,
+    result_json, error_type, error_message, maybe_executed: false only for a request that
+    certainly did not run).
 
     Each task keeps at most `cfg.max_in_flight` requests unanswered and waits for outcomes
     before sending more (and backs off while Redis is full). A service error shows as
     error_type/error_message (the ServerError's type and message); a request that ended without
-    a response as e.g. PickupTimeout, ReceiverLost or Cancelled; one unanswered
+    a response as e.g. PickupTimeout, ReceiverLost or Cancelled; one Redis lost while the
+    task waited as DataLoss; one a receiver took in an earlier run, whose outcome is no longer
+    kept, as OutcomeExpired (never sent again within `cfg.dedup_ttl_s`); one unanswered
     `cfg.call_timeout_s` after it was sent as CallTimeout (it may still run); a row never sent
     as InvalidRequestId, PayloadTooLarge, DuplicateKey (its key came twice in the task) or
     NotSent (the task ran past `cfg.task_timeout_s` first). Ids are
     deterministic, so a retried task or a second action re-reads the stored responses (kept
-    for the queue's response TTL) and runs nothing twice on the service; still, persist or
+    for `cfg.response_ttl_s`, or the receivers' response TTL) and runs nothing twice on the
+    service (see rows_to_retry for a repairing rerun); still, persist or
     write out the result once rather than running many actions on it.
     """
     return map_in_arrow(df, arrow_caller(cfg), CALL_RESULT_SCHEMA)
+
+
+def rows_to_retry(
+    df: DataFrame, results: DataFrame, cfg: SparkQueueConfig, *, maybe_executed: bool = True
+) -> DataFrame:
+    """The rows of `df` whose calls in `results` (call_dataframe(df, cfg), persisted or written
+    out by the first run) ended with an error of RETRYABLE_ERRORS; with
+    `maybe_executed=False`, only those that certainly did not run.
+
+    A repairing rerun: `call_dataframe(rows_to_retry(df, results, cfg),
+    replace(cfg, retry_failed=True))` sends exactly these rows again (same namespace, so the
+    same ids) and none of the rows that have answers, even after Redis lost everything. A row
+    whose result says maybe_executed may run a second time. Rows are matched by their key,
+    compared as text (`key_column` of a string or integer type, as ids are built from it).
+    """
+    from pyspark.sql import functions as F
+
+    failed = results.where(F.col("error_type").isin(list(RETRYABLE_ERRORS)))
+    if not maybe_executed:
+        failed = failed.where(~F.col("maybe_executed"))
+    start = len(cfg.namespace) + 2  # after "<namespace>:", 1-based
+    keys = failed.select(F.expr(f"substring(request_id, {start})").alias("_prq_key")).distinct()
+    matches = df[cfg.key_column].cast("string") == keys["_prq_key"]
+    return df.join(keys, matches, "left_semi")

@@ -35,7 +35,8 @@ __all__ = [
 
 ENQUEUE_STATS_SCHEMA = "partition int, accepted long, duplicate long, rejected long"
 CALL_RESULT_SCHEMA = (
-    "request_id string, result_json string, error_type string, error_message string"
+    "request_id string, result_json string, error_type string, error_message string, "
+    "maybe_executed boolean"
 )
 #: How long a task keeps retrying a batch Redis refused as full before it fails, seconds.
 DEFAULT_QUEUE_FULL_TIMEOUT_S = 300.0
@@ -93,6 +94,11 @@ class SparkQueueConfig:
     #: one set member per row taken, per endpoint). It runs from the job's last enqueue; a
     #: week by default. None: rows are guarded only while their records live.
     dedup_ttl_s: float | None = DEFAULT_LEDGER_TTL_S
+    #: Send again the rows whose requests ended without an answer for a reason worth another
+    #: try (DataLoss, ReceiverLost, a receiver shut down, attempts used up), instead of reading
+    #: that outcome again; for a repairing rerun over the rows `rows_to_retry` picks. Rows
+    #: with answers, and rows a receiver took whose outcome expired, are never sent again.
+    retry_failed: bool = False
     #: Write each request's id → endpoint locator. Off by default: locators would be most of
     #: the enqueue's Redis work, and lookups by id alone (`Queue.status`, `Queue.cancel`, the
     #: admin service) find bulk requests without them by asking the registered endpoints.

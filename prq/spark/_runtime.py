@@ -154,6 +154,7 @@ class Enqueuer:
                     producer=self.cfg.producer,
                     delivery=self.cfg.delivery,
                     ledger=self.ledger,
+                    retry_failed=self.cfg.retry_failed,
                 )
             except QueueFull:
                 if time.monotonic() + delay > deadline:

@@ -14,7 +14,7 @@ from prq import QueueSettings, Request
 from prq.bulk import BulkClient, Ledger
 from prq.keys import ledger_token
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
-from tests.queued import queue_depth
+from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
 from tests.stored_bodies import record_fields
 
@@ -125,3 +125,50 @@ async def test_the_ledger_lives_its_ttl_and_holds_only_what_receivers_took(
     assert b"dd" not in record_fields(
         redis_client, bulk.keys.endpoint(plain.endpoint).request(plain.id)
     )
+
+
+async def test_retry_failed_sends_again_what_failed_worth_a_retry_and_nothing_else(
+    bulk: BulkClient,
+    make_queue: QueueFactory,
+    redis_client: redis.Redis,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    # Given a request whose receiver died holding it (declared lost), one a user cancelled
+    # after pickup, and one answered
+    lost, cancelled, answered = rows("job-4", 3)
+    assert bulk.enqueue_many([lost, cancelled]).accepted == 2
+    assert {i.request_id for i in silent_take(redis_client, bulk.keys.prefix, ENDPOINT)} == {
+        lost.id,
+        cancelled.id,
+    }
+    node = make_queue()
+    assert await node.cancel(cancelled.id)
+    fast = QueueSettings(**{**FAST_SETTINGS, "receiver_timeout_s": 0.5})
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=fast) as reader:
+        await async_wait_until(
+            lambda: reader.outcomes(ENDPOINT, [lost.id])[lost.id].reason == "receiver_lost",
+            10, 0.1, "the receiver declared lost",
+        )  # fmt: skip
+    make_queue.serve(make_queue(), ENDPOINT, lambda request: request.params)
+    assert bulk.enqueue_many([answered]).accepted == 1
+    await async_wait_until(
+        lambda: bulk.outcomes(ENDPOINT, [answered.id])[answered.id].state == "done",
+        10, 0.05, "answered",
+    )  # fmt: skip
+
+    # When all three are sent again: plainly, then with retry_failed
+    plain = bulk.enqueue_many([lost, cancelled, answered])
+    retried = bulk.enqueue_many([lost, cancelled, answered], retry_failed=True)
+
+    # Then a plain resend queues none; retry_failed queues the lost one alone (a cancel is
+    # the user's word, an answer is an answer)
+    assert (plain.accepted, plain.duplicates) == (0, 3)
+    assert (retried.accepted, sorted(retried.duplicate_ids)) == (
+        1,
+        sorted([cancelled.id, answered.id]),
+    )
+    await async_wait_until(
+        lambda: bulk.outcomes(ENDPOINT, [lost.id])[lost.id].state == "done",
+        10, 0.05, "the lost one answered this time",
+    )  # fmt: skip

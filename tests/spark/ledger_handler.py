@@ -7,9 +7,11 @@ fail with a ValueError.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
+import time
 
 from prq import Request
 
@@ -49,3 +51,22 @@ async def echo_large(request: Request) -> object:
     answer = await record(request)
     params = request.params if isinstance(request.params, dict) else {}
     return {"answer": answer, "text": str(params.get("text", "")) * 2}
+
+
+#: Longest a gated row waits for its gate (bounds a test that never opens it).
+GATE_TIMEOUT_S = 60.0
+
+
+async def record_gated(request: Request) -> object:
+    """`record`, except that a row whose `n` is at least PRQ_TEST_GATE_FROM, once recorded
+    (it started running), waits until the file PRQ_TEST_GATE exists before it answers."""
+    params = request.params if isinstance(request.params, dict) else {}
+    n = params.get("n")
+    if not isinstance(n, int) or n < int(os.environ["PRQ_TEST_GATE_FROM"]):
+        return await record(request)
+    with _lock:
+        _ledger.write(request.id + "\n")
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while not os.path.exists(os.environ["PRQ_TEST_GATE"]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # polling the gate file, bounded above
+    return {"n": n, "squared": n * n}

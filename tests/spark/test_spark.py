@@ -31,6 +31,7 @@ from prq.keys import EndpointKeys, KeySchema
 from prq.models import Request, decode_stored_request
 from prq.signing import ENVELOPE_MAGIC
 from prq.spark import (
+    CALL_RESULT_SCHEMA,
     PartitionCounts,
     SparkQueueConfig,
     arrow_enqueuer,
@@ -38,6 +39,7 @@ from prq.spark import (
     enqueue_dataframe,
     enqueue_partitions,
     foreach_batch,
+    rows_to_retry,
 )
 from prq.spark._runtime import Enqueuer
 from tests.integration.test_cli import Prq, PrqRunner
@@ -476,6 +478,57 @@ def test_a_rerun_after_the_answers_expired_runs_nothing_twice(
     assert sum(r.result_json is not None for r in unguarded) == 300 - len(range(0, 300, 7))
     assert {r.error_type for r in unguarded} == {None, "ValueError"}
     assert set(Counter(ledger_lines(ledger)).values()) == {2}
+
+
+def test_requests_redis_lost_mid_call_say_so_and_a_repairing_rerun_sends_only_them(
+    spark: SparkSession, own_redis: EmbeddedRedis, key_prefix: str, tmp_path: Path
+) -> None:
+    # Given a worker that holds rows 390-399 once it started them (until a gate opens), and a
+    # job of 400 rows waiting on them
+    endpoint, ledger, gate = "poll://spark-lost", tmp_path / "ledger.txt", tmp_path / "gate"
+    ledger.touch()
+    runner = PrqRunner(own_redis.url, key_prefix)
+    cfg = config(own_redis.url, key_prefix, endpoint, poll_interval_s=0.02)
+    df = spark.range(0, 400, numPartitions=2).selectExpr("id AS key", "id AS n")
+    try:
+        worker = runner.start(
+            "worker", "tests.spark.ledger_handler:record_gated", "-e", endpoint,
+            "--concurrency", "16", PRQ_TEST_LEDGER=str(ledger), PRQ_TEST_GATE=str(gate),
+            PRQ_TEST_GATE_FROM="390", PRQ_DATA_LOSS_CHECK_INTERVAL_S="0.5",
+        )  # fmt: skip
+        worker.wait_for_line("prq worker: serving")
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(lambda: call_dataframe(df, cfg).collect())
+            wait_until(lambda: len(ledger_lines(ledger)) == 400, 60, 0.05, "every row started")
+
+            # When Redis restarts empty while they are held, and the worker then answers them
+            own_redis.restart()
+            gate.touch()
+            first = running.result(timeout=120)
+
+        # Then the rows whose requests Redis lost say DataLoss, maybe executed: never expired
+        by_key = {int(r.request_id.rsplit(":", 1)[1]): r for r in first}
+        assert len(first) == len(by_key) == 400
+        lost = {k for k, r in by_key.items() if r.error_type == "DataLoss"}
+        assert set(range(390, 400)) <= lost
+        assert all(by_key[k].maybe_executed for k in lost)
+        assert {r.error_type for r in first} <= {None, "ValueError", "DataLoss"}
+
+        # When the job runs again, with the same namespace, over the rows worth another try
+        results = spark.createDataFrame(first, CALL_RESULT_SCHEMA)
+        retry = rows_to_retry(df, results, cfg)
+        second = call_dataframe(retry, replace(cfg, retry_failed=True)).collect()
+    finally:
+        runner.close()
+
+    # Then exactly those rows were sent again, and answered
+    assert sorted(int(r.request_id.rsplit(":", 1)[1]) for r in second) == sorted(lost)
+    assert {r.error_type for r in second} <= {None, "ValueError"}
+    # And over both runs every row ran once, but for rows the first run marked maybe executed
+    runs = Counter(int(line.rsplit(":", 1)[1]) for line in ledger_lines(ledger))
+    assert set(runs) == set(range(400))
+    twice = {k for k, count in runs.items() if count > 1}
+    assert max(runs.values()) <= 2 and twice == lost
 
 
 #: Receiver timeout of the delivery test (and the heartbeat that keeps live receivers in it).
