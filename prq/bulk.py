@@ -84,6 +84,7 @@ __all__ = [
     "Ledger",
     "LossWatch",
     "Rejected",
+    "TaskAttempt",
 ]
 
 #: Requests per round trip (the measured sweet spot: larger batches gain little).
@@ -156,6 +157,37 @@ class Ledger:
         return ledger_token(self.name), max(1, int(self.ttl_s * 1000))
 
 
+@dataclass(slots=True)
+class TaskAttempt:
+    """One attempt of a task that sends its requests in many batches (a Spark task), for counts
+    that are exact whichever attempt succeeds, without remembering every id it sent.
+
+    Each batch sent with it (`enqueue_encoded(..., attempt=)`) gets the nonce
+    "<task>/<attempt>/<n>", stored with its records. Redis then tells apart, for an id already
+    known: this very batch sent again (accepted, as before), another batch of this attempt
+    (a repeat: `BulkResult.repeated_ids`, among the duplicates), an earlier attempt of the task
+    (accepted: its work counts as this attempt's), and anybody else (a duplicate). `task` is
+    the same for every attempt and must not contain '/'.
+    """
+
+    task: str
+    attempt: str = field(default_factory=lambda: secrets.token_urlsafe(6))
+    #: Batches sent so far.
+    sent: int = 0
+
+    def __post_init__(self) -> None:
+        if "/" in self.task or "/" in self.attempt:
+            raise ValueError("a task attempt's names must not contain '/'")
+
+    def next_nonce(self) -> str:
+        self.sent += 1
+        return f"{self.task}/{self.attempt}/{self.sent}"
+
+    def prefixes(self) -> tuple[str, str]:
+        """(this attempt's nonce prefix, the task's), as enqueue_many_call takes them."""
+        return f"{self.task}/{self.attempt}/", f"{self.task}/"
+
+
 #: How long a loss watch outlives its last read.
 LOSS_WATCH_TTL_S = 3600.0
 
@@ -211,6 +243,8 @@ class BulkResult:
     #: Those of duplicate_ids known only to the ledger: a receiver took them, and their records
     #: (and answers) are gone.
     expired_ids: list[str] = field(default_factory=list)
+    #: Those of duplicate_ids that the same task attempt sent in another batch (TaskAttempt).
+    repeated_ids: list[str] = field(default_factory=list)
     #: Requests refused before any write (an invalid endpoint, a body over max_body_bytes).
     rejected: list[Rejected] = field(default_factory=list)
     #: Each endpoint written to: its queued requests (over all priorities) after this call's
@@ -225,6 +259,7 @@ class BulkResult:
         self.accepted += other.accepted
         self.duplicate_ids += other.duplicate_ids
         self.expired_ids += other.expired_ids
+        self.repeated_ids += other.repeated_ids
         self.rejected += other.rejected
         self.depths |= other.depths
 
@@ -381,6 +416,7 @@ class BulkClient:
         delivery: Delivery = "at_most_once",
         ledger: Ledger | None = None,
         retry_failed: bool = False,
+        attempt: TaskAttempt | None = None,
     ) -> BulkResult:
         """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
         queued at `priority` in `producer`'s turns with `delivery` (the bodies should name the
@@ -404,8 +440,13 @@ class BulkClient:
         lane = (endpoint, priority, producer, self._attempts(delivery))
         if locators is None:
             locators = self.settings.request_locators
+        if attempt is not None and nonce is None:
+            nonce = attempt.next_nonce()  # (one sending the batch again passes this one back)
         nonce = nonce or new_batch_nonce()
-        return self._send({lane: items}, pickup, nonce, locators, ledger, retry_failed)
+        return self._send(
+            {lane: items}, pickup, nonce, locators, ledger, retry_failed,
+            attempt.prefixes() if attempt is not None else ("", ""),
+        )  # fmt: skip
 
     def _attempts(self, delivery: Delivery) -> int:
         """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
@@ -518,6 +559,7 @@ class BulkClient:
         locators: bool,
         ledger: Ledger | None = None,
         retry_failed: bool = False,
+        attempt_of: tuple[str, str] = ("", ""),
     ) -> BulkResult:
         """One round trip: a script call per endpoint, priority and producer (plus the
         locators); counts from the replies."""
@@ -549,6 +591,7 @@ class BulkClient:
                     attempts,
                     ledger=ledger.spelled() if ledger is not None else None,
                     retry_failed=retry_failed,
+                    attempt_of=attempt_of,
                 )
             )
             if locators:
@@ -566,7 +609,9 @@ class BulkClient:
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids + outcome.gone_ids
+            result.duplicate_ids += outcome.repeated_ids
             result.expired_ids += outcome.gone_ids
+            result.repeated_ids += outcome.repeated_ids
             result.depths[endpoint] = outcome.depth
             if outcome.refused_ids:
                 refused[endpoint] = refused.get(endpoint, 0) + len(outcome.refused_ids)

@@ -9,6 +9,7 @@ calls, so the protocol is written once. Scripts are sent with EVALSHA; the I/O l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import secrets
 from collections.abc import Sequence
@@ -220,6 +221,9 @@ class BatchOutcome:
     #: Ids the batch's ledger says a receiver took before, whose records are gone: not
     #: enqueued again (not among duplicate_ids).
     gone_ids: list[str] = field(default_factory=list)
+    #: Ids the batch's task attempt wrote in another of its batches: not enqueued again (not
+    #: among duplicate_ids).
+    repeated_ids: list[str] = field(default_factory=list)
 
 
 def enqueue_many_call(
@@ -236,6 +240,7 @@ def enqueue_many_call(
     one_way: bool = False,
     ledger: tuple[str, int] | None = None,
     retry_failed: bool = False,
+    attempt_of: tuple[str, str] = ("", ""),
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
     is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
@@ -243,6 +248,8 @@ def enqueue_many_call(
     receiver took before are not queued again while it lives, though their records are gone.
     `retry_failed`: ids whose record says they ended without an answer for a reason worth
     another try (data loss, a lost or shut-down receiver, attempts used up) are queued afresh.
+    `attempt_of`: the prefixes of the nonces of this batch's task attempt and of its task
+    (prq.bulk.TaskAttempt; empty: none), which `nonce` begins with.
     `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
     `pickup_window_ms` after now by Redis's clock.
 
@@ -274,7 +281,7 @@ def enqueue_many_call(
     args: list[str | int | bytes] = [
         nonce, now_ms, pickup_window_ms, request_ttl_ms, list_ttl_ms, keys.pulse_channel,
         priority, producer, shape, token, ledger[1] if ledger is not None else 0,
-        1 if retry_failed else 0,
+        1 if retry_failed else 0, *attempt_of,
     ]  # fmt: skip
     if shape == "Q2":
         prefix = keys.request_prefix
@@ -305,22 +312,18 @@ def _queued_field(name: bytes, value: bytes) -> bytes:
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
     items = _array(reply, "enqueue_many")
-    head = items[:6]
-    if (
-        len(head) < 6
-        or not all(isinstance(v, int) for v in head)
-        or len(items) != 6 + head[1] + head[3] + head[5]  # type: ignore[operator]
-        or head[0] + head[1] + head[3] + head[5] != expected  # type: ignore[operator]
-    ):
+    head = items[:7]
+    if len(head) < 7 or not all(isinstance(v, int) for v in head):
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
-    accepted, duplicates, counter, refused, depth, _ = head
-    assert isinstance(accepted, int) and isinstance(counter, int)
-    assert isinstance(duplicates, int) and isinstance(depth, int) and isinstance(refused, int)
-    ids = [_text(v) for v in items[6:]]
-    after = duplicates + refused
-    return BatchOutcome(
-        accepted, ids[:duplicates], counter, ids[duplicates:after], depth, ids[after:]
-    )
+    counts: list[int] = [v for v in head if isinstance(v, int)]
+    accepted, duplicates, counter, refused, depth, gone, repeats = counts
+    listed = duplicates + refused + gone + repeats
+    if len(items) != 7 + listed or accepted + listed != expected:
+        raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
+    ids = [_text(v) for v in items[7:]]
+    cuts = [0, duplicates, duplicates + refused, duplicates + refused + gone, listed]
+    dup_ids, refused_ids, gone_ids, repeated_ids = (ids[a:b] for a, b in itertools.pairwise(cuts))
+    return BatchOutcome(accepted, dup_ids, counter, refused_ids, depth, gone_ids, repeated_ids)
 
 
 # -- take ---------------------------------------------------------------------------------------

@@ -23,11 +23,11 @@ ARGV[6]  the endpoint's pulse channel
 ARGV[7]  priority of the batch's requests (an integer)
 ARGV[8]  their producer (the fairness lane within the priority)
 ARGV[9]  the queued form's shape the batch comes in (_body.lua):
-           Q1  ARGV[13..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
+           Q1  ARGV[15..] = id1, rest1, id2, rest2, ...: each record is written as 'Q1', the
                creation time (ARGV[2]), deadline and sequence number, then its rest (its named
                fields, the batch nonce 'bn' first, and body, as the enqueuer spelled them); for
                small batches
-           Q2  ARGV[13..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
+           Q2  ARGV[15..] = key1, record1, key2, record2, ...: each record's key (KEYS[3] and
                its id) and its whole string ('Q2', creation time and place in the batch, the
                head's token 'bh' first, other fields and body), stored as it came; the batch's
                shared head says its deadline, first sequence number and nonce
@@ -36,12 +36,18 @@ ARGV[9]  the queued form's shape the batch comes in (_body.lua):
 ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
          the same when the call is sent again)
 ARGV[11] the ledger's TTL, ms, renewed by every batch ('0' without a ledger)
+ARGV[13] with a task attempt (prq.bulk.TaskAttempt): the nonces of the attempt's batches begin
+         with this ("<task>/<attempt>/"), so an id this attempt wrote in another batch is a
+         repeat, not a duplicate nor accepted again; '' without
+ARGV[14] with a task attempt: the nonces of every attempt of the task begin with this
+         ("<task>/"), so an id an earlier attempt wrote is accepted again (as a rerun of its
+         very batch is); '' without
 ARGV[12] '1': retry failures: an id whose record says it ended without an answer for a reason
          worth another try (RETRIED: data loss, a lost receiver, a receiver shut down, its
          attempts used up) is enqueued afresh, as a withdrawn one is; '0': it is known
 
-Reply: {accepted, duplicates, counter, refused, depth, gone, dup_id1, ..., refused_id1, ...,
-        gone_id1, ...}
+Reply: {accepted, duplicates, counter, refused, depth, gone, repeats, dup_id1, ...,
+        refused_id1, ..., gone_id1, ..., repeat_id1, ...}
   accepted   = requests of this batch now queued (by this call, or by an earlier run of the very
                same batch whose reply was lost: counted again, so a retried call reports what
                the batch did, not what the retry did)
@@ -55,6 +61,8 @@ Reply: {accepted, duplicates, counter, refused, depth, gone, dup_id1, ..., refus
   gone       = ids the batch's ledger holds whose record is gone (a receiver took them, and
                their outcome has expired since): nothing was enqueued for them; their ids
                follow the refused ones
+  repeats    = ids the same task attempt wrote in another of its batches (ARGV[13]): nothing
+               was enqueued for them; their ids follow the gone ones
 
 Invariants:
 - a known id is never enqueued again (as in enqueue.lua); a withdrawn id is enqueued afresh,
@@ -62,7 +70,9 @@ Invariants:
 - with a ledger, nor is an id a receiver took before, for as long as the ledger lives, though
   its record is gone; an id no receiver took (its record withdrawn or expired unanswered) is
   enqueued afresh
-- a replay of the batch (same nonce) enqueues nothing more and reports the same counts
+- a replay of the batch (same nonce) enqueues nothing more and reports the same counts; so
+  does a later attempt of the same task (ARGV[14]) for what an earlier one enqueued, while an
+  id the same attempt sent in another batch is a repeat (ARGV[13])
 - each record is written with its TTL, in the queued form (_body.lua); the ids are queued in batch order, one producer's turns
 - one pulse for the batch, only when something was queued
 - each new request's sequence number "sq" is the counter's value for it, in batch order; in the
@@ -74,11 +84,12 @@ Invariants:
 -- include: _body
 -- include: _queue
 local prefix, nonce, ttl, shape = KEYS[3], ARGV[1], ARGV[4], ARGV[9]
-local FIRST = 13
+local FIRST = 15
+local attempt_of, task_of = ARGV[13], ARGV[14]
 local RETRIED = {data_loss = true, receiver_lost = true, receiver_shutdown = true,
   attempts_exhausted = true}
 local retry = ARGV[12] == '1'
-local fresh, dups, refused, gone = {}, {}, {}, {}
+local fresh, dups, refused, gone, repeats = {}, {}, {}, {}, {}
 local room = limit(redis.call('HGET', KEYS[4], 'mp'))
 if room then room = room - queue_depth(KEYS[1], KEYS[5]) end
 local sequence = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -116,7 +127,11 @@ local function settle(key, record)
     local st, bn, why = unpack(record_get(key, {'st', 'bn', 'why'}))
     local retried = retry and st == 'cancelled' and RETRIED[why]
     if st and st ~= 'withdrawn' and not retried then
-      if bn == nonce then return 'again' end
+      if bn == nonce then return 'again' end  -- this very batch, sent again
+      if bn and attempt_of ~= '' and string.sub(bn, 1, #attempt_of) == attempt_of then
+        return 'repeat'
+      end
+      if bn and task_of ~= '' and string.sub(bn, 1, #task_of) == task_of then return 'again' end
       return 'known'
     end
     redis.call('DEL', key)
@@ -150,6 +165,8 @@ local function tally(verdict, id)
     again = again + 1
   elseif verdict == 'gone' then
     gone[#gone + 1] = id
+  elseif verdict == 'repeat' then
+    repeats[#repeats + 1] = id
   else
     dups[#dups + 1] = id
   end
@@ -210,8 +227,9 @@ if #fresh > 0 then
 else
   counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-local out = {accepted, duplicates, counter, #refused, queue_depth(KEYS[1], KEYS[5]), #gone}
-for _, id in ipairs(dups) do out[#out + 1] = id end
-for _, id in ipairs(refused) do out[#out + 1] = id end
-for _, id in ipairs(gone) do out[#out + 1] = id end
+local out = {accepted, duplicates, counter, #refused, queue_depth(KEYS[1], KEYS[5]), #gone,
+  #repeats}
+for _, list in ipairs({dups, refused, gone, repeats}) do
+  for _, id in ipairs(list) do out[#out + 1] = id end
+end
 return out

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prq.bulk import BulkClient, BulkResult, Ledger
+from prq.bulk import BulkClient, BulkResult, Ledger, TaskAttempt
 from prq.config import QueueSettings
 from prq.datastreams import FileSystemStore
 from prq.errors import QueueFull
@@ -74,36 +74,38 @@ class FailureHook:
 class Sent:
     """What `Enqueuer.send` did with one chunk."""
 
-    #: Ids sent to Redis (first seen in this task), in order.
+    #: Ids sent to Redis and not sent before by this task attempt, in order.
     ids: list[str] = field(default_factory=list)
-    #: Ids seen before in this task: not sent again.
+    #: Ids this task attempt had sent before (in this chunk, or in another batch): not queued
+    #: again.
     repeated: list[str] = field(default_factory=list)
     #: What Redis did with the sent ids.
     result: BulkResult = field(default_factory=BulkResult)
 
     @property
     def duplicates(self) -> int:
-        return len(self.repeated) + self.result.duplicates
+        """Ids not queued because they were known: repeats and Redis's duplicates, once each."""
+        return len(self.repeated) - len(self.result.repeated_ids) + self.result.duplicates
 
 
 Prepared = tuple[Sent, list[tuple[str, str]]]
 
 
 class Enqueuer:
-    """Sends a task's encoded requests; idempotent by id, with a per-task batch nonce.
+    """Sends a task's encoded requests; idempotent by id, with the task's attempt in each batch
+    nonce (prq.bulk.TaskAttempt).
 
-    The nonce is the action's run token plus the partition: requests that an earlier attempt of
-    the same task enqueued count as accepted on the retry (the script reports them as this
-    batch's own), while ids enqueued by anything else count as duplicates. An id that comes
-    twice within the task is a duplicate the second time (the script would count it as the
-    batch's own).
+    The task is the action's run token plus the partition: requests that an earlier attempt of
+    the same task enqueued count as accepted on the retry, while ids enqueued by anything else
+    count as duplicates. An id that comes twice within the attempt is a duplicate the second
+    time: Redis tells so from the nonces, so the task keeps no id beyond the chunk it sends
+    (its memory does not grow with the partition).
     """
 
     def __init__(self, cfg: SparkQueueConfig, partition: int) -> None:
         self.cfg = cfg
         self.bulk = client(cfg)
-        self.nonce = f"{cfg.run_token or 'norun'}:{cfg.namespace}:p{partition}"
-        self.seen: set[str] = set()
+        self.attempt = TaskAttempt(f"{cfg.run_token or 'norun'}:{cfg.namespace}:p{partition}")
         #: The job's dedup window beyond the records' lives (SparkQueueConfig.dedup_ttl_s)
         self.ledger = (
             Ledger(cfg.namespace, cfg.dedup_ttl_s) if cfg.dedup_ttl_s is not None else None
@@ -118,10 +120,10 @@ class Enqueuer:
         return self.transmit(self.prepare(ids, bodies))
 
     def prepare(self, ids: Sequence[str], bodies: Sequence[str]) -> Prepared:
-        """Set aside the ids this task sent before (in the calling thread: `seen` is not
-        shared with `transmit`)."""
+        """Set aside the ids that come twice in the chunk (Redis tells the repeats of earlier
+        batches: `transmit`)."""
         sent = Sent()
-        seen = self.seen
+        seen: set[str] = set()
         items: list[tuple[str, str]] = []
         for rid, body in zip(ids, bodies, strict=True):
             if rid in seen:
@@ -137,18 +139,24 @@ class Enqueuer:
         sent, items = prepared
         if items:
             sent.result = self._send_with_backoff(items)
+            if sent.result.repeated_ids:
+                again = set(sent.result.repeated_ids)
+                sent.ids = [rid for rid in sent.ids if rid not in again]
+                sent.repeated += sent.result.repeated_ids
         return sent
 
     def _send_with_backoff(self, items: list[tuple[str, str]]) -> BulkResult:
         deadline = time.monotonic() + self.cfg.queue_full_timeout_s
         delay = 0.05
+        nonce = self.attempt.next_nonce()  # the same for every sending of this batch
         while True:
             try:
                 result = self.bulk.enqueue_encoded(
                     self.cfg.endpoint,
                     items,
                     pickup_timeout_s=self.cfg.pickup_timeout_s,
-                    nonce=self.nonce,
+                    nonce=nonce,
+                    attempt=self.attempt,
                     locators=self.cfg.locators,
                     priority=self.cfg.priority,
                     producer=self.cfg.producer,

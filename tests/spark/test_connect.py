@@ -54,10 +54,11 @@ def test_enqueue_and_call_work_through_a_spark_connect_session(
     pending = KeySchema(key_prefix).endpoint("poll://spark-connect")
     assert queue_depth(redis_client, pending) == 4000
     # And every called row has its answer: a result, or the handler's error for multiples of 7
-    answers = {rid: (result, error) for rid, result, error, _ in report["answers"]}
+    answers = {rid: (result, error, ran) for rid, result, error, _, ran in report["answers"]}
     assert len(answers) == 300
     for n in range(300):
-        result, error = answers[f"{namespace}-call:{n}"]
+        result, error, ran = answers[f"{namespace}-call:{n}"]
+        assert ran is True  # (maybe_executed: a receiver took it)
         if n % 7 == 0:
             assert (result, error) == (None, "ValueError")
         else:

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+import tracemalloc
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -849,6 +850,59 @@ def test_two_concurrent_attempts_of_a_task_enqueue_each_row_once(
     for output in outputs:
         stats = output[0].to_pylist()[0]
         assert (stats["accepted"], stats["duplicate"], stats["rejected"]) == (5_000, 0, 0)
+
+
+def test_a_task_keeps_no_memory_per_row_it_sent(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    pytest.importorskip("pyarrow")
+    # Given one partition's enqueue function, and partitions of 20,000 and 120,000 rows
+    endpoint = "poll://spark-memory"
+    cfg = config(redis_url, key_prefix, endpoint, max_queued=None)
+
+    def peak(n: int) -> int:
+        """The most memory Python held while the task enqueued n rows (beyond the rows)."""
+        batches = arrow_batches(n, 2_000)
+        enqueue = arrow_enqueuer(replace(cfg, namespace=f"memory-{n}"))
+        tracemalloc.start()
+        try:
+            output = list(enqueue(iter(batches)))
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            assert output[0].to_pylist()[0]["accepted"] == n
+
+    # When each is enqueued (after a first small one: the process's client, its scripts and
+    # the encoders are made once)
+    peak(2_000)
+    small, large = peak(20_000), peak(120_000)
+
+    # Then six times the rows take about the same memory: nothing is kept per row sent (a set
+    # of the ids would hold 100,000 more, over 10 MB)
+    print(f"peak traced memory: {small / 1e6:.1f} MB (20k rows), {large / 1e6:.1f} MB (120k)")
+    assert large - small < 3_000_000
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 142_000
+
+
+def test_a_key_that_comes_again_later_in_the_task_is_a_duplicate(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
+    # Given a partition whose keys 500-999 come twice, a batch apart, and 1,000-1,009 twice in
+    # one batch
+    endpoint = "poll://spark-repeated"
+    enqueue = arrow_enqueuer(config(redis_url, key_prefix, endpoint, batch_size=1_000))
+    keys = [list(range(0, 1_000)), list(range(500, 1_000)) + list(range(1_000, 1_010)) * 2]
+    batches = [pa.RecordBatch.from_pydict({"key": k, "n": [0] * len(k)}) for k in keys]
+
+    # When it is enqueued
+    stats = next(iter(enqueue(iter(batches)))).to_pylist()[0]
+
+    # Then each key is queued once and every repeat is counted as a duplicate, not accepted
+    assert (stats["accepted"], stats["duplicate"], stats["rejected"]) == (1_010, 510, 0)
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 1_010
 
 
 def test_a_full_redis_is_waited_out_not_dropped(

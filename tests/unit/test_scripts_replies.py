@@ -33,27 +33,29 @@ def test_parse_enqueue() -> None:
 
 
 def test_parse_enqueue_many() -> None:
-    # 2 accepted, 1 duplicate, counter 40, 1 refused, 1,500 queued after the batch, 1 gone
-    outcome = parse_enqueue_many([2, 1, 40, 1, 1500, 1, b"dup", b"full", b"gone"], 5)
+    # 2 accepted, 1 duplicate, counter 40, 1 refused, 1,500 queued after the batch, 1 gone,
+    # 2 repeated
+    reply = [2, 1, 40, 1, 1500, 1, 2, b"dup", b"full", b"gone", b"again-1", b"again-2"]
+    outcome = parse_enqueue_many(reply, 7)  # type: ignore[arg-type]
     assert (outcome.accepted, outcome.counter, outcome.depth) == (2, 40, 1500)
     assert (outcome.duplicate_ids, outcome.refused_ids) == (["dup"], ["full"])
-    assert outcome.gone_ids == ["gone"]
-    assert parse_enqueue_many([1, 0, 7, 0, 1, 0], 1).gone_ids == []
+    assert (outcome.gone_ids, outcome.repeated_ids) == (["gone"], ["again-1", "again-2"])
+    assert parse_enqueue_many([1, 0, 7, 0, 1, 0, 0], 1).gone_ids == []
 
 
 @pytest.mark.parametrize(
     "reply",
     [
-        [2, 1, 40, 1, 1500, b"dup", b"full"],  # no gone count (the reply of an older script)
-        [2, 1, 40, 1, 1500, 1, b"dup", b"full"],  # an id missing
-        [2, 1, 40, 1, b"many", 1, b"dup", b"full", b"gone"],  # depth not a number
-        [3, 1, 40, 1, 1500, 0, b"dup", b"full"],  # counts over what was sent
+        [2, 1, 40, 1, 1500, 1, b"dup", b"full", b"gone"],  # no repeats (an older script's)
+        [2, 1, 40, 1, 1500, 1, 0, b"dup", b"full"],  # an id missing
+        [2, 1, 40, 1, b"many", 1, 0, b"dup", b"full", b"gone"],  # depth not a number
+        [3, 1, 40, 1, 1500, 0, 0, b"dup", b"full"],  # counts over what was sent
         b"OK",
     ],
 )
 def test_parse_enqueue_many_refuses_a_reply_of_another_shape(reply: object) -> None:
     with pytest.raises(SerializationError):
-        parse_enqueue_many(reply, 4 if isinstance(reply, list) and len(reply) < 9 else 5)  # type: ignore[arg-type]
+        parse_enqueue_many(reply, 4)  # type: ignore[arg-type]
 
 
 def test_parse_take() -> None:
