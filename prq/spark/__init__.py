@@ -16,8 +16,13 @@ answered) as rejected, never sent.
   once and returns a small DataFrame of exact per-partition counts from the successful attempts
   (ENQUEUE_STATS_SCHEMA).
 - `call_dataframe(df, cfg)`: `mapInArrow`-based call-and-collect; a lazy DataFrame of
-  CALL_RESULT_SCHEMA with at most `cfg.max_in_flight` unanswered requests per task.
+  CALL_RESULT_SCHEMA and the row's key (typed), with at most `cfg.max_in_flight` unanswered
+  requests per task; `result_schema=` adds the result parsed.
+- `rows_to_retry(df, answers, cfg)`: the rows whose calls failed in a way worth another try
+  (RETRYABLE_ERRORS), for a repairing rerun with `retry_failed=True`.
 - `foreach_batch(cfg)`: a `writeStream.foreachBatch` function; replayed batches enqueue nothing.
+- `call_batches(cfg, write)`: a `writeStream.foreachBatch` function that calls each micro-batch
+  and hands its answers to `write(answers, batch_id)`; replayed batches run nothing twice.
 
 Backpressure: a task whose batch leaves the endpoint holding `cfg.max_queued` queued requests
 (500,000 by default, whoever queued them) sends no more until its receivers took some, and
@@ -51,12 +56,19 @@ Example:
     cfg = SparkQueueConfig(url="redis://redis:6379/0", endpoint="poll://scoring",
                            method="score", namespace="daily-scoring:2026-11-21", key_column="id")
     counts = enqueue_dataframe(df, cfg)              # partition, accepted, duplicate, rejected
-    answers = call_dataframe(df, cfg).persist()      # request_id, result_json, error_type, ...
+    answers = call_dataframe(df, cfg).persist()      # request_id, result_json, ..., id
+    retry = rows_to_retry(df, answers, cfg)          # the rows worth another try
 """
 
 from __future__ import annotations
 
-from prq.spark._call import RETRYABLE_ERRORS, arrow_caller, call_dataframe, rows_to_retry
+from prq.spark._call import (
+    RETRYABLE_ERRORS,
+    arrow_caller,
+    call_batches,
+    call_dataframe,
+    rows_to_retry,
+)
 from prq.spark._config import (
     CALL_RESULT_SCHEMA,
     ENQUEUE_STATS_SCHEMA,
@@ -74,6 +86,7 @@ __all__ = [
     "SparkQueueConfig",
     "arrow_caller",
     "arrow_enqueuer",
+    "call_batches",
     "call_dataframe",
     "enqueue_dataframe",
     "enqueue_partitions",

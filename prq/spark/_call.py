@@ -18,8 +18,9 @@ from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identit
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
-__all__ = ["RETRYABLE_ERRORS", "arrow_caller", "call_dataframe", "rows_to_retry"]
+__all__ = ["RETRYABLE_ERRORS", "arrow_caller", "call_batches", "call_dataframe", "rows_to_retry"]
 
 #: The error types of call_dataframe's result rows worth sending again (rows_to_retry): lost,
 #: expired, timed out, given up by a receiver, or never sent. A service's own errors, and
@@ -27,6 +28,8 @@ __all__ = ["RETRYABLE_ERRORS", "arrow_caller", "call_dataframe", "rows_to_retry"
 RETRYABLE_ERRORS = (
     "DataLoss", "RequestExpired", "ReceiverLost", "PickupTimeout", "CallTimeout", "NotSent",
 )  # fmt: skip
+#: The columns of CALL_RESULT_SCHEMA.
+RESULT_COLUMNS = ("request_id", "result_json", "error_type", "error_message", "maybe_executed")
 #: Requests whose outcomes one read asks for (see _Caller._read_outcomes).
 OUTCOME_WINDOW = 256
 _FINAL = frozenset({"done", "withdrawn", "cancelled", "missing", "unknown"})
@@ -242,12 +245,11 @@ class _Caller:
 def _answers_batch(answers: list[_Answer]) -> pa.RecordBatch:
     import pyarrow as pa
 
-    columns = list(zip(*answers, strict=True)) if answers else [(), (), (), (), ()]
-    names = ("request_id", "result_json", "error_type", "error_message", "maybe_executed")
+    columns = list(zip(*answers, strict=True)) if answers else [()] * len(RESULT_COLUMNS)
     return pa.RecordBatch.from_pydict(
         {
             name: pa.array(list(values), pa.bool_() if name == "maybe_executed" else pa.string())
-            for name, values in zip(names, columns, strict=True)
+            for name, values in zip(RESULT_COLUMNS, columns, strict=True)
         }
     )
 
@@ -269,10 +271,15 @@ def arrow_caller(
     return call_arrow
 
 
-def call_dataframe(df: DataFrame, cfg: SparkQueueConfig) -> DataFrame:
+def call_dataframe(
+    df: DataFrame, cfg: SparkQueueConfig, *, result_schema: str | StructType | None = None
+) -> DataFrame:
     """Call the endpoint once per row; a lazy DataFrame of CALL_RESULT_SCHEMA (request_id,
     result_json, error_type, error_message, maybe_executed: false only for a request that
-    certainly did not run).
+    certainly did not run), then the row's key under `cfg.key_column`, with its type (read
+    back from the request id: exact for string and integer keys, the kinds ids are best made
+    of), to join the answers back to the rows; and with `result_schema` (a DDL string or a
+    StructType), `result`: result_json parsed by it (`from_json`; null where it does not fit).
 
     Each task keeps at most `cfg.max_in_flight` requests unanswered and waits for outcomes
     before sending more (and backs off while Redis is full). A service error shows as
@@ -288,7 +295,20 @@ def call_dataframe(df: DataFrame, cfg: SparkQueueConfig) -> DataFrame:
     service (see rows_to_retry for a repairing rerun); still, persist or
     write out the result once rather than running many actions on it.
     """
-    return map_in_arrow(df, arrow_caller(cfg), CALL_RESULT_SCHEMA)
+    from pyspark.sql import functions as F
+
+    if cfg.key_column in RESULT_COLUMNS or (
+        result_schema is not None and cfg.key_column == "result"
+    ):
+        raise ValueError(f"key_column {cfg.key_column!r} is a name the answers use already")
+    key_type = df.schema[cfg.key_column].dataType.simpleString()
+    start = len(cfg.namespace) + 2  # after "<namespace>:", 1-based
+    answers = map_in_arrow(df, arrow_caller(cfg), CALL_RESULT_SCHEMA).withColumn(
+        cfg.key_column, F.expr(f"CAST(substring(request_id, {start}) AS {key_type})")
+    )
+    if result_schema is not None:
+        answers = answers.withColumn("result", F.from_json("result_json", result_schema))
+    return answers
 
 
 def rows_to_retry(
@@ -301,15 +321,45 @@ def rows_to_retry(
     A repairing rerun: `call_dataframe(rows_to_retry(df, results, cfg),
     replace(cfg, retry_failed=True))` sends exactly these rows again (same namespace, so the
     same ids) and none of the rows that have answers, even after Redis lost everything. A row
-    whose result says maybe_executed may run a second time. Rows are matched by their key,
-    compared as text (`key_column` of a string or integer type, as ids are built from it).
+    whose result says maybe_executed may run a second time. Rows are matched by their key:
+    the results' `key_column` (as call_dataframe returns it), else the key in the request id,
+    compared as text.
     """
     from pyspark.sql import functions as F
 
     failed = results.where(F.col("error_type").isin(list(RETRYABLE_ERRORS)))
     if not maybe_executed:
         failed = failed.where(~F.col("maybe_executed"))
+    if cfg.key_column in results.columns:  # as call_dataframe returns them: keys typed
+        keys = failed.select(F.col(cfg.key_column).alias("_prq_key")).distinct()
+        return df.join(keys, df[cfg.key_column] == keys["_prq_key"], "left_semi")
     start = len(cfg.namespace) + 2  # after "<namespace>:", 1-based
     keys = failed.select(F.expr(f"substring(request_id, {start})").alias("_prq_key")).distinct()
     matches = df[cfg.key_column].cast("string") == keys["_prq_key"]
     return df.join(keys, matches, "left_semi")
+
+
+def call_batches(
+    cfg: SparkQueueConfig,
+    write: Callable[[DataFrame, int], object],
+    *,
+    result_schema: str | StructType | None = None,
+) -> Callable[[DataFrame, int], None]:
+    """A function for `writeStream.foreachBatch`: calls each micro-batch's rows and hands their
+    answers (call_dataframe's, persisted while `write` runs, so its actions do not call twice)
+    to `write(answers, batch_id)`, e.g. to append them to a table.
+
+    Ids come from the namespace and the row key only, so a batch replayed after a restart
+    (same rows from a deterministic source) runs nothing twice: its answers are read back
+    (OutcomeExpired past their lifetime, `cfg.response_ttl_s`); make `write` idempotent by
+    batch id (or let the sink's own exactly-once do it) so the replay writes them once.
+    """
+
+    def call_batch(batch_df: DataFrame, batch_id: int) -> None:
+        answers = call_dataframe(batch_df, cfg, result_schema=result_schema).persist()
+        try:
+            write(answers, batch_id)
+        finally:
+            answers.unpersist()
+
+    return call_batch

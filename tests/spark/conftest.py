@@ -1,4 +1,5 @@
-"""One local SparkSession per test module (`local[2,2]`: 2 slots, a failed task is retried once).
+"""One local SparkSession per test module (`local[2,4]`: 2 slots, a failed task is tried up to 4
+times, as on a cluster by default).
 
 Spark's Python workers run this interpreter (PYSPARK_PYTHON), so they import the prq under test.
 """
@@ -42,7 +43,7 @@ def _start_session() -> SparkSession:
     from pyspark.sql import SparkSession
 
     return (
-        SparkSession.builder.master("local[2,2]")
+        SparkSession.builder.master("local[2,4]")
         .appName("prq-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

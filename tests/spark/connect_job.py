@@ -34,7 +34,12 @@ def main(url: str, prefix: str, namespace: str) -> None:
         )  # fmt: skip
         counts = [list(row) for row in enqueue_dataframe(df, cfg).collect()]
         call_cfg = replace(cfg, endpoint="poll://spark-call", namespace=f"{namespace}-call")
-        answers = [list(row) for row in call_dataframe(df.limit(300), call_cfg).collect()]
+        called = call_dataframe(df.limit(300), call_cfg, result_schema="n long, squared long")
+        # (the typed result, and the key to join back by, flattened into plain values)
+        answers = [
+            [*row[:6], row.result.squared if row.result is not None else None]
+            for row in called.collect()
+        ]
         session = f"{type(spark).__module__}.{type(spark).__name__}"
         print(json.dumps({"session": session, "counts": counts, "answers": answers}))
     finally:

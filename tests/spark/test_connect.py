@@ -54,14 +54,16 @@ def test_enqueue_and_call_work_through_a_spark_connect_session(
     pending = KeySchema(key_prefix).endpoint("poll://spark-connect")
     assert queue_depth(redis_client, pending) == 4000
     # And every called row has its answer: a result, or the handler's error for multiples of 7
-    answers = {rid: (result, error, ran) for rid, result, error, _, ran in report["answers"]}
+    answers = {row[0]: row[1:] for row in report["answers"]}
     assert len(answers) == 300
     for n in range(300):
-        result, error, ran = answers[f"{namespace}-call:{n}"]
+        result, error, _, ran, key, squared = answers[f"{namespace}-call:{n}"]
         assert ran is True  # (maybe_executed: a receiver took it)
+        assert key == n  # (the row's key, with its type, to join back by)
         if n % 7 == 0:
-            assert (result, error) == (None, "ValueError")
+            assert (result, error, squared) == (None, "ValueError", None)
         else:
             assert json.loads(result) == {"n": n, "squared": n * n}
+            assert squared == n * n  # (the typed result)
     _, ledger = receiver
     assert len(ledger.read_text().splitlines()) == 300

@@ -1,7 +1,7 @@
-"""prq.spark on a real local Spark (`local[2,2]`) against a real Redis and a real receiver.
+"""prq.spark on a real local Spark (`local[2,4]`) against a real Redis and a real receiver.
 
 Failures are injected with the config's test hook: the first attempt of partition 0 raises
-once half its rows were handed over; Spark then retries the task (maxFailures 2), and the
+once half its rows were handed over; Spark then retries the task (maxFailures 4), and the
 stage's failed-task count proves the failure happened.
 """
 
@@ -36,6 +36,7 @@ from prq.spark import (
     PartitionCounts,
     SparkQueueConfig,
     arrow_enqueuer,
+    call_batches,
     call_dataframe,
     enqueue_dataframe,
     enqueue_partitions,
@@ -406,6 +407,36 @@ def test_call_and_collect_runs_each_request_once_despite_a_failed_task(
     assert len(ledger_lines(ledger)) == 20_000
 
 
+@pytest.mark.parametrize("key_type", ["bigint", "string"])
+def test_answers_carry_the_key_with_its_type_and_a_typed_result(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    receiver: tuple[Prq, Path],
+    key_type: str,
+) -> None:
+    # Given rows keyed by a column of some type
+    cfg = config(redis_url, key_prefix, "poll://spark-call", poll_interval_s=0.02)
+    df = spark.range(0, 50, numPartitions=2).selectExpr(
+        f"CAST(id AS {key_type}) AS key", "id AS n", "concat('row-', id) AS label"
+    )
+
+    # When they are called with a result schema
+    answers = call_dataframe(df, cfg, result_schema="n long, squared long")
+
+    # Then each answer carries its row's key, typed as the rows' (so it joins back to them),
+    # and its result parsed; an error has no result
+    assert answers.schema["key"].dataType == df.schema["key"].dataType
+    joined = df.join(answers, "key").collect()
+    assert len(joined) == 50
+    for row in joined:
+        assert row.request_id == f"{cfg.namespace}:{row.key}"
+        if row.n % 7 == 0:
+            assert (row.result, row.error_type, row.maybe_executed) == (None, "ValueError", True)
+        else:
+            assert (row.result.n, row.result.squared) == (row.n, row.n * row.n)
+
+
 @pytest.mark.parametrize(
     ("asked", "kept_s"),
     [
@@ -516,7 +547,7 @@ def test_requests_redis_lost_mid_call_say_so_and_a_repairing_rerun_sends_only_th
         assert {r.error_type for r in first} <= {None, "ValueError", "DataLoss"}
 
         # When the job runs again, with the same namespace, over the rows worth another try
-        results = spark.createDataFrame(first, CALL_RESULT_SCHEMA)
+        results = spark.createDataFrame(first, f"{CALL_RESULT_SCHEMA}, key bigint")
         retry = rows_to_retry(df, results, cfg)
         second = call_dataframe(retry, replace(cfg, retry_failed=True)).collect()
     finally:
@@ -795,6 +826,63 @@ def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twic
     keys = KeySchema(key_prefix).endpoint(endpoint)
     assert queue_depth(redis_client, keys) == 1_000
     assert len(set(queued_ids(redis_client, keys))) == 1_000
+
+
+def test_a_streaming_call_and_collect_replayed_after_a_lost_commit_runs_nothing_twice(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    receiver: tuple[Prq, Path],
+    tmp_path: Path,
+) -> None:
+    _, ledger = receiver
+    # Given a streaming query that calls each micro-batch (call_batches) and keeps the answers
+    # by batch id; each start runs one micro-batch (the next trigger is an hour away)
+    cfg = config(redis_url, key_prefix, "poll://spark-call", poll_interval_s=0.02)
+    written: list[tuple[int, list[Any]]] = []
+
+    def keep(answers: DataFrame, batch_id: int) -> None:
+        written.append((batch_id, sorted(answers.collect())))
+
+    call = call_batches(cfg, keep, result_schema="n long, squared long")
+    checkpoint = tmp_path / "checkpoint"
+    commits = checkpoint / "commits"
+
+    def run_one_batch() -> int:
+        source = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", 100)
+            .option("numPartitions", 2)
+            .load()
+            .selectExpr("value AS key", "value AS n")
+        )
+        runs = len(written)
+        query = (
+            source.writeStream.foreachBatch(call)
+            .trigger(processingTime="1 hour")
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            wait_until(lambda: len(written) > runs, 60, 0.02, "a micro-batch called")
+            batch_id = written[-1][0]
+            wait_until(lambda: (commits / str(batch_id)).exists(), 30, 0.02, "its commit")
+        finally:
+            query.stop()
+        return batch_id
+
+    assert [run_one_batch(), run_one_batch()] == [0, 1]
+    # When the last batch's commit is lost, and the query restarts from the checkpoint
+    (commits / "1").unlink()
+    (commits / ".1.crc").unlink(missing_ok=True)
+    assert run_one_batch() == 1
+
+    # Then the replayed batch got the same answers, read back: every row ran once
+    first, again = (rows for batch_id, rows in written if batch_id == 1)
+    assert first == again and len(first) == 100
+    assert all(r.result.squared == r.key * r.key for r in first if r.error_type is None)
+    runs = Counter(ledger_lines(ledger))
+    assert len(runs) == 200 and set(runs.values()) == {1}
 
 
 def test_a_task_never_has_more_than_max_in_flight_requests_unanswered(
