@@ -21,6 +21,8 @@ answered) as rejected, never sent.
 - `rows_to_retry(df, answers, cfg)`: the rows whose calls failed in a way worth another try
   (RETRYABLE_ERRORS), for a repairing rerun with `retry_failed=True`.
 - `foreach_batch(cfg)`: a `writeStream.foreachBatch` function; replayed batches enqueue nothing.
+- `register_data_source(spark)`: `df.write.format("prq").option(...).save()` and
+  `df.writeStream.format("prq")` enqueue as enqueue_dataframe does (prq.spark.source).
 - `call_batches(cfg, write)`: a `writeStream.foreachBatch` function that calls each micro-batch
   and hands its answers to `write(answers, batch_id)`; replayed batches run nothing twice.
 
@@ -62,6 +64,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prq.spark._call import (
     RETRYABLE_ERRORS,
     arrow_caller,
@@ -78,6 +82,18 @@ from prq.spark._config import (
 )
 from prq.spark._enqueue import arrow_enqueuer, enqueue_dataframe, enqueue_partitions, foreach_batch
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register_data_source(spark: SparkSession) -> None:
+    """Register the `prq` data source with `spark`, so that `df.write.format("prq")` and
+    `df.writeStream.format("prq")` enqueue rows (prq.spark.source; PySpark 4)."""
+    from prq.spark.source import PrqDataSource
+
+    spark.dataSource.register(PrqDataSource)
+
+
 __all__ = [
     "CALL_RESULT_SCHEMA",
     "ENQUEUE_STATS_SCHEMA",
@@ -91,6 +107,7 @@ __all__ = [
     "enqueue_dataframe",
     "enqueue_partitions",
     "foreach_batch",
+    "register_data_source",
     "request_id",
     "rows_to_retry",
 ]

@@ -18,7 +18,12 @@ from dataclasses import replace
 def main(url: str, prefix: str, namespace: str) -> None:
     from pyspark.sql import SparkSession
 
-    from prq.spark import SparkQueueConfig, call_dataframe, enqueue_dataframe
+    from prq.spark import (
+        SparkQueueConfig,
+        call_dataframe,
+        enqueue_dataframe,
+        register_data_source,
+    )
 
     spark = (
         SparkSession.builder.remote("local[2]")
@@ -40,6 +45,12 @@ def main(url: str, prefix: str, namespace: str) -> None:
             [*row[:6], row.result.squared if row.result is not None else None]
             for row in called.collect()
         ]
+        register_data_source(spark)
+        written = spark.range(0, 500, numPartitions=2).selectExpr("id AS key", "id AS n")
+        written.write.format("prq").mode("append").options(
+            url=url, prefix=prefix, endpoint="poll://spark-connect-source", method="square",
+            namespace=namespace, key_column="key",
+        ).save()  # fmt: skip
         session = f"{type(spark).__module__}.{type(spark).__name__}"
         print(json.dumps({"session": session, "counts": counts, "answers": answers}))
     finally:

@@ -38,7 +38,7 @@ def test_enqueue_and_call_work_through_a_spark_connect_session(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
-    # When it enqueues 4,000 rows and calls 300
+    # When it enqueues 4,000 rows, calls 300 and writes 500 to the prq data source
     done = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_job", redis_url, key_prefix, namespace],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
@@ -67,3 +67,6 @@ def test_enqueue_and_call_work_through_a_spark_connect_session(
             assert squared == n * n  # (the typed result)
     _, ledger = receiver
     assert len(ledger.read_text().splitlines()) == 300
+    # And the rows written to the prq data source are queued, once each
+    written = KeySchema(key_prefix).endpoint("poll://spark-connect-source")
+    assert queue_depth(redis_client, written) == 500

@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import threading
 import time
 import tracemalloc
@@ -41,12 +42,13 @@ from prq.spark import (
     enqueue_dataframe,
     enqueue_partitions,
     foreach_batch,
+    register_data_source,
     rows_to_retry,
 )
 from prq.spark._runtime import Enqueuer
 from tests.integration.test_cli import Prq, PrqRunner
 from tests.queued import level_ids, queue_depth, queued_ids
-from tests.redis_servers import wait_until
+from tests.redis_servers import scan_keys, wait_until
 from tests.stored_bodies import read_body, record_fields
 
 if TYPE_CHECKING:
@@ -748,6 +750,94 @@ def test_the_call_timeout_counts_for_each_request_from_its_sending(
     assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(endpoint)) == 300
     assert len(rows) == 300 and {r.error_type for r in rows} == {"CallTimeout"}
     assert all("may still run" in r.error_message for r in rows)
+
+
+# -- the prq data source --------------------------------------------------------------------------
+
+
+def source_options(cfg: SparkQueueConfig) -> dict[str, str]:
+    return {
+        "url": cfg.url, "prefix": cfg.prefix, "endpoint": cfg.endpoint, "method": cfg.method,
+        "namespace": cfg.namespace, "key_column": cfg.key_column, "pickup_timeout_s": "300",
+    }  # fmt: skip
+
+
+def test_df_write_format_prq_enqueues_every_row_once_despite_a_failed_task(
+    spark: SparkSession,
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+) -> None:
+    pytest.importorskip("pyspark.sql.datasource")
+    # Given the data source, and 10,000 rows whose first task fails halfway
+    register_data_source(spark)
+    cfg = config(redis_url, key_prefix, "poll://spark-source")
+    df = spark.range(0, 10_000, numPartitions=2).selectExpr("id AS key", "id AS n")
+    group = f"source-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "a data source write with a failed attempt")
+
+    # When the rows are written to it, twice (a rerun)
+    options = source_options(cfg)
+    write = df.write.format("prq").mode("append")
+    write.options(**options, fail_first_attempt_after="2000").save()
+    df.write.format("prq").mode("append").options(**options).save()
+
+    # Then the failure happened, and every row is queued once
+    assert failed_tasks(spark, group) == 1
+    keys = KeySchema(key_prefix).endpoint(cfg.endpoint)
+    assert queue_depth(redis_client, keys) == 10_000
+    assert len(set(queued_ids(redis_client, keys))) == 10_000
+    assert int(redis_client.get(keys.sequence) or 0) == 10_000  # (none enqueued twice)
+    # And what the options ask for is in the requests
+    assert stored_request(redis_client, keys, cfg.endpoint, f"{cfg.namespace}:7").params == {"n": 7}
+
+
+def test_the_prq_data_source_refuses_bad_options_before_any_task(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    pytest.importorskip("pyspark.sql.datasource")
+    register_data_source(spark)
+    options = source_options(config(redis_url, key_prefix, "poll://spark-source-bad"))
+    df = spark.range(0, 10).selectExpr("id AS key")
+    for extra, message in [
+        ({"no_such": "1"}, "no such option 'no_such'"),
+        ({"batch_size": "many"}, "option batch_size='many'"),
+        ({"key_column": "absent"}, "key_column 'absent' is not a column"),
+        ({"queue_settings": '{"retry_budget_s": -1}'}, "queue_settings: retry_budget_s"),
+    ]:
+        with pytest.raises(Exception, match=re.escape(message)):
+            df.write.format("prq").mode("append").options(**(options | extra)).save()
+    assert not scan_keys(redis_client, f"{key_prefix}:{{poll%3A%2F%2Fspark-source-bad}}")
+
+
+def test_a_stream_written_to_the_prq_data_source_enqueues_each_row_once(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark.sql.datasource")
+    register_data_source(spark)
+    cfg = config(redis_url, key_prefix, "poll://spark-source-stream")
+    source = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 300)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr("value AS key", "value AS n")
+    )
+    query = (
+        source.writeStream.format("prq")
+        .options(**source_options(cfg))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="1 hour")
+        .start()
+    )
+    try:
+        keys = KeySchema(key_prefix).endpoint(cfg.endpoint)
+        commit = tmp_path / "checkpoint" / "commits" / "0"
+        wait_until(commit.exists, 60, 0.05, "the first micro-batch committed")
+    finally:
+        query.stop()
+    assert queue_depth(redis_client, keys) == 300
+    assert len(set(queued_ids(redis_client, keys))) == 300
 
 
 # -- streaming ------------------------------------------------------------------------------------
