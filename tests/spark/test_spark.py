@@ -17,6 +17,7 @@ import time
 import tracemalloc
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -843,6 +844,49 @@ def test_a_stream_written_to_the_prq_data_source_enqueues_each_row_once(
 # -- streaming ------------------------------------------------------------------------------------
 
 
+def replay_the_second_batch(
+    spark: SparkSession,
+    tmp_path: Path,
+    rows_per_batch: int,
+    sink: Callable[[DataFrame, int], None],
+    done: list[tuple[int, Any]],
+) -> None:
+    """Run a streaming query from a deterministic source (rate-micro-batch, 2 partitions, keys
+    and n = the row's value) through foreachBatch(sink), which appends (batch id, ...) to
+    `done`: micro-batches 0 and 1, one per start (the next trigger is an hour away, so a stop
+    never cuts one); then lose batch 1's commit and start again, so that it is replayed."""
+    checkpoint = tmp_path / "checkpoint"
+    commits = checkpoint / "commits"
+
+    def run_one_batch() -> int:
+        source = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", rows_per_batch)
+            .option("numPartitions", 2)
+            .load()
+            .selectExpr("value AS key", "value AS n")
+        )
+        runs = len(done)
+        query = (
+            source.writeStream.foreachBatch(sink)
+            .trigger(processingTime="1 hour")
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            wait_until(lambda: len(done) > runs, 60, 0.02, "a micro-batch written")
+            batch_id = int(done[-1][0])
+            wait_until(lambda: (commits / str(batch_id)).exists(), 30, 0.02, "its commit")
+        finally:
+            query.stop()
+        return batch_id
+
+    assert [run_one_batch(), run_one_batch()] == [0, 1]
+    (commits / "1").unlink()
+    (commits / ".1.crc").unlink(missing_ok=True)
+    assert run_one_batch() == 1
+
+
 def test_a_replayed_micro_batch_enqueues_nothing_twice(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
@@ -865,8 +909,7 @@ def test_a_replayed_micro_batch_enqueues_nothing_twice(
 def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twice(
     spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    # Given a streaming query from a deterministic source, writing through foreach_batch; each
-    # start runs one micro-batch (the next trigger is an hour away), so a stop never cuts one
+    # Given a streaming query from a deterministic source, writing through foreach_batch
     endpoint = "poll://spark-replay"
     cfg = config(redis_url, key_prefix, endpoint)
     write = foreach_batch(cfg)
@@ -875,40 +918,10 @@ def test_a_streaming_query_restarted_after_losing_a_commit_enqueues_nothing_twic
     def sink(df: DataFrame, batch_id: int) -> None:
         seen.append((batch_id, write(df, batch_id)))
 
-    checkpoint = tmp_path / "checkpoint"
-    commits = checkpoint / "commits"
-
-    def run_one_batch() -> int:
-        source = (
-            spark.readStream.format("rate-micro-batch")
-            .option("rowsPerBatch", 500)
-            .option("numPartitions", 2)
-            .load()
-            .selectExpr("value AS key", "value AS n")
-        )
-        runs = len(seen)
-        query = (
-            source.writeStream.foreachBatch(sink)
-            .trigger(processingTime="1 hour")
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
-        try:
-            wait_until(lambda: len(seen) > runs, 60, 0.02, "a micro-batch written")
-            batch_id = seen[-1][0]
-            wait_until(lambda: (commits / str(batch_id)).exists(), 30, 0.02, "its commit")
-        finally:
-            query.stop()
-        return batch_id
-
-    assert [run_one_batch(), run_one_batch()] == [0, 1]
-    # When the last batch's commit is lost, and the query restarts from the checkpoint
-    (commits / "1").unlink()
-    (commits / ".1.crc").unlink(missing_ok=True)
-    replayed = run_one_batch()
+    # When two micro-batches ran, the last one's commit is lost, and the query restarts
+    replay_the_second_batch(spark, tmp_path, 500, sink, seen)
 
     # Then the last batch is replayed with the same rows, and enqueues nothing
-    assert replayed == 1
     first, again = (counts for batch_id, counts in seen if batch_id == 1)
     assert (sum(c.accepted for c in first), sum(c.duplicate for c in first)) == (500, 0)
     assert (sum(c.accepted for c in again), sum(c.duplicate for c in again)) == (0, 500)
@@ -927,7 +940,7 @@ def test_a_streaming_call_and_collect_replayed_after_a_lost_commit_runs_nothing_
 ) -> None:
     _, ledger = receiver
     # Given a streaming query that calls each micro-batch (call_batches) and keeps the answers
-    # by batch id; each start runs one micro-batch (the next trigger is an hour away)
+    # by batch id
     cfg = config(redis_url, key_prefix, "poll://spark-call", poll_interval_s=0.02)
     written: list[tuple[int, list[Any]]] = []
 
@@ -935,37 +948,8 @@ def test_a_streaming_call_and_collect_replayed_after_a_lost_commit_runs_nothing_
         written.append((batch_id, sorted(answers.collect())))
 
     call = call_batches(cfg, keep, result_schema="n long, squared long")
-    checkpoint = tmp_path / "checkpoint"
-    commits = checkpoint / "commits"
-
-    def run_one_batch() -> int:
-        source = (
-            spark.readStream.format("rate-micro-batch")
-            .option("rowsPerBatch", 100)
-            .option("numPartitions", 2)
-            .load()
-            .selectExpr("value AS key", "value AS n")
-        )
-        runs = len(written)
-        query = (
-            source.writeStream.foreachBatch(call)
-            .trigger(processingTime="1 hour")
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
-        try:
-            wait_until(lambda: len(written) > runs, 60, 0.02, "a micro-batch called")
-            batch_id = written[-1][0]
-            wait_until(lambda: (commits / str(batch_id)).exists(), 30, 0.02, "its commit")
-        finally:
-            query.stop()
-        return batch_id
-
-    assert [run_one_batch(), run_one_batch()] == [0, 1]
-    # When the last batch's commit is lost, and the query restarts from the checkpoint
-    (commits / "1").unlink()
-    (commits / ".1.crc").unlink(missing_ok=True)
-    assert run_one_batch() == 1
+    # When two micro-batches ran, the last one's commit is lost, and the query restarts
+    replay_the_second_batch(spark, tmp_path, 100, call, written)
 
     # Then the replayed batch got the same answers, read back: every row ran once
     first, again = (rows for batch_id, rows in written if batch_id == 1)
