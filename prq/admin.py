@@ -60,6 +60,7 @@ from prq.records import (
 )
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
 from prq.signing import unwrap
+from prq.topology import aclose_client, async_client
 
 __all__ = [
     "EndpointInfo",
@@ -202,10 +203,10 @@ class Inspector:
         """An inspector with its own small connection pool (`url` or `PRQ_REDIS_URL`)."""
         rs = redis_settings or RedisSettings.from_url(url)
         kwargs = client_kwargs(rs) | {"max_connections": 4}
-        return cls(redis.asyncio.Redis.from_url(rs.url, **kwargs), prefix=prefix, settings=settings)
+        return cls(async_client(rs.url, kwargs), prefix=prefix, settings=settings)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await aclose_client(self.client)
 
     async def __aenter__(self) -> Self:
         return self

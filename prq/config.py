@@ -119,8 +119,8 @@ class RedisSettings(BaseSettings):
 
     @property
     def tls(self) -> bool:
-        """Whether the connection is TLS (a `rediss://` URL)."""
-        return self.url.lower().startswith("rediss://")
+        """Whether the connection is TLS (a `rediss://` or `rediss+sentinel://` URL)."""
+        return self.url.lower().startswith(("rediss://", "rediss+sentinel://", "rediss+cluster://"))
 
     @classmethod
     def from_url(cls, url: str | None = None, **overrides: float | int) -> RedisSettings:

@@ -51,6 +51,7 @@ from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
 from prq.links import AsyncLink
 from prq.scripts import script_load_calls
+from prq.topology import aclose_client, async_client
 
 logger = logging.getLogger(__name__)
 
@@ -411,8 +412,8 @@ class AsyncRedisIO(IOCounters):
         super().__init__()
         self.settings = settings
         self.redis_settings = redis_settings
-        self.client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
-            redis_settings.url, **client_kwargs(redis_settings)
+        self.client: redis.asyncio.Redis = async_client(
+            redis_settings.url, client_kwargs(redis_settings)
         )
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         #: When each pending future was asked for (monotonic), keyed by the future.
@@ -594,4 +595,4 @@ class AsyncRedisIO(IOCounters):
             with contextlib.suppress(BaseException):
                 await self._flusher
         await self._link.close()
-        await self.client.aclose()
+        await aclose_client(self.client)

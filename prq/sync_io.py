@@ -37,6 +37,7 @@ from prq.redis_io import (
     translate_errors,
 )
 from prq.scripts import script_load_calls
+from prq.topology import close_client, sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,7 @@ class SyncRedisIO(IOCounters):
         super().__init__()
         self.settings = settings
         self.redis_settings = redis_settings
-        self.client: redis.Redis = redis.Redis.from_url(
-            redis_settings.url, **client_kwargs(redis_settings)
-        )
+        self.client: redis.Redis = sync_client(redis_settings.url, client_kwargs(redis_settings))
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
         self._leading = False
@@ -241,4 +240,4 @@ class SyncRedisIO(IOCounters):
     def close(self) -> None:
         self._closed = True
         self._link.close()
-        self.client.close()
+        close_client(self.client)

@@ -30,6 +30,7 @@ from prq.demo.stats import EndpointStats, percentile
 from prq.demo.table import fmt_ms, render_table, status_line
 from prq.errors import PrqError
 from prq.queue import AsyncQueue
+from prq.topology import close_client, sync_client
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -270,20 +271,20 @@ def _wait_for_spark(bulk: SparkBulk) -> None:
 
 def _unreachable(url: str) -> str | None:
     """Why Redis at `url` cannot be used, or None; fails fast instead of after retry budgets."""
+    timeouts = {
+        "socket_timeout": DEFAULT_PING_TIMEOUT_S,
+        "socket_connect_timeout": DEFAULT_PING_TIMEOUT_S,
+    }
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=DEFAULT_PING_TIMEOUT_S,
-            socket_connect_timeout=DEFAULT_PING_TIMEOUT_S,
-        )
-    except ValueError as exc:
+        client = sync_client(url, timeouts)
+    except (ValueError, PrqError) as exc:
         return str(exc)
     try:
         client.ping()
     except redis.RedisError as exc:
         return str(exc) or type(exc).__name__
     finally:
-        client.close()
+        close_client(client)
     return None
 
 

@@ -1,0 +1,161 @@
+"""Where Redis is: one server, or a primary that Redis Sentinel manages, named by a URL.
+
+    redis://[user:password@]host:port/db          one server (rediss:// with TLS)
+    redis+sentinel://[user:password@]host:port[,host:port...]/<master name>[/db]
+                                                  the primary the sentinels name for <master
+                                                  name> (rediss+sentinel:// with TLS to it)
+
+With Sentinel the clients ask the sentinels where the primary is when they connect, and a
+connection to a primary that was demoted (a failover) is dropped and made again to the new
+one (redis-py's sentinel support): prq's retries within the retry budget carry a call across
+a failover, and a failover to a replica that missed writes is data loss, detected as on one
+server. The user and password are the data nodes' (the sentinels are asked without them).
+`redis+cluster://` is not supported yet: it is refused with a ConfigurationError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from prq.errors import ConfigurationError
+
+__all__ = ["Location", "aclose_client", "async_client", "close_client", "locate", "sync_client"]
+
+_SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+DEFAULT_SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A parsed Redis URL: a server's URL as given, or the sentinels and the master's name."""
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+    @property
+    def sentinel(self) -> bool:
+        return bool(self.sentinels)
+
+
+def locate(url: str) -> Location:
+    """Parse `url`; ConfigurationError for a topology prq does not support or a malformed
+    sentinel URL (a server URL is left to redis-py, which says what is wrong with it)."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme in _CLUSTER_SCHEMES:
+        raise ConfigurationError(
+            f"{scheme}:// URLs (Redis Cluster) are not supported yet; use one server "
+            "(redis://) or a Sentinel-managed primary (redis+sentinel://)"
+        )
+    if scheme not in _SENTINEL_SCHEMES:
+        return Location(url=url)
+    if not rest:
+        raise ConfigurationError(f"{scheme}:// URL names no sentinel: {url!r}")
+    credentials, _, hosts_and_path = rest.rpartition("@")
+    hosts, _, path = hosts_and_path.partition("/")
+    sentinels = tuple(_address(part, url) for part in hosts.split(",") if part.strip())
+    parts = [unquote(p) for p in path.split("/") if p]
+    if not sentinels or not 1 <= len(parts) <= 2:
+        raise ConfigurationError(
+            f"a sentinel URL is {scheme}://host:port[,host:port...]/<master name>[/db]; got {url!r}"
+        )
+    db = 0
+    if len(parts) == 2:
+        if not parts[1].isdigit():
+            raise ConfigurationError(f"the database of {url!r} is not a number: {parts[1]!r}")
+        db = int(parts[1])
+    username = password = None
+    if credentials:
+        user, has_password, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if has_password else None
+    return Location(
+        url=url, sentinels=sentinels, master=parts[0], db=db, username=username,
+        password=password, tls=_SENTINEL_SCHEMES[scheme],
+    )  # fmt: skip
+
+
+def _address(part: str, url: str) -> tuple[str, int]:
+    parsed = urlsplit(f"//{part.strip()}")
+    try:
+        port = parsed.port or DEFAULT_SENTINEL_PORT
+    except ValueError:
+        raise ConfigurationError(f"a sentinel's port in {url!r} is not a number") from None
+    if not parsed.hostname:
+        raise ConfigurationError(f"a sentinel in {url!r} names no host: {part!r}")
+    return parsed.hostname, port
+
+
+def _sentinel_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the clients of the sentinels themselves get: the timeouts, and TLS when the data
+    nodes use it (no credentials, no pool size)."""
+    chosen = {k: v for k, v in kwargs.items() if k.startswith("socket_") or k == "protocol"}
+    if where.tls:
+        chosen |= {k: v for k, v in kwargs.items() if k.startswith("ssl")} | {"ssl": True}
+    return chosen
+
+
+def _master_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
+    master = dict(kwargs, db=where.db, username=where.username, password=where.password)
+    if where.tls:
+        master["ssl"] = True
+    else:
+        master = {k: v for k, v in master.items() if not k.startswith("ssl")}
+    return master
+
+
+def sync_client(url: str, kwargs: dict[str, Any]) -> redis.Redis:
+    """A blocking client for `url` with the connection options `kwargs`."""
+    where = locate(url)
+    if not where.sentinel:
+        return redis.Redis.from_url(url, **kwargs)
+    sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(where.sentinels), sentinel_kwargs=_sentinel_kwargs(where, kwargs)
+    )
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        where.master, **_master_kwargs(where, kwargs)
+    )
+    return client
+
+
+def async_client(url: str, kwargs: dict[str, Any]) -> redis.asyncio.Redis:
+    """An asyncio client for `url` with the connection options `kwargs`."""
+    where = locate(url)
+    if not where.sentinel:
+        return redis.asyncio.Redis.from_url(url, **kwargs)
+    sentinels = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(where.sentinels), sentinel_kwargs=_sentinel_kwargs(where, kwargs)
+    )
+    client: redis.asyncio.Redis = sentinels.master_for(
+        where.master, **_master_kwargs(where, kwargs)
+    )
+    return client
+
+
+def close_client(client: redis.Redis) -> None:
+    """Close a blocking client of `sync_client`, with its clients of the sentinels."""
+    client.close()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        sentinel.close()
+
+
+async def aclose_client(client: redis.asyncio.Redis) -> None:
+    """Close an asyncio client of `async_client`, with its clients of the sentinels."""
+    await client.aclose()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()

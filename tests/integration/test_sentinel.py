@@ -1,0 +1,99 @@
+"""A Sentinel-managed primary (redis+sentinel://), on a primary, a replica and a sentinel the
+test starts: calls, bulk enqueue and outcomes go through it, and follow a failover within the
+retry budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from prq import QueueSettings, Request
+from prq.bulk import BulkClient
+from tests.integration.test_cli import PrqRunner
+from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.redis_servers import async_wait_until
+from tests.sentinel_servers import SentinelSet
+
+pytestmark = pytest.mark.integration
+
+ENDPOINT = "poll://through-sentinel"
+
+
+@pytest.fixture
+def sentinel_set() -> Iterator[SentinelSet]:
+    servers = SentinelSet()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture
+async def make_sentinel_queue(
+    facade: str, sentinel_set: SentinelSet, key_prefix: str
+) -> AsyncIterator[QueueFactory]:
+    factory = QueueFactory(facade, sentinel_set.url, key_prefix)
+    try:
+        yield factory
+    finally:
+        await factory.aclose()
+
+
+async def test_calls_go_through_the_sentinels_primary_and_follow_a_failover(
+    sentinel_set: SentinelSet, make_sentinel_queue: QueueFactory
+) -> None:
+    # Given a caller and a receiver that know Redis only by its sentinel
+    caller, receiver = make_sentinel_queue(), make_sentinel_queue()
+    make_sentinel_queue.serve(receiver, ENDPOINT, lambda request: request.params)
+    assert await asyncio.wait_for(caller.call(ENDPOINT, "echo", 1), 20) == 1
+
+    # When the sentinel fails the primary over to the replica
+    old = sentinel_set.primary_port()
+    new = sentinel_set.fail_over()
+
+    # Then calls go on, to the new primary, within the retry budget
+    assert new != old
+    for n in range(2, 6):
+        assert await asyncio.wait_for(caller.call(ENDPOINT, "echo", n), 30) == n
+
+
+async def test_bulk_enqueue_and_outcomes_go_through_the_sentinel(
+    sentinel_set: SentinelSet, make_sentinel_queue: QueueFactory, key_prefix: str
+) -> None:
+    # Given a receiver, and a bulk client that knows Redis only by its sentinel
+    make_sentinel_queue.serve(make_sentinel_queue(), ENDPOINT, lambda request: request.params)
+    settings = QueueSettings(**FAST_SETTINGS)
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"bulk:{i}") for i in range(20)]
+    with BulkClient.from_url(sentinel_set.url, prefix=key_prefix, settings=settings) as bulk:
+        # When it enqueues requests and reads their outcomes
+        assert bulk.enqueue_many(requests).accepted == 20
+
+        # Then every one is answered
+        def answered() -> bool:
+            found = bulk.outcomes(ENDPOINT, [r.id for r in requests])
+            return all(s.state == "done" for s in found.values())
+
+        await async_wait_until(answered, 20, 0.05, "all answered")
+
+
+def test_the_command_line_finds_redis_through_the_sentinel(
+    sentinel_set: SentinelSet, key_prefix: str
+) -> None:
+    # Given requests queued through the sentinel
+    requests = [Request(endpoint=ENDPOINT, method="m", id=f"cli:{i}") for i in range(3)]
+    with BulkClient.from_url(sentinel_set.url, prefix=key_prefix) as bulk:
+        bulk.enqueue_many(requests)
+    # When `prq stats` is given only the sentinel URL
+    runner = PrqRunner(sentinel_set.url, key_prefix)
+    try:
+        done = runner.run("stats", "--json")
+    finally:
+        runner.close()
+    # Then it reads the endpoint and its queued requests from the primary
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    (info,) = [e for e in report["endpoints"] if e["endpoint"] == ENDPOINT]
+    assert info["depth"] == 3 and report["redis"]["ok"] is True

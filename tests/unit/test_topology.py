@@ -1,0 +1,46 @@
+"""Where Redis is, by URL (prq.topology): one server, or a Sentinel-managed primary; what is
+malformed or not supported is refused at once with ConfigurationError."""
+
+from __future__ import annotations
+
+import pytest
+
+from prq import ConfigurationError, RedisSettings
+from prq.topology import Location, locate
+
+
+def test_a_server_url_is_left_as_given() -> None:
+    assert locate("redis://user:pw@host:6380/2") == Location(url="redis://user:pw@host:6380/2")
+    assert not locate("rediss://host:6380/0").sentinel
+
+
+def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database() -> None:
+    where = locate("redis+sentinel://app:s%40cret@s1:26380,s2,10.0.0.3:26381/main%20one/3")
+    assert where.sentinels == (("s1", 26380), ("s2", 26379), ("10.0.0.3", 26381))
+    assert (where.master, where.db, where.username, where.password) == (
+        "main one",
+        3,
+        "app",
+        "s@cret",
+    )
+    assert not where.tls and where.sentinel
+    tls = locate("rediss+sentinel://s1/main")
+    assert (tls.tls, tls.db, tls.username, tls.password) == (True, 0, None, None)
+    assert RedisSettings(url="rediss+sentinel://s1/main").tls
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://", "names no sentinel"),
+        ("redis+sentinel://s1:26379", "master name"),
+        ("redis+sentinel://s1:26379/main/0/extra", "master name"),
+        ("redis+sentinel://s1:port/main", "not a number"),
+        ("redis+sentinel://s1/main/zero", "not a number"),
+        ("redis+cluster://n1:7000", "not supported yet"),
+        ("rediss+cluster://n1:7000", "not supported yet"),
+    ],
+)
+def test_a_malformed_or_unsupported_url_is_refused_at_once(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        locate(url)
