@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install format lint typecheck test test-unit test-integration test-fault bench demo all clean
+.PHONY: install format lint typecheck test test-unit test-integration test-sentinel test-fault bench demo all clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,9 +35,14 @@ test-integration: $(STAMP)
 test-fault: $(STAMP)
 	$(BIN)/pytest tests -m fault
 
-# The whole gate: what CI runs, and what the README calls "the tests".
+test-sentinel: $(STAMP)
+	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider
+
+# The whole gate: what CI runs, and what the README calls "the tests": everything on one server,
+# then the integration suite again on a Sentinel-managed primary.
 test: system-deps lint typecheck
 	$(BIN)/pytest tests -m "not bench" -p no:cacheprovider
+	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider
 
 all: test
 

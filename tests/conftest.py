@@ -31,10 +31,22 @@ from tests.redis_servers import (
     delete_prefix,
     new_prefix,
 )
+from tests.sentinel_servers import SentinelSet
+
+#: The topologies the shared server can take (--redis-topology).
+TOPOLOGIES = ("server", "sentinel")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """The fault bed's operations soak (tests/fault/test_scenario_18_operations_soak.py)."""
+    """Where the shared server is (--redis-topology), and the fault bed's operations soak
+    (tests/fault/test_scenario_18_operations_soak.py)."""
+    parser.addoption(
+        "--redis-topology",
+        choices=TOPOLOGIES,
+        default="server",
+        help="the shared Redis: one server (default), or a primary, a replica and three "
+        "sentinels, prq's nodes given its redis+sentinel:// URL",
+    )
     group = parser.getgroup("soak", "the fault bed's operations soak")
     group.addoption(
         "--soak-minutes",
@@ -49,13 +61,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(scope="session")
 def shared_server(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[tuple[str, str]]:
     """(URL for prq's nodes, URL for the tests' own reads) of the server the session shares:
-    started here with the shipped ACL unless PRQ_TEST_REDIS_URL names one."""
+    started here with the shipped ACL unless PRQ_TEST_REDIS_URL names one. With
+    `--redis-topology sentinel`, a Sentinel set-up whose redis+sentinel:// URL prq's nodes get,
+    the tests reading its primary directly."""
     external = os.environ.get(TEST_REDIS_URL_ENV)
     if external:
         yield external, external
+        return
+    if pytestconfig.getoption("--redis-topology") == "sentinel":
+        servers = SentinelSet(acl_folder=tmp_path_factory.mktemp("shared-sentinel"))
+        try:
+            yield servers.url_for(PRQ_USER, acl_password(PRQ_USER)), servers.primary.url
+        finally:
+            servers.close()
         return
     server = acl_server(tmp_path_factory.mktemp("shared-redis")).start()
     try:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
-from prq import QueueSettings, Request
+from prq import DataLoss, QueueSettings, Request
 from prq.bulk import BulkClient
 from tests.integration.test_cli import PrqRunner
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
@@ -97,3 +98,37 @@ def test_the_command_line_finds_redis_through_the_sentinel(
     report = json.loads(done.stdout)
     (info,) = [e for e in report["endpoints"] if e["endpoint"] == ENDPOINT]
     assert info["depth"] == 3 and report["redis"]["ok"] is True
+
+
+async def test_a_failover_to_a_replica_that_missed_writes_fails_calls_in_flight_with_data_loss(
+    facade: str, key_prefix: str
+) -> None:
+    # Given a caller waiting on a request a receiver holds, written after replication to the
+    # replica stopped (the replica missed it)
+    servers = SentinelSet(freezable=True)
+    factory = QueueFactory(facade, servers.url, key_prefix)
+    try:
+        watched: dict[str, Any] = {"data_loss_check_interval_s": 0.5, "retry_budget_s": 20.0}
+        caller, receiver = factory(**watched), factory(**watched)
+        factory.serve(receiver, "poll://warm", lambda request: request.params)
+        assert await asyncio.wait_for(caller.call("poll://warm", "echo", 1), 20) == 1
+        servers.freeze()
+        call = asyncio.create_task(caller.call("poll://held", "m"))
+        pending = await receiver.dequeue("poll://held", timeout_s=10)
+        assert pending is not None
+
+        # When the primary dies and the sentinels promote the stale replica
+        servers.crash_primary()
+
+        # Then the call fails with DataLoss (retryable, may have run), and the receiver's
+        # held request is cancelled for data loss
+        with pytest.raises(DataLoss) as raised:
+            await asyncio.wait_for(call, 40)
+        assert raised.value.retryable and raised.value.maybe_executed
+        await async_wait_until(lambda: pending.cancelled, 20, 0.05, "the held one cancelled")
+        assert pending.cancel_reason == "data_loss"
+        # And calls work again on the new primary
+        assert await asyncio.wait_for(caller.call("poll://warm", "echo", 2), 30) == 2
+    finally:
+        await factory.aclose()
+        servers.close()
