@@ -1,7 +1,8 @@
 """A Sentinel set-up for the suite, on free loopback ports: a primary, a replica and three
 sentinels watching them (quorum 2, a primary judged down after 1 s), all started by the suite,
 so a test can fail the primary over. With an ACL folder the data nodes load the shipped
-users.acl (as `acl_server` does); the replica and the sentinels log in as the tests' superuser.
+users.acl (as `acl_server` does), and the replica and the sentinels log in as its prq-replica
+and prq-sentinel users: a failover then proves those users' rights enough.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import redis
 
 from prq.embedded import EmbeddedRedis, find_server_binary, free_port
 from tests.fault.proxy import FaultProxy
-from tests.redis_servers import TEST_ROOT_PASSWORD, TEST_ROOT_USER, acl_server, wait_until
+from tests.redis_servers import acl_password, acl_server, wait_until
 
 __all__ = ["SentinelSet"]
 
 MASTER = "prq-test"
+#: The shipped users.acl's users for a replica and for the sentinels.
+REPLICA_USER, SENTINEL_USER = "prq-replica", "prq-sentinel"
 SENTINELS = 3
 QUORUM = 2
 #: Bounds: the set-up starting, and a failover.
@@ -42,8 +45,8 @@ class SentinelSet:
             self.link = FaultProxy(self.primary.port, parse_resp=False, name="replication-link")
             upstream = self.link.port
         replica_of = ["--replicaof", "127.0.0.1", str(upstream), "--repl-timeout", "3600"]
-        if acl_folder is not None:
-            replica_of += ["--masteruser", TEST_ROOT_USER, "--masterauth", TEST_ROOT_PASSWORD]
+        if acl_folder is not None:  # as the shipped users.acl's replication user
+            replica_of += ["--masteruser", REPLICA_USER, "--masterauth", acl_password(REPLICA_USER)]
         self.replica = self._data_node(acl_folder, "replica", replica_of)
         self.replica.start()
         auth = acl_folder is not None
@@ -76,10 +79,10 @@ class SentinelSet:
             f"sentinel down-after-milliseconds {MASTER} 1000",
             f"sentinel failover-timeout {MASTER} 5000",
         ]  # fmt: skip
-        if auth:
+        if auth:  # as the shipped users.acl's sentinel user
             lines += [
-                f"sentinel auth-user {MASTER} {TEST_ROOT_USER}",
-                f"sentinel auth-pass {MASTER} {TEST_ROOT_PASSWORD}",
+                f"sentinel auth-user {MASTER} {SENTINEL_USER}",
+                f"sentinel auth-pass {MASTER} {acl_password(SENTINEL_USER)}",
             ]
         config = folder / "sentinel.conf"
         config.write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from prq import DataLoss, QueueSettings, Request
 from prq.bulk import BulkClient
 from tests.integration.test_cli import PrqRunner
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import PRQ_USER, acl_password, async_wait_until
 from tests.sentinel_servers import SentinelSet
 
 pytestmark = pytest.mark.integration
@@ -24,19 +25,26 @@ ENDPOINT = "poll://through-sentinel"
 
 
 @pytest.fixture
-def sentinel_set() -> Iterator[SentinelSet]:
-    servers = SentinelSet()
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A Sentinel set-up on the shipped users.acl (its replica and sentinels log in as the
+    prq-replica and prq-sentinel users)."""
+    servers = SentinelSet(acl_folder=tmp_path / "acl")
     try:
         yield servers
     finally:
         servers.close()
 
 
+def app_url(servers: SentinelSet) -> str:
+    """The set-up's redis+sentinel:// URL as the shipped ACL's application user."""
+    return servers.url_for(PRQ_USER, acl_password(PRQ_USER))
+
+
 @pytest.fixture
 async def make_sentinel_queue(
     facade: str, sentinel_set: SentinelSet, key_prefix: str
 ) -> AsyncIterator[QueueFactory]:
-    factory = QueueFactory(facade, sentinel_set.url, key_prefix)
+    factory = QueueFactory(facade, app_url(sentinel_set), key_prefix)
     try:
         yield factory
     finally:
@@ -68,7 +76,7 @@ async def test_bulk_enqueue_and_outcomes_go_through_the_sentinel(
     make_sentinel_queue.serve(make_sentinel_queue(), ENDPOINT, lambda request: request.params)
     settings = QueueSettings(**FAST_SETTINGS)
     requests = [Request(endpoint=ENDPOINT, method="m", params=i, id=f"bulk:{i}") for i in range(20)]
-    with BulkClient.from_url(sentinel_set.url, prefix=key_prefix, settings=settings) as bulk:
+    with BulkClient.from_url(app_url(sentinel_set), prefix=key_prefix, settings=settings) as bulk:
         # When it enqueues requests and reads their outcomes
         assert bulk.enqueue_many(requests).accepted == 20
 
@@ -85,10 +93,10 @@ def test_the_command_line_finds_redis_through_the_sentinel(
 ) -> None:
     # Given requests queued through the sentinel
     requests = [Request(endpoint=ENDPOINT, method="m", id=f"cli:{i}") for i in range(3)]
-    with BulkClient.from_url(sentinel_set.url, prefix=key_prefix) as bulk:
+    with BulkClient.from_url(app_url(sentinel_set), prefix=key_prefix) as bulk:
         bulk.enqueue_many(requests)
-    # When `prq stats` is given only the sentinel URL
-    runner = PrqRunner(sentinel_set.url, key_prefix)
+    # When `prq stats` is given only the sentinel URL (as the read-only operator)
+    runner = PrqRunner(sentinel_set.url_for("prq-admin", acl_password("prq-admin")), key_prefix)
     try:
         done = runner.run("stats", "--json")
     finally:
@@ -101,12 +109,12 @@ def test_the_command_line_finds_redis_through_the_sentinel(
 
 
 async def test_a_failover_to_a_replica_that_missed_writes_fails_calls_in_flight_with_data_loss(
-    facade: str, key_prefix: str
+    facade: str, key_prefix: str, tmp_path: Path
 ) -> None:
     # Given a caller waiting on a request a receiver holds, written after replication to the
     # replica stopped (the replica missed it)
-    servers = SentinelSet(freezable=True)
-    factory = QueueFactory(facade, servers.url, key_prefix)
+    servers = SentinelSet(acl_folder=tmp_path / "acl", freezable=True)
+    factory = QueueFactory(facade, app_url(servers), key_prefix)
     try:
         watched: dict[str, Any] = {"data_loss_check_interval_s": 0.5, "retry_budget_s": 20.0}
         caller, receiver = factory(**watched), factory(**watched)

@@ -267,8 +267,17 @@ def library_files() -> list[Path]:
 
 def test_acl_file_disables_the_default_user_and_confines_prq() -> None:
     users = acl_users()
-    assert set(users) == {"default", "prq", "prq-admin"}
+    assert set(users) == {"default", "prq", "prq-admin", "prq-replica", "prq-sentinel"}
     assert "off" in users["default"] and "-@all" in users["default"]
+    # The replica's and the sentinels' users reach no key, and grant only their protocols
+    for name in ("prq-replica", "prq-sentinel"):
+        rules = users[name]
+        assert rules[0] == "on" and "resetkeys" in rules and "-@all" in rules, name
+        assert not any(r[0] in "~%" or r in ("+@all", "allkeys") for r in rules), name
+    assert granted(users["prq-replica"]) == {"psync", "replconf", "ping"}
+    assert {"eval", "evalsha", "set", "get", "flushall", "keys"}.isdisjoint(
+        granted(users["prq-sentinel"])
+    )
     for name in ("prq", "prq-admin"):
         rules = users[name]
         assert rules[0] == "on" and "resetkeys" in rules and "resetchannels" in rules, name
