@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from prq import DataLoss, QueueSettings, Request
 from prq.bulk import BulkClient
+from prq.embedded import find_server_binary, free_port
 from tests.integration.test_cli import PrqRunner
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
-from tests.redis_servers import PRQ_USER, acl_password, async_wait_until
+from tests.redis_servers import PRQ_USER, acl_password, async_wait_until, wait_until
 from tests.sentinel_servers import SentinelSet
 
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://through-sentinel"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -140,3 +144,34 @@ async def test_a_failover_to_a_replica_that_missed_writes_fails_calls_in_flight_
     finally:
         await factory.aclose()
         servers.close()
+
+
+def test_the_shipped_sentinel_conf_is_one_redis_sentinel_accepts(tmp_path: Path) -> None:
+    # Given redis-conf/sentinel.conf, watching a primary here instead of the compose service
+    port = free_port()
+    shipped = (ROOT / "redis-conf" / "sentinel.conf").read_text()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(
+        shipped.replace("port 26379", f"port {port}").replace(" redis 6379 ", " 127.0.0.1 6399 ")
+    )
+    # When a sentinel starts from it
+    process = subprocess.Popen(
+        [find_server_binary(), str(config), "--sentinel", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with redis.Redis(port=port, socket_timeout=2, decode_responses=True) as sentinel:
+
+            def watching() -> dict[str, Any] | None:
+                try:
+                    return sentinel.sentinel_master("prq")  # type: ignore[no-any-return]
+                except redis.RedisError:
+                    return None
+
+            wait_until(watching, 10, 0.05, "the sentinel answering")
+            # Then it watches the primary named prq, with a quorum of 2
+            master = watching()
+            assert master is not None and (master["port"], master["quorum"]) == (6399, 2)
+    finally:
+        process.terminate()
+        process.wait(10)

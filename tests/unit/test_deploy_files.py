@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from prq.cli import app
 from prq.cli.options import DEFAULT_PREFIX
+from prq.topology import locate
 
 ROOT = Path(__file__).resolve().parents[2]
 PRQ_SERVICES = ("api", "worker", "demo")
@@ -53,9 +54,15 @@ def prq_commands() -> list[tuple[str, list[str]]]:
 # -- docker-compose.yml ---------------------------------------------------------------------------
 
 
+#: The services `--profile sentinel` adds.
+SENTINEL_SERVICES = ("redis-replica", "sentinel-1", "sentinel-2", "sentinel-3")
+
+
 def test_the_stack_has_redis_the_admin_service_a_worker_and_the_demo() -> None:
     stack = services()
-    assert set(stack) == {"redis", *PRQ_SERVICES}
+    default = {name for name, service in stack.items() if not service.get("profiles")}
+    assert default == {"redis", *PRQ_SERVICES}
+    assert set(stack) - default == set(SENTINEL_SERVICES)
     for name in PRQ_SERVICES:
         assert stack[name]["build"] == "."
         assert stack[name]["depends_on"], name
@@ -88,7 +95,9 @@ def test_the_services_share_redis_as_the_application_user() -> None:
     stack = services()
     for name in PRQ_SERVICES:
         url = stack[name]["environment"]["PRQ_REDIS_URL"]
-        assert url.startswith("redis://prq:") and url.endswith("@redis:6379/0"), (name, url)
+        # (PRQ_REDIS_URL from the host's environment wins: the sentinel profile's URL)
+        assert url.startswith("${PRQ_REDIS_URL:-redis://prq:"), (name, url)
+        assert url.endswith("@redis:6379/0}"), (name, url)
     api = stack["api"]
     assert api["command"][:3] == ["api", "--host", "0.0.0.0"]
     assert api["environment"]["PRQ_API_ADMIN_TOKENS"].startswith("${PRQ_API_ADMIN_TOKENS:-")
@@ -116,6 +125,40 @@ def test_redis_service_uses_the_shipped_configuration() -> None:
     assert redis_service["command"][-1] == "/usr/local/etc/redis/redis.conf"
     # The health check logs in as the application user, so a broken ACL file shows.
     assert "--user" in redis_service["healthcheck"]["test"]
+
+
+def test_the_sentinel_profile_watches_redis_and_its_replica_as_the_shipped_users() -> None:
+    stack, users = services(), acl_users()
+    replica = [str(arg) for arg in stack["redis-replica"]["command"]]
+    assert replica[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
+
+    def after(option: str, count: int = 1) -> list[str]:
+        at = replica.index(option)
+        return replica[at + 1 : at + 1 + count]
+
+    assert after("--replicaof", 2) == ["redis", "6379"]
+    assert after("--masteruser") == ["prq-replica"]
+    assert f">{after('--masterauth')[0]}" in users["prq-replica"]
+    sentinel = {}
+    for line in (ROOT / "redis-conf" / "sentinel.conf").read_text().splitlines():
+        if line.startswith("sentinel "):
+            words = line.split()
+            sentinel[words[1]] = words[2:]
+    assert sentinel["monitor"] == ["prq", "redis", "6379", "2"]
+    assert sentinel["auth-user"] == ["prq", "prq-sentinel"]
+    assert f">{sentinel['auth-pass'][1]}" in users["prq-sentinel"]
+    for name in SENTINEL_SERVICES[1:]:
+        service = stack[name]
+        assert service["profiles"] == ["sentinel"] and "sentinel.conf" in service["command"][-1]
+        assert {"test", "interval", "timeout", "retries"} <= set(service["healthcheck"]), name
+    # And the URL the file's header gives the prq services names those sentinels and that primary
+    header = (ROOT / "docker-compose.yml").read_text().split("services:")[0]
+    url = re.search(r"PRQ_REDIS_URL=(redis\+sentinel://\S+)", header)
+    assert url is not None
+    where = locate(url.group(1))
+    assert where.master == "prq" and {host for host, _ in where.sentinels} == {
+        "sentinel-1", "sentinel-2", "sentinel-3"
+    }  # fmt: skip
 
 
 def test_the_image_installs_the_admin_service_and_runs_prq() -> None:
