@@ -51,7 +51,7 @@ from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
 from prq.links import AsyncLink
 from prq.scripts import script_load_calls
-from prq.topology import aclose_client, async_client
+from prq.topology import aclose_client, async_client, locate
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ def tls_probe(settings: RedisSettings) -> ssl.SSLError | None:
     gets the alert. Returns the refusal a retry cannot mend; None if the server is fine with
     this client or did not say (it was restarting, or is slow): the caller retries then.
     """
+    if locate(settings.url).sentinel:
+        return None  # the primary's address is the sentinels' to tell: no probe, retry
     parts = urlsplit(settings.url)
     host = parts.hostname or "localhost"
     context = ssl.create_default_context(cafile=settings.ssl_ca_file)
