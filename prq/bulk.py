@@ -61,7 +61,9 @@ from prq.outcomes import open_response, resolve, response_of
 from prq.scripts import (
     Redelivery,
     RequestSnapshot,
+    canary_call,
     enqueue_many_call,
+    parse_canary,
     parse_enqueue_many,
     parse_snapshot,
     parse_withdraw,
@@ -197,30 +199,28 @@ class LossWatch:
     """Tells a reader of outcomes whether Redis lost data while it waited, so that a request
     whose record is missing is known lost (DataLoss) rather than expired.
 
-    A key beside the endpoint's records (prq:{e}:lw:<token>) whose value the reader replaces
-    with a fresh mark at every read of outcomes (`BulkClient.outcomes(..., watch=)`), after the
-    records, reading the mark it replaces (SET ... GET): anything but the last mark (or this
-    one, when the command was sent again after a lost reply) means the key was lost or went
-    back: a restart without persistence, a flush, a failover to a replica that missed writes.
+    A counter beside the endpoint's records (prq:{e}:lw:<token>), stepped by the same script
+    as a node's data-loss canary (scripts/canary.lua) with every read of outcomes
+    (`BulkClient.outcomes(..., watch=)`), after the records: a value that is not the last one
+    plus one means the key was lost or went back (a restart without persistence, a flush, a
+    failover to a replica that missed writes). A read sent again (a lost reply, a script cache
+    reloaded) finds the step already taken, so a replay never hides a loss nor invents one.
     Start it (`BulkClient.start_watch`) before sending what it watches; it lives an hour past
     its last read.
     """
 
     token: str = field(default_factory=lambda: secrets.token_urlsafe(8))
-    #: The mark the last read left (None: not started).
-    mark: str | None = None
+    #: The counter's value at the last read (None: not started).
+    count: int | None = None
     #: Redis lost data since the watch started (stays True).
     lost: bool = False
 
-    def next_mark(self) -> str:
-        return secrets.token_urlsafe(6)
-
-    def saw(self, replaced: object, mark: str) -> None:
-        """Take what the read that left `mark` replaced."""
-        found = replaced.decode() if isinstance(replaced, bytes) else replaced
-        if found not in (self.mark, mark):
+    def saw(self, value: int) -> None:
+        """Take the counter's value a read returned."""
+        if self.count is not None and value != self.count + 1:
             self.lost = True
-        self.mark = mark
+        if not self.lost:
+            self.count = value
 
 
 @dataclass(frozen=True, slots=True)
@@ -699,13 +699,12 @@ class BulkClient:
     def start_watch(self, endpoint: str, watch: LossWatch) -> None:
         """Start `watch` on `endpoint` (one round trip), before sending what it watches."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
-        mark = watch.next_mark()
-        watch.saw(self._io.execute([self._watch_call(keys, watch, mark)])[0], mark)
+        watch.saw(parse_canary(self._io.execute([self._watch_call(keys, watch)])[0]))
 
     @staticmethod
-    def _watch_call(keys: EndpointKeys, watch: LossWatch, mark: str) -> Call:
+    def _watch_call(keys: EndpointKeys, watch: LossWatch) -> Call:
         ttl_ms = int(LOSS_WATCH_TTL_S * 1000)
-        return Call(("SET", keys.loss_watch(watch.token), mark, "PX", ttl_ms, "GET"))
+        return canary_call(keys.loss_watch(watch.token), ttl_ms, watch.count)
 
     def outcomes(
         self, endpoint: str, request_ids: Sequence[str], *, watch: LossWatch | None = None
@@ -726,12 +725,11 @@ class BulkClient:
         ]
         if not calls:
             return {}
-        mark = watch.next_mark() if watch is not None else ""
         if watch is not None:
-            calls.append(self._watch_call(keys, watch, mark))
+            calls.append(self._watch_call(keys, watch))
         replies = self._io.execute(calls)
         if watch is not None:
-            watch.saw(replies[len(request_ids)], mark)
+            watch.saw(parse_canary(replies[len(request_ids)]))
         found = {
             request_id: parse_snapshot(reply)
             for request_id, reply in zip(request_ids, replies[: len(request_ids)], strict=True)

@@ -26,7 +26,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      and '.' (it exists); token: 8
                                      characters of the ledger name's hash
     prq:{<e>}:lw:<token>     string  a loss watch (prq.bulk.LossWatch): a   an hour, renewed by
-                                     counter its reader increments          each read
+                                     counter its reader steps (canary.lua)  each read
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
     prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed

@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from prq import QueueSettings, Request
-from prq.bulk import BulkClient, Ledger
+from prq.bulk import BulkClient, Ledger, LossWatch
+from prq.embedded import EmbeddedRedis
 from prq.keys import ledger_token
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth, silent_take
@@ -172,3 +173,34 @@ async def test_retry_failed_sends_again_what_failed_worth_a_retry_and_nothing_el
         lambda: bulk.outcomes(ENDPOINT, [lost.id])[lost.id].state == "done",
         10, 0.05, "the lost one answered this time",
     )  # fmt: skip
+
+
+def test_a_loss_watch_tells_lost_records_from_a_read_sent_again(
+    own_redis: EmbeddedRedis, own_redis_client: redis.Redis
+) -> None:
+    # Given a started watch and a request whose outcome it is read with
+    with BulkClient.from_url(own_redis.url, settings=QueueSettings(**FAST_SETTINGS)) as bulk:
+        watch = LossWatch()
+        bulk.start_watch(ENDPOINT, watch)
+        request = rows("job-5", 1)[0]
+        bulk.enqueue_many([request])
+        assert bulk.outcomes(ENDPOINT, [request.id], watch=watch)[request.id].state == "queued"
+        # When Redis ran a read whose reply was lost, and the read is sent again
+        lost_reply = BulkClient._watch_call(bulk.keys.endpoint(ENDPOINT), watch)
+        own_redis_client.execute_command(*lost_reply.args)  # type: ignore[no-untyped-call]
+        bulk.outcomes(ENDPOINT, [request.id], watch=watch)
+
+        # Then that is no loss
+        assert not watch.lost
+
+        # When Redis loses everything, scripts included (the read is sent again after they
+        # are loaded: the first sending hit NOSCRIPT)
+        own_redis_client.flushall()
+        own_redis_client.script_flush()
+        found = bulk.outcomes(ENDPOINT, [request.id], watch=watch)
+
+        # Then the record is missing and the watch says it was lost, and stays so
+        assert found[request.id].state in ("missing", "unknown")
+        assert watch.lost
+        bulk.outcomes(ENDPOINT, [request.id], watch=watch)
+        assert watch.lost

@@ -545,7 +545,8 @@ def test_requests_redis_lost_mid_call_say_so_and_a_repairing_rerun_sends_only_th
         by_key = {int(r.request_id.rsplit(":", 1)[1]): r for r in first}
         assert len(first) == len(by_key) == 400
         lost = {k for k, r in by_key.items() if r.error_type == "DataLoss"}
-        assert set(range(390, 400)) <= lost
+        held = {k: (by_key[k].error_type, by_key[k].error_message) for k in range(390, 400)}
+        assert set(range(390, 400)) <= lost, held
         assert all(by_key[k].maybe_executed for k in lost)
         assert {r.error_type for r in first} <= {None, "ValueError", "DataLoss"}
 
