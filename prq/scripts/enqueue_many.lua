@@ -36,15 +36,15 @@ ARGV[9]  the queued form's shape the batch comes in (_body.lua):
 ARGV[10] Q2: the token of the batch's shared head, prq:{e}:bh:<token> (drawn for this call,
          the same when the call is sent again)
 ARGV[11] the ledger's TTL, ms, renewed by every batch ('0' without a ledger)
+ARGV[12] '1': retry failures: an id whose record says it ended without an answer for a reason
+         worth another try (RETRIED: data loss, a lost receiver, a receiver shut down, its
+         attempts used up) is enqueued afresh, as a withdrawn one is; '0': it is known
 ARGV[13] with a task attempt (prq.bulk.TaskAttempt): the nonces of the attempt's batches begin
          with this ("<task>/<attempt>/"), so an id this attempt wrote in another batch is a
          repeat, not a duplicate nor accepted again; '' without
 ARGV[14] with a task attempt: the nonces of every attempt of the task begin with this
          ("<task>/"), so an id an earlier attempt wrote is accepted again (as a rerun of its
          very batch is); '' without
-ARGV[12] '1': retry failures: an id whose record says it ended without an answer for a reason
-         worth another try (RETRIED: data loss, a lost receiver, a receiver shut down, its
-         attempts used up) is enqueued afresh, as a withdrawn one is; '0': it is known
 
 Reply: {accepted, duplicates, counter, refused, depth, gone, repeats, dup_id1, ...,
         refused_id1, ..., gone_id1, ..., repeat_id1, ...}
@@ -172,13 +172,14 @@ local function tally(verdict, id)
   end
 end
 
--- the common case (a new id, room left) is one SET; the rest is settled above. The Q2 loop
--- is the hot one (Spark, BulkClient): its strings go to Redis as they came
 -- an id of the ledger (taken before): what its record says, or 'gone' when it has none
 local function settle_taken(key, record)
   if redis.call('EXISTS', key) == 1 then return settle(key, record) end
   return 'gone'
 end
+
+-- the common case (a new id, room left) is one SET; the rest is settled above. The Q2 loop
+-- is the hot one (Spark, BulkClient): its strings go to Redis as they came
 
 local call = redis.call
 if shared then
