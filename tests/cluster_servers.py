@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from prq.embedded import EmbeddedRedis, free_port
-from tests.redis_servers import wait_until
+from tests.redis_servers import redis7_binary, wait_until
 
 __all__ = ["ClusterSet"]
 
@@ -40,6 +40,7 @@ class ClusterSet:
         # The cluster bus on a free port of its own (by default port + 10000, which may be
         # taken, or past 65535)
         return EmbeddedRedis(
+            binary=redis7_binary()[0],  # (a bus port of its own, ADDSLOTSRANGE: Redis 7)
             extra_args=[
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
