@@ -4,21 +4,76 @@ A link is not checked out of a pool per call: the batcher in redis_io.py sends o
 round trip at a time on it, reading every reply in order. Error replies come back in place
 (the stream stays in step); a transport error, or a round trip cancelled half-way, drops the
 connection, so no later round trip can read an earlier one's reply.
+
+On a Redis Cluster a round trip is a redis-py cluster pipeline: redis-py groups the calls by
+the node that owns each one's slot, sends one pipeline per node, and follows MOVED, ASK and
+TRYAGAIN for the calls that got them. Replies come back raw, as from one server (redis-py's
+reply parsers are taken off the commands prq sends), error replies in place; a connection
+failure to any node fails the round trip (every prq step is idempotent on replay, so the
+retry policy sends it whole again) and makes redis-py read the cluster's layout afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import random
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import ResponseError
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import ClusterDownError, ResponseError, SlotNotCoveredError
 
 from prq._types import Call, Reply
 
-__all__ = ["AsyncLink", "SyncLink"]
+__all__ = [
+    "AsyncClusterLink",
+    "AsyncLink",
+    "SyncClusterLink",
+    "SyncLink",
+    "async_link",
+    "async_pubsub_connector",
+    "sync_link",
+    "sync_pubsub_connector",
+]
+
+#: Reply parsers redis-py itself needs on a cluster client (its layout discovery, connecting).
+_KEPT_PARSERS = ("CLUSTER", "COMMAND", "CLIENT", "HELLO", "AUTH", "PING", "READONLY")
+#: Commands about the servers rather than keys: sent to every primary of a cluster, and
+#: answered with the one reply they all gave, or their replies joined (INFO: every server's
+#: fields, so that a check of them sees each server's).
+_EVERY_PRIMARY = ("SCRIPT", "INFO")
+#: Failures of a cluster round trip that a retry after a fresh look at the layout can mend.
+_CLUSTER_TRANSIENT = (
+    redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError,
+)  # fmt: skip
+
+
+def raw_replies(parsers: Any) -> None:
+    """Take redis-py's reply parsers off everything prq sends: prq reads raw RESP3 replies."""
+    for name in [n for n in parsers if not str(n).upper().startswith(_KEPT_PARSERS)]:
+        del parsers[name]
+
+
+def _first_failure(replies: Sequence[Reply]) -> BaseException | None:
+    return next((r for r in replies if isinstance(r, _CLUSTER_TRANSIENT)), None)
+
+
+def _per_server(calls: Sequence[Call]) -> list[int]:
+    return [i for i, call in enumerate(calls) if str(call.args[0]).upper() in _EVERY_PRIMARY]
+
+
+def _joined(replies: list[Reply]) -> Reply:
+    error = next((r for r in replies if isinstance(r, Exception)), None)
+    if error is not None:
+        return error
+    if all(r == replies[0] for r in replies):
+        return replies[0]
+    if all(isinstance(r, bytes) for r in replies):
+        return b"\r\n".join(r for r in replies if isinstance(r, bytes))
+    return replies[0]
 
 
 class AsyncLink:
@@ -90,3 +145,130 @@ class SyncLink:
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.disconnect()
+
+
+class AsyncClusterLink:
+    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module)."""
+
+    def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
+        self._client = client
+        raw_replies(client.response_callbacks)
+
+    async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        special = _per_server(calls)
+        keyed = [call for i, call in enumerate(calls) if i not in special]
+        replies: list[Reply] = []
+        if keyed:
+            pipe = self._client.pipeline(transaction=False)
+            for call in keyed:
+                pipe.execute_command(*call.args)
+            replies = await pipe.execute(raise_on_error=False)
+        failure = _first_failure(replies)
+        if failure is not None:
+            await self._client.aclose()  # the next round trip reads the layout afresh
+            raise failure
+        if special:
+            await self._client.initialize()
+        for i in special:
+            primaries = self._client.get_primaries()
+            replies.insert(i, _joined([await self._on(node, calls[i]) for node in primaries]))
+        return replies
+
+    async def _on(self, node: Any, call: Call) -> Reply:
+        try:
+            return await self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
+        except ResponseError as exc:
+            return exc
+
+    async def close(self) -> None:
+        """Nothing of its own: the connections are the cluster client's."""
+
+
+class SyncClusterLink:
+    """The blocking twin of AsyncClusterLink."""
+
+    def __init__(self, client: redis.cluster.RedisCluster) -> None:
+        # redis-py's blocking cluster client is only partly typed; this stays internal.
+        self._client: Any = client
+
+    def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        for node in self._client.get_nodes():
+            if node.redis_connection is not None:
+                raw_replies(node.redis_connection.response_callbacks)
+        special = _per_server(calls)
+        keyed = [call for i, call in enumerate(calls) if i not in special]
+        replies: list[Reply] = []
+        if keyed:
+            pipe = self._client.pipeline(transaction=False)
+            for call in keyed:
+                pipe.execute_command(*call.args)
+            replies = pipe.execute(raise_on_error=False)
+        failure = _first_failure(replies)
+        if failure is not None:
+            with contextlib.suppress(Exception):
+                self._client.nodes_manager.initialize()  # read the layout afresh
+            raise failure
+        for i in special:
+            primaries = self._client.get_primaries()
+            replies.insert(i, _joined([self._on(node, calls[i]) for node in primaries]))
+        return replies
+
+    def _on(self, node: Any, call: Call) -> Reply:
+        try:
+            return self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
+        except ResponseError as exc:
+            return exc
+
+    def close(self) -> None:
+        """Nothing of its own: the connections are the cluster client's."""
+
+
+def async_link(client: Any) -> AsyncLink | AsyncClusterLink:
+    """The command link for an asyncio client of prq.topology (one server or a cluster)."""
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return AsyncClusterLink(client)
+    return AsyncLink(client.connection_pool)
+
+
+def sync_link(client: Any) -> SyncLink | SyncClusterLink:
+    """The command link for a blocking client of prq.topology (one server or a cluster)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return SyncClusterLink(client)
+    return SyncLink(client.connection_pool)
+
+
+def async_pubsub_connector(client: Any) -> Callable[[], Awaitable[Any]]:
+    """Makes the (unconnected) connection a node's pub/sub reader uses, afresh after each loss.
+
+    On a cluster, a connection to a primary picked at random: a PUBLISH on any node reaches the
+    subscribers of every node, so after losing one node the reader goes on at another."""
+    if not isinstance(client, redis.asyncio.cluster.RedisCluster):
+        pool = client.connection_pool
+
+        async def from_pool() -> Any:
+            return pool.make_connection()
+
+        return from_pool
+
+    async def from_cluster() -> Any:
+        await client.initialize()
+        node = random.choice(client.get_primaries() or client.get_nodes())  # noqa: S311
+        return node.connection_class(**node.connection_kwargs)
+
+    return from_cluster
+
+
+def sync_pubsub_connector(client: Any) -> Callable[[], Any]:
+    """The blocking twin of async_pubsub_connector."""
+    if not isinstance(client, redis.cluster.RedisCluster):
+        return client.connection_pool.make_connection  # type: ignore[no-any-return]
+    cluster: Any = client
+
+    def from_cluster() -> Any:
+        node = random.choice(cluster.get_primaries() or cluster.get_nodes())  # noqa: S311
+        if node.redis_connection is None:
+            cluster.nodes_manager.initialize()
+            node = random.choice(cluster.get_primaries() or cluster.get_nodes())  # noqa: S311
+        return node.redis_connection.connection_pool.make_connection()
+
+    return from_cluster

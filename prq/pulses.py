@@ -21,11 +21,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
-
-import redis
-import redis.asyncio
 
 from prq.redis_io import RedisUnavailable, translate_errors
 
@@ -278,12 +275,14 @@ class AsyncPulses(PulsesBase):
     """The node's pub/sub connection (owned, not pooled), read by one asyncio task."""
 
     def __init__(
-        self, pool: redis.asyncio.ConnectionPool, router: PulseRouter[AsyncSignal]
+        self, connect: Callable[[], Awaitable[Any]], router: PulseRouter[AsyncSignal]
     ) -> None:
         self.router = router
         self._state = _Subscriber(router)
+        #: Makes a fresh connection (links.async_pubsub_connector): at start, after each loss.
+        self._connect = connect
         # redis-py's connection classes are only partly typed; this stays internal.
-        self._conn: Any = pool.make_connection()  # type: ignore[no-untyped-call]
+        self._conn: Any = None
         self._confirm_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -292,6 +291,7 @@ class AsyncPulses(PulsesBase):
     async def start(self) -> None:
         node_channel = self.router.node_channel.decode()
         with translate_errors():
+            self._conn = await self._connect()
             await self._conn.connect()
             await self._conn.send_command("SUBSCRIBE", node_channel)
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
@@ -369,6 +369,7 @@ class AsyncPulses(PulsesBase):
         try:
             async with self._send_lock:
                 with translate_errors():
+                    self._conn = await self._connect()
                     await self._conn.connect()
                     await self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
         except Exception as exc:
@@ -381,17 +382,20 @@ class AsyncPulses(PulsesBase):
             # bounded: should the cancel be lost (see _read_loop), the loop ends by itself
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
-        with contextlib.suppress(Exception):
-            await self._conn.disconnect(nowait=True)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.disconnect(nowait=True)
 
 
 class ThreadPulses(PulsesBase):
     """The node's pub/sub connection, read by one daemon thread (the only one touching it)."""
 
-    def __init__(self, pool: redis.ConnectionPool, router: PulseRouter[ThreadSignal]) -> None:
+    def __init__(self, connect: Callable[[], Any], router: PulseRouter[ThreadSignal]) -> None:
         self.router = router
         self._state = _Subscriber(router)
-        self._conn: Any = pool.make_connection()
+        #: Makes a fresh connection (links.sync_pubsub_connector): at start, after each loss.
+        self._connect = connect
+        self._conn: Any = None
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._confirm = threading.Condition()
         self._stop = threading.Event()
@@ -428,12 +432,14 @@ class ThreadPulses(PulsesBase):
                 failures += 1
                 backoff_s = self._state.lost(exc, failures)
                 self._connected = False
-                with contextlib.suppress(Exception):
-                    self._conn.disconnect()
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._conn.disconnect()
                 self._stop.wait(backoff_s)
 
     def _step(self) -> None:
         if not self._connected:
+            self._conn = self._connect()
             self._conn.connect()
             self._connected = True
             self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
@@ -459,5 +465,6 @@ class ThreadPulses(PulsesBase):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self._conn.disconnect()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.disconnect()

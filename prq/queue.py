@@ -34,6 +34,7 @@ from prq.flows import (
     status_flow,
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
+from prq.links import async_pubsub_connector
 from prq.models import (
     Delivery,
     PendingRequest,
@@ -90,7 +91,7 @@ class AsyncQueue(QueueBase):
         )
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), AsyncSignal)
-        self._pulses = AsyncPulses(self._io.client.connection_pool, self._router)
+        self._pulses = AsyncPulses(async_pubsub_connector(self._io.client), self._router)
         self._watch = NodeWatch(self.ctx, self._router)
         self._watch_wake = asyncio.Event()
         self._watch.wake = self._watch_wake.set

@@ -33,6 +33,7 @@ from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
 )
@@ -49,7 +50,7 @@ from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
-from prq.links import AsyncLink
+from prq.links import async_link
 from prq.scripts import script_load_calls
 from prq.topology import aclose_client, async_client, locate
 
@@ -96,13 +97,10 @@ def translate_errors() -> Iterator[None]:
         raise RedisUnavailable(str(exc)) from exc
     except NoScriptError:
         raise
-    except OutOfMemoryError as exc:
-        raise QueueFull(
-            f"Redis is out of memory and refuses writes: {exc}; free memory or raise "
-            "maxmemory (prq needs maxmemory-policy noeviction)"
-        ) from exc
+    except RedisClusterException as exc:
+        raise _cluster_error(exc) from exc
     except ResponseError as exc:
-        if str(exc).startswith("OOM"):
+        if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
             raise QueueFull(
                 f"Redis is out of memory and refuses writes: {exc}; free memory or raise "
                 "maxmemory (prq needs maxmemory-policy noeviction)"
@@ -110,6 +108,28 @@ def translate_errors() -> Iterator[None]:
         raise PrqError(f"Redis refused a prq command: {exc}") from exc
     except RedisError as exc:
         raise PrqError(f"unexpected Redis error: {exc}") from exc
+
+
+def _cluster_error(exc: RedisClusterException) -> Exception:
+    """redis-py found no node that would tell it the cluster's layout: the nodes are down or
+    failing over (retried), or the user may not ask (a configuration error)."""
+    if _caused_by(exc, NoPermissionError):
+        return ConfigurationError(
+            "the Redis user may not read the cluster's layout (CLUSTER SLOTS, COMMAND); see "
+            f"redis-conf/users.acl: {exc}"
+        )
+    return RedisUnavailable(str(exc))
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, kind):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
@@ -414,16 +434,14 @@ class AsyncRedisIO(IOCounters):
         super().__init__()
         self.settings = settings
         self.redis_settings = redis_settings
-        self.client: redis.asyncio.Redis = async_client(
-            redis_settings.url, client_kwargs(redis_settings)
-        )
+        self.client: Any = async_client(redis_settings.url, client_kwargs(redis_settings))
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         #: When each pending future was asked for (monotonic), keyed by the future.
         self._asked: dict[asyncio.Future[list[Reply]], float] = {}
         self._flusher: asyncio.Future[None] | None = None
         self._busy = False
         self._closed = False
-        self._link = AsyncLink(self.client.connection_pool)
+        self._link = async_link(self.client)
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )

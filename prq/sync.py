@@ -33,6 +33,7 @@ from prq.flows import (
     status_flow,
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
+from prq.links import sync_pubsub_connector
 from prq.models import (
     Delivery,
     PendingRequest,
@@ -86,7 +87,7 @@ class Queue(QueueBase):
         )
         self._io = SyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), ThreadSignal)
-        self._pulses = ThreadPulses(self._io.client.connection_pool, self._router)
+        self._pulses = ThreadPulses(sync_pubsub_connector(self._io.client), self._router)
         self._watch = NodeWatch(self.ctx, self._router)
         self._watch_wake = threading.Event()
         self._watch.wake = self._watch_wake.set

@@ -11,15 +11,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
-import redis
 from tenacity import Retrying
 
 from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
-from prq.links import SyncLink
+from prq.links import sync_link
 from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
     STEP_GRACE_S,
@@ -76,12 +76,12 @@ class SyncRedisIO(IOCounters):
         super().__init__()
         self.settings = settings
         self.redis_settings = redis_settings
-        self.client: redis.Redis = sync_client(redis_settings.url, client_kwargs(redis_settings))
+        self.client: Any = sync_client(redis_settings.url, client_kwargs(redis_settings))
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
         self._leading = False
         self._closed = False
-        self._link = SyncLink(self.client.connection_pool)
+        self._link = sync_link(self.client)
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )

@@ -10,7 +10,12 @@ connection to a primary that was demoted (a failover) is dropped and made again 
 one (redis-py's sentinel support): prq's retries within the retry budget carry a call across
 a failover, and a failover to a replica that missed writes is data loss, detected as on one
 server. The user and password are the data nodes' (the sentinels are asked without them).
-`redis+cluster://` is not supported yet: it is refused with a ConfigurationError.
+    redis+cluster://[user:password@]host:port[,host:port...][/0]
+                                                  a Redis Cluster, found from any of its nodes
+                                                  (rediss+cluster:// with TLS); database 0 only
+
+With a cluster redis-py finds the slots' owners from the seed nodes and follows MOVED and ASK
+redirections; every prq script runs on its endpoint's slot (one hash tag per endpoint).
 """
 
 from __future__ import annotations
@@ -21,16 +26,33 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 
 from prq.errors import ConfigurationError
 
-__all__ = ["Location", "aclose_client", "async_client", "close_client", "locate", "sync_client"]
+__all__ = [
+    "AsyncClient",
+    "Location",
+    "SyncClient",
+    "aclose_client",
+    "async_client",
+    "close_client",
+    "is_cluster",
+    "locate",
+    "sync_client",
+]
 
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
-_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+_CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 DEFAULT_SENTINEL_PORT = 26379
+DEFAULT_REDIS_PORT = 6379
+
+#: A client of one server (or a Sentinel-managed primary), or of a cluster.
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +66,16 @@ class Location:
     username: str | None = None
     password: str | None = None
     tls: bool = False
+    #: The seed nodes of a cluster (empty for one server or Sentinel).
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
 
     @property
     def sentinel(self) -> bool:
         return bool(self.sentinels)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.cluster_nodes)
 
 
 def locate(url: str) -> Location:
@@ -56,17 +84,16 @@ def locate(url: str) -> Location:
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme in _CLUSTER_SCHEMES:
-        raise ConfigurationError(
-            f"{scheme}:// URLs (Redis Cluster) are not supported yet; use one server "
-            "(redis://) or a Sentinel-managed primary (redis+sentinel://)"
-        )
+        return _locate_cluster(url, scheme, rest)
     if scheme not in _SENTINEL_SCHEMES:
         return Location(url=url)
     if not rest:
         raise ConfigurationError(f"{scheme}:// URL names no sentinel: {url!r}")
     credentials, _, hosts_and_path = rest.rpartition("@")
     hosts, _, path = hosts_and_path.partition("/")
-    sentinels = tuple(_address(part, url) for part in hosts.split(",") if part.strip())
+    sentinels = tuple(
+        _address(part, url, DEFAULT_SENTINEL_PORT) for part in hosts.split(",") if part.strip()
+    )
     parts = [unquote(p) for p in path.split("/") if p]
     if not sentinels or not 1 <= len(parts) <= 2:
         raise ConfigurationError(
@@ -77,25 +104,48 @@ def locate(url: str) -> Location:
         if not parts[1].isdigit():
             raise ConfigurationError(f"the database of {url!r} is not a number: {parts[1]!r}")
         db = int(parts[1])
-    username = password = None
-    if credentials:
-        user, has_password, secret = credentials.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if has_password else None
+    username, password = _credentials(credentials)
     return Location(
         url=url, sentinels=sentinels, master=parts[0], db=db, username=username,
         password=password, tls=_SENTINEL_SCHEMES[scheme],
     )  # fmt: skip
 
 
-def _address(part: str, url: str) -> tuple[str, int]:
+def _locate_cluster(url: str, scheme: str, rest: str) -> Location:
+    credentials, _, hosts_and_path = rest.rpartition("@")
+    hosts, _, path = hosts_and_path.partition("/")
+    path, _, query = path.partition("?")
+    nodes = tuple(
+        _address(part, url, DEFAULT_REDIS_PORT) for part in hosts.split(",") if part.strip()
+    )
+    if not nodes:
+        raise ConfigurationError(f"{scheme}:// URL names no node: {url!r}")
+    if path.strip("/") not in ("", "0"):
+        raise ConfigurationError(f"a Redis Cluster has database 0 only; {url!r} names another")
+    if query:
+        raise ConfigurationError(f"{scheme}:// URLs take no options; got {url!r}")
+    username, password = _credentials(credentials)
+    return Location(
+        url=url, username=username, password=password, tls=_CLUSTER_SCHEMES[scheme],
+        cluster_nodes=nodes,
+    )  # fmt: skip
+
+
+def _credentials(credentials: str) -> tuple[str | None, str | None]:
+    if not credentials:
+        return None, None
+    user, has_password, secret = credentials.partition(":")
+    return unquote(user) or None, unquote(secret) if has_password else None
+
+
+def _address(part: str, url: str, default_port: int) -> tuple[str, int]:
     parsed = urlsplit(f"//{part.strip()}")
     try:
-        port = parsed.port or DEFAULT_SENTINEL_PORT
+        port = parsed.port or default_port
     except ValueError:
-        raise ConfigurationError(f"a sentinel's port in {url!r} is not a number") from None
+        raise ConfigurationError(f"a port in {url!r} is not a number") from None
     if not parsed.hostname:
-        raise ConfigurationError(f"a sentinel in {url!r} names no host: {part!r}")
+        raise ConfigurationError(f"a host of {url!r} is missing: {part!r}")
     return parsed.hostname, port
 
 
@@ -117,9 +167,30 @@ def _master_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
     return master
 
 
-def sync_client(url: str, kwargs: dict[str, Any]) -> redis.Redis:
-    """A blocking client for `url` with the connection options `kwargs`."""
+def _cluster_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
+    chosen = _master_kwargs(where, kwargs)
+    del chosen["db"]
+    # Every failure reaches prq's one retry policy; redis-py follows redirections itself.
+    return chosen | {"require_full_coverage": False}
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` (of `sync_client` or `async_client`) talks to a Redis Cluster."""
+    return isinstance(client, redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster)
+
+
+def sync_client(url: str, kwargs: dict[str, Any]) -> Any:
+    """A blocking client for `url` with the connection options `kwargs`: a redis.Redis, or a
+    redis.cluster.RedisCluster for a cluster URL (typed Any: the two share no base class)."""
     where = locate(url)
+    if where.cluster:
+        return redis.cluster.RedisCluster(
+            startup_nodes=[
+                redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                for h, p in where.cluster_nodes
+            ],
+            **_cluster_kwargs(where, kwargs),
+        )
     if not where.sentinel:
         return redis.Redis.from_url(url, **kwargs)
     sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -131,9 +202,15 @@ def sync_client(url: str, kwargs: dict[str, Any]) -> redis.Redis:
     return client
 
 
-def async_client(url: str, kwargs: dict[str, Any]) -> redis.asyncio.Redis:
-    """An asyncio client for `url` with the connection options `kwargs`."""
+def async_client(url: str, kwargs: dict[str, Any]) -> Any:
+    """An asyncio client for `url` with the connection options `kwargs`: a redis.asyncio.Redis,
+    or a redis.asyncio.cluster.RedisCluster for a cluster URL (typed Any, as sync_client)."""
     where = locate(url)
+    if where.cluster:
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in where.cluster_nodes],
+            **_cluster_kwargs(where, kwargs),
+        )
     if not where.sentinel:
         return redis.asyncio.Redis.from_url(url, **kwargs)
     sentinels = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -145,17 +222,17 @@ def async_client(url: str, kwargs: dict[str, Any]) -> redis.asyncio.Redis:
     return client
 
 
-def close_client(client: redis.Redis) -> None:
+def close_client(client: Any) -> None:
     """Close a blocking client of `sync_client`, with its clients of the sentinels."""
     client.close()
-    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         sentinel.close()
 
 
-async def aclose_client(client: redis.asyncio.Redis) -> None:
+async def aclose_client(client: Any) -> None:
     """Close an asyncio client of `async_client`, with its clients of the sentinels."""
     await client.aclose()
-    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         await sentinel.aclose()

@@ -4,16 +4,33 @@ formed by the suite itself with CLUSTER commands (no redis-cli needed), torn dow
 The slots are split evenly over the masters (CLUSTER ADDSLOTSRANGE), the nodes meet the first
 one (CLUSTER MEET), each replica follows its master (CLUSTER REPLICATE), and the cluster is
 ready once every node says `cluster_state:ok` and sees every replica.
+
+With `acl_folder` every node loads the shipped users.acl (as `acl_server` does), the replicas
+log in to their masters as its prq-replica user, and `url_for` names a user of it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from urllib.parse import quote
+
 import redis
+import redis.cluster
 
 from prq.embedded import EmbeddedRedis, free_port
-from tests.redis_servers import redis7_binary, wait_until
+from tests.redis_servers import (
+    TEST_ROOT_PASSWORD,
+    TEST_ROOT_USER,
+    acl_password,
+    acl_server,
+    redis7_binary,
+    wait_until,
+)
 
 __all__ = ["ClusterSet"]
+
+#: The shipped users.acl's user for replication.
+REPLICA_USER = "prq-replica"
 
 SLOTS = 16384
 #: Bounds: forming the cluster; a node judged failed after this (cluster-node-timeout).
@@ -24,9 +41,10 @@ NODE_TIMEOUT_MS = 2000
 class ClusterSet:
     """`masters` masters with one replica each; `url` is a redis+cluster:// URL of a seed."""
 
-    def __init__(self, masters: int = 3) -> None:
-        self.masters = [self._node() for _ in range(masters)]
-        self.replicas = [self._node() for _ in range(masters)]
+    def __init__(self, masters: int = 3, acl_folder: Path | None = None) -> None:
+        self.acl = acl_folder is not None
+        self.masters = [self._node(acl_folder, f"master-{i}") for i in range(masters)]
+        self.replicas = [self._node(acl_folder, f"replica-{i}") for i in range(masters)]
         try:
             for node in self.nodes:
                 node.start()
@@ -36,18 +54,26 @@ class ClusterSet:
             raise
 
     @staticmethod
-    def _node() -> EmbeddedRedis:
+    def _node(acl_folder: Path | None, name: str) -> EmbeddedRedis:
         # The cluster bus on a free port of its own (by default port + 10000, which may be
         # taken, or past 65535)
-        return EmbeddedRedis(
-            binary=redis7_binary()[0],  # (a bus port of its own, ADDSLOTSRANGE: Redis 7)
-            extra_args=[
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                "--cluster-port", str(free_port()),
-            ]
-        )  # fmt: skip
+        cluster_args = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            "--cluster-port", str(free_port()),
+        ]  # fmt: skip
+        if acl_folder is None:
+            # (a bus port of its own, ADDSLOTSRANGE: Redis 7)
+            return EmbeddedRedis(binary=redis7_binary()[0], extra_args=cluster_args)
+        folder = acl_folder / name
+        folder.mkdir(parents=True, exist_ok=True)
+        node = acl_server(folder)
+        node.extra_args += [
+            *cluster_args,
+            "--masteruser", REPLICA_USER, "--masterauth", acl_password(REPLICA_USER),
+        ]  # fmt: skip
+        return node
 
     @staticmethod
     def bus_port(node: EmbeddedRedis) -> int:
@@ -59,10 +85,31 @@ class ClusterSet:
 
     @property
     def url(self) -> str:
+        """A redis+cluster:// URL with one seed (as the tests' superuser, with an ACL)."""
+        if self.acl:
+            return self.url_for(TEST_ROOT_USER, TEST_ROOT_PASSWORD)
         return f"redis+cluster://127.0.0.1:{self.masters[0].port}/0"
 
+    def url_for(self, username: str, password: str) -> str:
+        """A redis+cluster:// URL naming every master as a seed, as `username`."""
+        seeds = ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
+        return f"redis+cluster://{quote(username, safe='')}:{quote(password, safe='')}@{seeds}/0"
+
+    def cluster_client(self) -> redis.cluster.RedisCluster:
+        """A redis-py cluster client (as the tests' superuser, with an ACL)."""
+        return redis.cluster.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode("127.0.0.1", m.port) for m in self.masters],  # type: ignore[no-untyped-call]
+            username=TEST_ROOT_USER if self.acl else None,
+            password=TEST_ROOT_PASSWORD if self.acl else None,
+            socket_timeout=10,
+        )
+
     def client(self, node: EmbeddedRedis) -> redis.Redis:
-        return redis.Redis(port=node.port, socket_timeout=5, decode_responses=True)
+        return redis.Redis(
+            port=node.port, socket_timeout=5, decode_responses=True,
+            username=TEST_ROOT_USER if self.acl else None,
+            password=TEST_ROOT_PASSWORD if self.acl else None,
+        )  # fmt: skip
 
     def _form(self) -> None:
         share = SLOTS // len(self.masters)

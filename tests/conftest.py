@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from prq.embedded import EmbeddedRedis
+from tests.cluster_servers import ClusterSet
 from tests.redis_servers import (
     PRQ_USER,
     TEST_REDIS_URL_ENV,
@@ -30,11 +31,12 @@ from tests.redis_servers import (
     acl_server,
     delete_prefix,
     new_prefix,
+    url_client,
 )
 from tests.sentinel_servers import SentinelSet
 
 #: The topologies the shared server can take (--redis-topology).
-TOPOLOGIES = ("server", "sentinel")
+TOPOLOGIES = ("server", "sentinel", "cluster")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,8 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--redis-topology",
         choices=TOPOLOGIES,
         default="server",
-        help="the shared Redis: one server (default), or a primary, a replica and three "
-        "sentinels, prq's nodes given its redis+sentinel:// URL",
+        help="the shared Redis: one server (default); a primary, a replica and three "
+        "sentinels, prq's nodes given its redis+sentinel:// URL; or a cluster of 3 masters "
+        "and 3 replicas, prq's nodes given its redis+cluster:// URL",
     )
     group = parser.getgroup("soak", "the fault bed's operations soak")
     group.addoption(
@@ -59,6 +62,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a cluster, skip the tests that say they need one server (`one_server`)."""
+    if config.getoption("--redis-topology") != "cluster":
+        return
+    skip = pytest.mark.skip(reason="needs the shared Redis to be one server, not a cluster")
+    for item in items:
+        if item.get_closest_marker("one_server") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def shared_server(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
@@ -66,7 +79,8 @@ def shared_server(
     """(URL for prq's nodes, URL for the tests' own reads) of the server the session shares:
     started here with the shipped ACL unless PRQ_TEST_REDIS_URL names one. With
     `--redis-topology sentinel`, a Sentinel set-up whose redis+sentinel:// URL prq's nodes get,
-    the tests reading its primary directly."""
+    the tests reading its primary directly; with `cluster`, a cluster whose redis+cluster://
+    URL both get (the tests' clients are then redis-py cluster clients, `url_client`)."""
     external = os.environ.get(TEST_REDIS_URL_ENV)
     if external:
         yield external, external
@@ -77,6 +91,13 @@ def shared_server(
             yield servers.url_for(PRQ_USER, acl_password(PRQ_USER)), servers.primary.url
         finally:
             servers.close()
+        return
+    if pytestconfig.getoption("--redis-topology") == "cluster":
+        cluster = ClusterSet(acl_folder=tmp_path_factory.mktemp("shared-cluster"))
+        try:
+            yield cluster.url_for(PRQ_USER, acl_password(PRQ_USER)), cluster.url
+        finally:
+            cluster.close()
         return
     server = acl_server(tmp_path_factory.mktemp("shared-redis")).start()
     try:
@@ -99,8 +120,9 @@ def redis_admin_url(shared_server: tuple[str, str]) -> str:
 
 @pytest.fixture
 def redis_client(redis_admin_url: str) -> Iterator[redis.Redis]:
-    """A plain client on the shared server (as the tests' superuser)."""
-    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
+    """A plain client on the shared server (as the tests' superuser): a cluster client when
+    the shared server is a cluster."""
+    client = url_client(redis_admin_url)
     try:
         yield client
     finally:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.cluster
 
 from prq.embedded import EmbeddedRedis, find_server_binary
+from prq.topology import sync_client
 
 __all__ = [
     "PRQ_USER",
@@ -173,6 +175,35 @@ async def async_stays_false(
         await asyncio.sleep(interval_s)
     if await _evaluate(predicate):
         raise AssertionError(f"condition became true within {window_s:g} s: {message}")
+
+
+def url_client(url: str) -> redis.Redis:
+    """A client for the tests' own reads of `url`: redis-py's cluster client for a
+    redis+cluster:// URL (typed as redis.Redis: it takes the same key commands)."""
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        return sync_client(url, {"socket_timeout": 10})  # type: ignore[no-any-return]
+    return redis.Redis.from_url(url, socket_timeout=10)
+
+
+def subscribers(client: redis.Redis, channel: str) -> int:
+    """How many connections are subscribed to `channel` (classic pub/sub), on every node of a
+    cluster (where a PUBLISH on any node reaches them all)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return sum(
+            int(client.pubsub_numsub(channel, target_nodes=node)[0][1])
+            for node in client.get_nodes()
+        )
+    [(_, count)] = client.pubsub_numsub(channel)
+    return int(count)
+
+
+def publish(client: redis.Redis, channel: str, message: str) -> int:
+    """PUBLISH `message`; how many subscribers it reached (on a cluster, where PUBLISH answers
+    only for the node it was sent to, those of every node: the message reaches them all)."""
+    local = int(client.publish(channel, message))
+    if isinstance(client, redis.cluster.RedisCluster):
+        return subscribers(client, channel)
+    return local
 
 
 def scan_keys(client: redis.Redis, prefix: str) -> list[bytes]:

@@ -85,6 +85,7 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
         assert sum(_number(row[7]) for row in parts) == pytest.approx(total, abs=1.0)
 
 
+@pytest.mark.one_server  # the benchmark measures one server
 def test_on_a_given_server_it_flushes_nothing_and_leaves_no_key(
     redis_admin_url: str,
     redis_client: redis.Redis,

@@ -1,23 +1,40 @@
 """The suite's Redis Cluster test bed (tests/cluster_servers.py): it forms, spreads the slots
-over its masters, and a cluster client reads and writes keys of every shard. prq itself does not
-run on a cluster yet: a redis+cluster:// URL is refused at once."""
+over its masters, and a cluster client reads and writes keys of every shard; prq runs on it
+through a redis+cluster:// URL, as the shipped users.acl's least-privilege user, with each
+endpoint's keys on the shard that owns its slot."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis.cluster
 
-from prq import AsyncQueue, ConfigurationError, RedisSettings
+from prq import AsyncQueue, Queue, Request
+from prq.bulk import BulkClient
+from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
+from tests.redis_servers import PRQ_USER, acl_password, async_wait_until
 
 pytestmark = pytest.mark.integration
+
+PREFIX = "prq:t-bed"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterSet]:
     servers = ClusterSet()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module")
+def acl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
+    servers = ClusterSet(acl_folder=Path(tmp_path_factory.mktemp("acl-cluster")))
     try:
         yield servers
     finally:
@@ -37,6 +54,96 @@ def test_the_bed_forms_a_cluster_whose_keys_land_on_every_master(cluster: Cluste
         client.close()
 
 
-def test_prq_refuses_a_cluster_url_at_once(cluster: ClusterSet) -> None:
-    with pytest.raises(ConfigurationError, match="not supported yet"):
-        AsyncQueue(RedisSettings(url=cluster.url))
+def endpoints_on_every_master(cluster: ClusterSet, client: redis.cluster.RedisCluster) -> list[str]:
+    """One endpoint per master, found by where redis-py says its hash tag's slot lives."""
+    chosen: dict[int, str] = {}
+    for i in range(300):
+        endpoint = f"poll://shard-{i}"
+        tag = KeySchema(PREFIX).endpoint(endpoint).sequence
+        chosen.setdefault(client.get_node_from_key(tag).port, endpoint)  # type: ignore[no-untyped-call]
+        if len(chosen) == len(cluster.masters):
+            break
+    assert set(chosen) == {master.port for master in cluster.masters}
+    return list(chosen.values())
+
+
+def keys_by_master(cluster: ClusterSet) -> dict[int, list[str]]:
+    found = {}
+    for master in cluster.masters:
+        with cluster.client(master) as c:
+            found[master.port] = sorted(c.scan_iter(match=f"{PREFIX}:*", count=1000))
+    return found
+
+
+async def test_calls_reach_endpoints_on_every_master_and_each_one_keeps_to_its_shard(
+    acl_cluster: ClusterSet,
+) -> None:
+    # Given a receiver serving one endpoint on each master, both facades calling them, as the
+    # shipped users.acl's least-privilege user
+    url = acl_cluster.url_for(PRQ_USER, acl_password(PRQ_USER))
+    admin = acl_cluster.cluster_client()
+    endpoints = endpoints_on_every_master(acl_cluster, admin)
+    async with (
+        AsyncQueue.from_url(url, prefix=PREFIX) as receiver,
+        AsyncQueue.from_url(url, prefix=PREFIX) as caller,
+    ):
+
+        def answer(request: Request) -> str:
+            return f"{request.endpoint}:{request.params}"
+
+        serving = [asyncio.create_task(receiver.serve(e, answer)) for e in endpoints]
+        with Queue.from_url(url, prefix=PREFIX) as blocking:
+            # When each endpoint is called from both facades
+            results = await asyncio.gather(
+                *(caller.call(e, "m", i, timeout_s=20) for i, e in enumerate(endpoints))
+            )
+            blocking_results = [
+                await asyncio.to_thread(blocking.call, e, "m", i, timeout_s=20)
+                for i, e in enumerate(endpoints)
+            ]
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
+
+    # Then every call is answered by its endpoint's handler
+    assert results == blocking_results == [f"{e}:{i}" for i, e in enumerate(endpoints)]
+    # And each endpoint's keys live only on the master that owns its slot
+    for port, keys in keys_by_master(acl_cluster).items():
+        for key in keys:
+            if ":canary:" in key:
+                continue
+            owner = admin.get_node_from_key(key).port  # type: ignore[no-untyped-call]
+            assert owner == port, key
+    assert sum(1 for keys in keys_by_master(acl_cluster).values() if keys) == len(endpoints)
+    admin.close()
+
+
+async def test_a_bulk_enqueue_spread_over_every_shard_is_drained(acl_cluster: ClusterSet) -> None:
+    # Given 300 detached requests over one endpoint on each master, enqueued in bulk
+    url = acl_cluster.url_for(PRQ_USER, acl_password(PRQ_USER))
+    admin = acl_cluster.cluster_client()
+    endpoints = endpoints_on_every_master(acl_cluster, admin)
+    admin.close()
+    requests = [
+        Request(endpoint=endpoints[i % len(endpoints)], method="m", params=i) for i in range(300)
+    ]
+    with BulkClient.from_url(url, prefix=PREFIX) as bulk:
+        result = bulk.enqueue_many(requests, batch_size=64)
+        assert result.accepted == len(requests)
+        # When one receiver drains every endpoint
+        seen: list[object] = []
+        async with AsyncQueue.from_url(url, prefix=PREFIX) as receiver:
+            serving = [
+                asyncio.create_task(receiver.serve(e, lambda r: seen.append(r.params)))
+                for e in endpoints
+            ]
+            await async_wait_until(lambda: len(seen) == len(requests), 30)
+            for task in serving:
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)
+        # Then each ran once, and the outcomes read back per endpoint say so
+        assert sorted(int(str(n)) for n in seen) == list(range(len(requests)))
+        for endpoint in endpoints:
+            ids = [r.id for r in requests if r.endpoint == endpoint]
+            states = {snapshot.state for snapshot in bulk.outcomes(endpoint, ids).values()}
+            assert states == {"done"}

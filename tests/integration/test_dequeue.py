@@ -10,7 +10,7 @@ import redis
 
 from prq import PendingRequest, Request, RequestState, Response
 from tests.queue_facades import AnyQueue, QueueFactory, run_all, wait_for_state
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import async_wait_until, subscribers
 
 pytestmark = pytest.mark.integration
 
@@ -19,12 +19,6 @@ DEQUEUERS = 30
 RECEIVER_NODES = 3
 #: Slack on top of a long-poll: the time one more poll and the thread hop may take.
 LONG_POLL_SLACK_S = 1.5
-
-
-def numsub(client: redis.Redis, channel: str) -> int:
-    """How many connections are subscribed to `channel` (server side)."""
-    [(_, count)] = client.pubsub_numsub(channel)
-    return int(count)
 
 
 async def test_three_requests_come_out_in_fifo_order(make_queue: QueueFactory) -> None:
@@ -68,7 +62,7 @@ async def test_one_request_goes_to_exactly_one_of_30_waiting_dequeuers(
         asyncio.create_task(dequeue(receivers[i % RECEIVER_NODES])) for i in range(DEQUEUERS)
     ]
     channel = sender.keys.endpoint(endpoint).pulse_channel
-    await async_wait_until(lambda: numsub(redis_client, channel) == RECEIVER_NODES, 5)
+    await async_wait_until(lambda: subscribers(redis_client, channel) == RECEIVER_NODES, 5)
 
     # When one request is sent
     request = Request(endpoint=endpoint, method="m", params="only")
@@ -101,7 +95,7 @@ async def test_a_waiting_dequeue_is_woken_by_the_enqueue_not_by_its_poll(
     sent_before = receiver.stats.redis_commands
     dequeuing = asyncio.create_task(receiver.dequeue(endpoint, timeout_s=10))
     channel = receiver.keys.endpoint(endpoint).pulse_channel
-    await async_wait_until(lambda: numsub(redis_client, channel) == 1, 5)
+    await async_wait_until(lambda: subscribers(redis_client, channel) == 1, 5)
     await async_wait_until(lambda: receiver.stats.redis_commands > sent_before, 5)  # 1st take
 
     # When a request is enqueued

@@ -173,6 +173,7 @@ async def test_serve_refuses_an_invalid_endpoint_at_once(make_queue: QueueFactor
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.one_server  # MONITOR watches one server
 async def test_names_never_reach_a_glob_command_nor_split_a_log_line(
     make_queue: QueueFactory, redis_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

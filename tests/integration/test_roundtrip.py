@@ -14,7 +14,7 @@ import redis
 
 from prq import Request, RequestState, Response
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
-from tests.redis_servers import async_stays_false, async_wait_until
+from tests.redis_servers import async_stays_false, async_wait_until, publish
 
 pytestmark = pytest.mark.integration
 
@@ -138,9 +138,9 @@ async def test_forged_pulses_on_the_sender_channel_do_not_complete_a_wait(
 
     # When pulses are forged: another id's response, another id's response under this id,
     # and a bare "read your response" hint
-    assert redis_client.publish(channel, f"r|{other_id}|{forged}") == 1
-    assert redis_client.publish(channel, f"r|{request.id}|{forged}") == 1
-    assert redis_client.publish(channel, f"r|{request.id}|") == 1
+    assert publish(redis_client, channel, f"r|{other_id}|{forged}") == 1
+    assert publish(redis_client, channel, f"r|{request.id}|{forged}") == 1
+    assert publish(redis_client, channel, f"r|{request.id}|") == 1
     await async_wait_until(lambda: sender.stats.pulses_received >= before + 3, 5)
 
     # Then the caller keeps waiting
@@ -167,7 +167,7 @@ async def test_a_malformed_pulse_costs_latency_not_the_call(
     # When a pulse for its id arrives with a payload that is not a response (a pulse is only a
     # hint: the truth is the request hash in Redis, which the caller polls)
     channel = sender.keys.node_channel(sender.node_id)
-    assert redis_client.publish(channel, f"r|{request.id}|not json") == 1
+    assert publish(redis_client, channel, f"r|{request.id}|not json") == 1
     await async_wait_until(lambda: sender.stats.pulses_received > before, 5)
 
     # Then the caller keeps waiting, and gets its own response once the owner answers

@@ -33,6 +33,7 @@ from prq.scripts import (
     withdraw_call,
 )
 from tests.queued import level_ids, queue_depth, queued_ids
+from tests.redis_servers import url_client
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -43,7 +44,7 @@ TTL_MS = 60_000
 
 @pytest.fixture
 def client(redis_admin_url: str) -> redis.Redis:
-    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
+    client = url_client(redis_admin_url)
     for script in ALL_SCRIPTS:
         client.script_load(script.source)
     return client

@@ -245,8 +245,9 @@ def test_redis_conf_bounds_what_one_client_can_make_redis_hold() -> None:
 # -- users.acl ------------------------------------------------------------------------------------
 
 #: Commands a client sends to connect (redis-py: HELLO with AUTH; SELECT for a /db other than 0;
-#: CLIENT SETINFO naming the library) and to keep a pub/sub connection alive (PING).
-CONNECTING = {"auth", "hello", "select", "client|setinfo", "ping"}
+#: CLIENT SETINFO naming the library), to keep a pub/sub connection alive (PING), and on a
+#: Redis Cluster to read its layout and command table (CLUSTER SLOTS, COMMAND).
+CONNECTING = {"auth", "hello", "select", "client|setinfo", "ping", "cluster|slots", "command"}
 #: Commands with subcommands: the ACL names them as `command|subcommand`.
 CONTAINERS = {"acl", "client", "config", "function", "memory", "object", "script"}
 #: redis-py client methods that are no Redis command.

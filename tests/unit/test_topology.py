@@ -1,5 +1,5 @@
-"""Where Redis is, by URL (prq.topology): one server, or a Sentinel-managed primary; what is
-malformed or not supported is refused at once with ConfigurationError."""
+"""Where Redis is, by URL (prq.topology): one server, a Sentinel-managed primary, or a
+cluster; what is malformed or not supported is refused at once with ConfigurationError."""
 
 from __future__ import annotations
 
@@ -29,6 +29,16 @@ def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database() -> Non
     assert RedisSettings(url="rediss+sentinel://s1/main").tls
 
 
+def test_a_cluster_url_names_its_seed_nodes() -> None:
+    where = locate("redis+cluster://prq:pw%2F1@n1:7000,n2,10.0.0.3:7002/0")
+    assert where.cluster_nodes == (("n1", 7000), ("n2", 6379), ("10.0.0.3", 7002))
+    assert (where.username, where.password, where.tls) == ("prq", "pw/1", False)
+    assert where.cluster and not where.sentinel
+    assert locate("rediss+cluster://n1").tls
+    assert RedisSettings(url="rediss+cluster://n1:7000").tls
+    assert not locate("redis://n1").cluster
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -37,8 +47,10 @@ def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database() -> Non
         ("redis+sentinel://s1:26379/main/0/extra", "master name"),
         ("redis+sentinel://s1:port/main", "not a number"),
         ("redis+sentinel://s1/main/zero", "not a number"),
-        ("redis+cluster://n1:7000", "not supported yet"),
-        ("rediss+cluster://n1:7000", "not supported yet"),
+        ("redis+cluster://", "names no node"),
+        ("redis+cluster://n1:7000/1", "database 0 only"),
+        ("redis+cluster://n1:seven", "not a number"),
+        ("redis+cluster://n1:7000/0?ssl_cert_reqs=none", "take no options"),
     ],
 )
 def test_a_malformed_or_unsupported_url_is_refused_at_once(url: str, message: str) -> None:
