@@ -8,9 +8,12 @@ connection, so no later round trip can read an earlier one's reply.
 On a Redis Cluster a round trip is a redis-py cluster pipeline: redis-py groups the calls by
 the node that owns each one's slot, sends one pipeline per node, and follows MOVED, ASK and
 TRYAGAIN for the calls that got them. Replies come back raw, as from one server (redis-py's
-reply parsers are taken off the commands prq sends), error replies in place; a connection
-failure to any node fails the round trip (every prq step is idempotent on replay, so the
-retry policy sends it whole again) and makes redis-py read the cluster's layout afresh.
+reply parsers are taken off the commands prq sends), error replies in place, and so are the
+connection failures of the nodes that could not be reached: the calls to the other nodes are
+answered, and the retry policy sends only the failed steps again (redis_io.StepBudgets) after
+redis-py has read the cluster's layout afresh. Round trips on a cluster may overlap (each
+pipeline checks out connections of its own), so a step retried on a failing shard does not
+hold up the steps for the others.
 """
 
 from __future__ import annotations
@@ -162,11 +165,13 @@ class AsyncClusterLink:
             pipe = self._client.pipeline(transaction=False)
             for call in keyed:
                 pipe.execute_command(*call.args)
-            replies = await pipe.execute(raise_on_error=False)
-        failure = _first_failure(replies)
-        if failure is not None:
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
+                await self._client.aclose()
+                raise
+        if _first_failure(replies) is not None:
             await self._client.aclose()  # the next round trip reads the layout afresh
-            raise failure
         if special:
             await self._client.initialize()
         for i in special:
@@ -177,7 +182,9 @@ class AsyncClusterLink:
     async def _on(self, node: Any, call: Call) -> Reply:
         try:
             return await self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
-        except ResponseError as exc:
+        except (ResponseError, *_CLUSTER_TRANSIENT) as exc:
+            if isinstance(exc, _CLUSTER_TRANSIENT):
+                await self._client.aclose()
             return exc
 
     async def close(self) -> None:
@@ -202,12 +209,13 @@ class SyncClusterLink:
             pipe = self._client.pipeline(transaction=False)
             for call in keyed:
                 pipe.execute_command(*call.args)
-            replies = pipe.execute(raise_on_error=False)
-        failure = _first_failure(replies)
-        if failure is not None:
-            with contextlib.suppress(Exception):
-                self._client.nodes_manager.initialize()  # read the layout afresh
-            raise failure
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
+                self._refresh()
+                raise
+        if _first_failure(replies) is not None:
+            self._refresh()
         for i in special:
             primaries = self._client.get_primaries()
             replies.insert(i, _joined([self._on(node, calls[i]) for node in primaries]))
@@ -216,8 +224,15 @@ class SyncClusterLink:
     def _on(self, node: Any, call: Call) -> Reply:
         try:
             return self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
-        except ResponseError as exc:
+        except (ResponseError, *_CLUSTER_TRANSIENT) as exc:
+            if isinstance(exc, _CLUSTER_TRANSIENT):
+                self._refresh()
             return exc
+
+    def _refresh(self) -> None:
+        """Read the cluster's layout afresh (at the next round trip if no node answers now)."""
+        with contextlib.suppress(Exception):
+            self._client.nodes_manager.initialize()
 
     def close(self) -> None:
         """Nothing of its own: the connections are the cluster client's."""

@@ -27,8 +27,11 @@ import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     BusyLoadingError,
+    ClusterDownError,
+    MovedError,
     NoPermissionError,
     NoScriptError,
     OutOfMemoryError,
@@ -36,6 +39,8 @@ from redis.exceptions import (
     RedisClusterException,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
 )
 from redis.retry import Retry
 from tenacity import (
@@ -50,7 +55,7 @@ from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
-from prq.links import async_link
+from prq.links import AsyncClusterLink, async_link
 from prq.scripts import script_load_calls
 from prq.topology import aclose_client, async_client, locate
 
@@ -63,6 +68,14 @@ __all__ = [
     "StepBudgets",
     "translate_errors",
 ]
+
+#: Replies in place of one call's that a retry may mend: its node could not be reached, or a
+#: cluster was failing over or moving its slot (a round trip on a cluster gets some of these
+#: while its other calls are answered).
+TRANSIENT_REPLIES = (
+    redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError,
+    SlotNotCoveredError, MovedError, AskError,
+)  # fmt: skip
 
 #: First backoff between retries, seconds.
 DEFAULT_RETRY_INITIAL_S = 0.05
@@ -341,10 +354,23 @@ class StepBudgets:
         return [call for i in self.live for call in self.steps[i]]
 
     def answered(self, replies: list[Reply]) -> None:
-        """Settle the steps still tried with their share of an attempt's replies."""
+        """Settle the steps still tried with their share of an attempt's replies. A step with
+        a reply that is a connection failure (on a cluster, the round trip reached some nodes
+        and not others) stays live, and RedisUnavailable is raised for the retry policy."""
         live, self.live = self.live, []
-        for i, result in zip(live, _split([self.steps[i] for i in live], replies), strict=True):
-            self._settle(i, result)
+        start = 0
+        failure: BaseException | None = None
+        for i in live:
+            part = replies[start : start + len(self.steps[i])]
+            start += len(self.steps[i])
+            transient = next((r for r in part if isinstance(r, TRANSIENT_REPLIES)), None)
+            if transient is not None:
+                self.live.append(i)
+                failure = failure or transient
+                continue
+            self._settle(i, _split([self.steps[i]], part)[0])
+        if failure is not None:
+            raise RedisUnavailable(str(failure)) from failure
 
     def failed(self, error: RedisUnavailable) -> None:
         """After a failed attempt: give up the steps whose budget has run out."""
@@ -442,6 +468,10 @@ class AsyncRedisIO(IOCounters):
         self._busy = False
         self._closed = False
         self._link = async_link(self.client)
+        #: Whether round trips may overlap (a cluster: each pipeline has connections of its
+        #: own); one server's link carries one round trip at a time.
+        self._overlapping = isinstance(self._link, AsyncClusterLink)
+        self._retrying: set[asyncio.Future[None]] = set()
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )
@@ -452,18 +482,23 @@ class AsyncRedisIO(IOCounters):
             raise _closed_error()
         if not self._busy and self._flusher is None:
             self._busy = True
-            outcome: list[Outcome] = []
+            mine: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
             budget_s = self.settings.retry_budget_s
             try:
                 await self._send(
                     StepBudgets(
-                        [calls], [time.monotonic()], budget_s, lambda _, r: outcome.append(r)
+                        [calls],
+                        [time.monotonic()],
+                        budget_s,
+                        lambda _, r: _settle_step(mine, r),
                     )
                 )
             finally:
                 self._busy = False
                 self._start_flusher()
-            (result,) = outcome
+            if mine.done():
+                return mine.result()  # raises the step's error
+            (result,) = await self._wait_steps([mine])  # retried off the batcher (a cluster)
             if isinstance(result, PrqError):
                 raise result
             return result
@@ -551,7 +586,9 @@ class AsyncRedisIO(IOCounters):
 
     async def _send(self, budgets: StepBudgets) -> None:
         """One round trip for the steps, retried on connection errors while any step's budget
-        lasts (see StepBudgets); every step is settled, unless another error is raised."""
+        lasts (see StepBudgets); every step is settled, unless another error is raised. On a
+        cluster the retries go on in a task of their own, so that the batcher sends the steps
+        for the other shards meanwhile (their round trips may overlap there)."""
         try:
             budgets.answered(await self._attempt(budgets.calls()))
             return
@@ -560,6 +597,22 @@ class AsyncRedisIO(IOCounters):
             budgets.failed(exc)
         if not budgets.live:
             return
+        if self._overlapping:
+            task = asyncio.ensure_future(self._retry_apart(budgets))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+            return
+        await self._retry(budgets)
+
+    async def _retry_apart(self, budgets: StepBudgets) -> None:
+        try:
+            await self._retry(budgets)
+        except BaseException as exc:  # never leave a waiting step behind
+            budgets.give_up(exc if isinstance(exc, PrqError) else _closed_error(exc))
+            if not isinstance(exc, PrqError | asyncio.CancelledError):
+                raise
+
+    async def _retry(self, budgets: StepBudgets) -> None:
         deadline_s = max(0.0, budgets.remaining_s()) + self.redis_settings.socket_timeout_s + 1.0
         try:
             async with asyncio.timeout(deadline_s):
@@ -614,5 +667,9 @@ class AsyncRedisIO(IOCounters):
             self._flusher.cancel()
             with contextlib.suppress(BaseException):
                 await self._flusher
+        for task in list(self._retrying):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         await self._link.close()
         await aclose_client(self.client)

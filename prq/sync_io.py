@@ -19,7 +19,7 @@ from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
-from prq.links import sync_link
+from prq.links import SyncClusterLink, sync_link
 from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
     STEP_GRACE_S,
@@ -45,16 +45,18 @@ __all__ = ["SyncRedisIO"]
 
 
 class _Step:
-    """One step waiting in the blocking batcher; `event` is set when it is done, or when its
-    thread is asked to lead the next batch."""
+    """One step waiting in the blocking batcher; `event` is set when it is done, when its
+    thread is asked to lead the next batch, or (a cluster) when its thread is to retry it on
+    its own (`alone`)."""
 
-    __slots__ = ("asked", "calls", "done", "event", "result")
+    __slots__ = ("alone", "asked", "calls", "done", "event", "result")
 
     def __init__(self, calls: Sequence[Call]) -> None:
         self.calls = calls
         self.asked = time.monotonic()
         self.event = threading.Event()
         self.done = False
+        self.alone = False
         self.result: list[Reply] | PrqError | None = None
 
     def finish(self, result: list[Reply] | PrqError) -> None:
@@ -82,6 +84,9 @@ class SyncRedisIO(IOCounters):
         self._leading = False
         self._closed = False
         self._link = sync_link(self.client)
+        #: Whether round trips may overlap (a cluster: each pipeline has connections of its
+        #: own); one server's link carries one round trip at a time.
+        self._overlapping = isinstance(self._link, SyncClusterLink)
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )
@@ -113,6 +118,11 @@ class SyncRedisIO(IOCounters):
             if not in_time and self._abandon(mine):
                 break
             waiting.event.clear()
+            if waiting.alone:  # its round trip failed on a cluster node: retried apart
+                waiting.alone = False
+                self._retry_alone(waiting)
+                lead = False
+                continue
             lead = not waiting.done  # woken without a result: this thread leads the next batch
         results: list[list[Reply] | PrqError] = []
         for step in mine:
@@ -177,6 +187,9 @@ class SyncRedisIO(IOCounters):
             lambda i, result: batch[i].finish(result),
             hand_over=lambda: all(step.done for step in mine),
         )
+        if self._overlapping:
+            self._send_once(budgets, batch)
+            return
         try:
             self._send(budgets)
         except PrqError as exc:
@@ -187,6 +200,36 @@ class SyncRedisIO(IOCounters):
         if budgets.live:  # handed over: the lead passes to the oldest of them (_lead)
             with self._lock:
                 self._pending[:0] = [batch[i] for i in budgets.live if not batch[i].done]
+
+    def _send_once(self, budgets: StepBudgets, batch: list[_Step]) -> None:
+        """On a cluster: one round trip for the batch; each step that failed on a node that
+        could not be reached goes back to its own thread, which retries it apart (round trips
+        may overlap there), so that the lead passes on and steps for the other shards go on."""
+        try:
+            budgets.answered(self._attempt(budgets.calls()))
+        except RedisUnavailable as exc:
+            logger.debug("redis attempt failed, retrying apart error=%s", exc)
+            budgets.failed(exc)
+        except PrqError as exc:
+            budgets.give_up(exc)
+        except BaseException as exc:  # never leave a waiting thread behind
+            budgets.give_up(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
+            raise
+        for i in budgets.live:
+            batch[i].alone = True
+            batch[i].event.set()
+
+    def _retry_alone(self, step: _Step) -> None:
+        budgets = StepBudgets(
+            [step.calls], [step.asked], self.settings.retry_budget_s, lambda _, r: step.finish(r)
+        )
+        try:
+            self._retry(budgets)
+        except PrqError as exc:
+            budgets.give_up(exc)
+        except BaseException as exc:
+            budgets.give_up(PrqError(f"unexpected error while talking to Redis: {exc!r}"))
+            raise
 
     def _send(self, budgets: StepBudgets) -> None:
         """One round trip for the steps, retried on connection errors while any step's budget
@@ -199,6 +242,9 @@ class SyncRedisIO(IOCounters):
             budgets.failed(exc)
         if not budgets.live or budgets.handing_over():
             return
+        self._retry(budgets)
+
+    def _retry(self, budgets: StepBudgets) -> None:
         try:
             for attempt in Retrying(**budgets.retrying()):
                 with attempt:

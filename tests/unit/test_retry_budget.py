@@ -5,6 +5,7 @@ budget. Driven by tenacity's Retrying as the I/O layers drive it, with its sleep
 from __future__ import annotations
 
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 from tenacity import Retrying
@@ -161,3 +162,21 @@ def test_a_sender_whose_own_step_is_settled_stops_and_leaves_the_rest_unsettled(
     assert run.clock.now == pytest.approx(1.0 + ATTEMPT_S)
     assert 1 not in run.settled and run.budgets.live == [1] and run.budgets.handing_over()
     assert run.budgets.remaining_s() == pytest.approx(0.3 - ATTEMPT_S)
+
+
+def test_a_step_whose_node_was_not_reached_is_retried_alone_the_others_settle() -> None:
+    # Given three steps in one round trip on a cluster, the second one's node down (its reply
+    # is that node's connection error, in place) and an error reply for the third
+    run = Run([0.0, 0.0, 0.0], 1.0)
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:7001")
+    # When the round trip's replies come back
+    with pytest.raises(RedisUnavailable, match="Error 111"):
+        run.budgets.answered([b"v", refused, redis.ResponseError("WRONGTYPE")])
+    # Then the first two are settled with their replies and error, and only the one whose
+    # node was not reached stays live, to be sent again
+    assert run.settled[0][1] == [b"v"]
+    assert isinstance(run.settled[2][1], PrqError) and "WRONGTYPE" in str(run.settled[2][1])
+    assert run.budgets.live == [1] and run.budgets.calls() == [run.steps[1][0]]
+    # And when it is sent again and answered, it ends with its replies
+    run.budgets.answered([b"w"])
+    assert run.settled[1][1] == [b"w"] and run.budgets.live == []
