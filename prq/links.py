@@ -208,7 +208,7 @@ class SyncClusterLink:
         if keyed:
             pipe = self._client.pipeline(transaction=False)
             for call in keyed:
-                pipe.execute_command(*call.args)
+                pipe.execute_command(*call.args, target_nodes=self._node_for(call))
             try:
                 replies = pipe.execute(raise_on_error=False)
             except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
@@ -228,6 +228,14 @@ class SyncClusterLink:
             if isinstance(exc, _CLUSTER_TRANSIENT):
                 self._refresh()
             return exc
+
+    def _node_for(self, call: Call) -> Any:
+        """The primary that owns the call's slot, from redis-py's slot table. Named here
+        because redis-py's blocking pipeline would otherwise ask the server (COMMAND GETKEYS,
+        one more round trip) where the keys of each EVALSHA are; its own slot function reads
+        them from the arguments. Redirections are still redis-py's to follow."""
+        slot = self._client.determine_slot(*call.args)
+        return self._client.nodes_manager.get_node_from_slot(slot)
 
     def _refresh(self) -> None:
         """Read the cluster's layout afresh (at the next round trip if no node answers now)."""

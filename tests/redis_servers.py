@@ -232,7 +232,7 @@ class CommandMonitor:
     Use only on a server owned by the test (MONITOR sees every client).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, keep: bool = False) -> None:
         self._client = redis.Redis.from_url(url, socket_timeout=10)
         self._token = uuid.uuid4().hex
         self._attached = threading.Event()
@@ -240,6 +240,10 @@ class CommandMonitor:
         self._error: BaseException | None = None
         self.client: Counter[str] = Counter()
         self.lua: Counter[str] = Counter()
+        #: With `keep`: every command recorded, as (client type, the command as MONITOR shows
+        #: it: quoted arguments).
+        self.keep = keep
+        self.commands: list[tuple[str, str]] = []
 
     def __enter__(self) -> CommandMonitor:
         self._thread = threading.Thread(target=self._record, name="monitor", daemon=True)
@@ -284,5 +288,7 @@ class CommandMonitor:
                         self.lua[name] += 1
                     else:
                         self.client[name] += 1
+                    if self.keep:
+                        self.commands.append((entry["client_type"], command))
         except BaseException as exc:  # reported by __exit__
             self._error = exc

@@ -6,17 +6,23 @@ endpoint's keys on the shard that owns its slot."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
+import shlex
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis.cluster
+from redis.crc import key_slot
 
 from prq import AsyncQueue, Queue, Request
 from prq.bulk import BulkClient
+from prq.embedded import EmbeddedRedis
 from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
-from tests.redis_servers import PRQ_USER, acl_password, async_wait_until
+from tests.redis_servers import PRQ_USER, CommandMonitor, acl_password, async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +153,64 @@ async def test_a_bulk_enqueue_spread_over_every_shard_is_drained(acl_cluster: Cl
             ids = [r.id for r in requests if r.endpoint == endpoint]
             states = {snapshot.state for snapshot in bulk.outcomes(endpoint, ids).values()}
             assert states == {"done"}
+
+
+def _slots_of(cluster: ClusterSet, master: EmbeddedRedis) -> set[int]:
+    """The slots `master` serves, as it says itself (CLUSTER SLOTS)."""
+    with cluster.client(master) as c:
+        ranges = c.execute_command("CLUSTER", "SLOTS")
+    mine: set[int] = set()
+    for start, end, primary, *_ in ranges:  # [start, end, [host, port, id], replicas...]
+        if int(primary[1]) == master.port:
+            mine.update(range(int(start), int(end) + 1))
+    return mine
+
+
+def test_a_thousand_endpoints_land_on_every_master_and_each_script_keeps_to_its_slot(
+    acl_cluster: ClusterSet,
+) -> None:
+    # Given 1,000 endpoints, one request each, enqueued in bulk as the least-privilege user,
+    # while every master records what it runs (MONITOR), its error counts reset
+    url = acl_cluster.url_for(PRQ_USER, acl_password(PRQ_USER))
+    prefix = "prq:t-spread"
+    endpoints = [f"poll://spread-{i}" for i in range(1000)]
+    for master in acl_cluster.masters:
+        with acl_cluster.client(master) as c:
+            c.config_resetstat()
+    monitors = [CommandMonitor(master.url, keep=True) for master in acl_cluster.masters]
+    with contextlib.ExitStack() as stack:
+        for monitor in monitors:
+            stack.enter_context(monitor)
+        # When they are enqueued
+        with BulkClient.from_url(url, prefix=prefix) as bulk:
+            result = bulk.enqueue_many(
+                [Request(endpoint=e, method="m", params=i) for i, e in enumerate(endpoints)],
+                batch_size=500,
+            )
+    assert result.accepted == len(endpoints)
+
+    # Then every master ran prq's scripts, none of them failed, and every key a script
+    # touched on a master lies in that master's slots
+    tag = re.compile(rb"^prq:t-spread:\{[^}]*\}")
+    owners: dict[str, int] = {}
+    for master, monitor in zip(acl_cluster.masters, monitors, strict=True):
+        slots = _slots_of(acl_cluster, master)
+        with acl_cluster.client(master) as c:
+            evalsha = c.info("commandstats")["cmdstat_evalsha"]
+            # (a script that touched a key of another slot fails: "non local key")
+            assert int(evalsha["calls"]) > 0 and int(evalsha["failed_calls"]) == 0, master.port
+        scripted = [command for kind, command in monitor.commands if kind == "lua"]
+        assert scripted, master.port
+        # (and the client never asked the server where a command's keys are)
+        assert not [c for k, c in monitor.commands if k != "lua" and "GETKEYS" in c.upper()]
+        for command in scripted:
+            for word in shlex.split(command)[1:]:
+                key = word.encode()
+                if tag.match(key):
+                    assert key_slot(key) in slots, (master.port, command)
+                    owners.setdefault(key.split(b"}")[0].decode(), master.port)
+    # And the 1,000 endpoints spread over the three masters, each endpoint on one of them
+    assert len(owners) == len(endpoints)
+    per_master = Counter(owners.values())
+    assert set(per_master) == {m.port for m in acl_cluster.masters}
+    assert min(per_master.values()) > len(endpoints) // 6
