@@ -1,9 +1,6 @@
 """A Redis Cluster for the suite, on free loopback ports: 3 masters and a replica of each,
-formed by the suite itself with CLUSTER commands (no redis-cli needed), torn down after.
-
-The slots are split evenly over the masters (CLUSTER ADDSLOTSRANGE), the nodes meet the first
-one (CLUSTER MEET), each replica follows its master (CLUSTER REPLICATE), and the cluster is
-ready once every node says `cluster_state:ok` and sees every replica.
+formed by the suite itself with CLUSTER commands (prq.embedded_cluster.form_cluster; no
+redis-cli needed), torn down after.
 
 With `acl_folder` every node loads the shipped users.acl (as `acl_server` does), the replicas
 log in to their masters as its prq-replica user, and `url_for` names a user of it.
@@ -17,14 +14,14 @@ from urllib.parse import quote
 import redis
 import redis.cluster
 
-from prq.embedded import EmbeddedRedis, free_port
+from prq.embedded import EmbeddedRedis
+from prq.embedded_cluster import form_cluster, node_args
 from tests.redis_servers import (
     TEST_ROOT_PASSWORD,
     TEST_ROOT_USER,
     acl_password,
     acl_server,
     redis7_binary,
-    wait_until,
 )
 
 __all__ = ["ClusterSet"]
@@ -32,9 +29,7 @@ __all__ = ["ClusterSet"]
 #: The shipped users.acl's user for replication.
 REPLICA_USER = "prq-replica"
 
-SLOTS = 16384
-#: Bounds: forming the cluster; a node judged failed after this (cluster-node-timeout).
-FORM_S = 60.0
+#: A node judged failed after this (cluster-node-timeout).
 NODE_TIMEOUT_MS = 2000
 
 
@@ -55,29 +50,17 @@ class ClusterSet:
 
     @staticmethod
     def _node(acl_folder: Path | None, name: str) -> EmbeddedRedis:
-        # The cluster bus on a free port of its own (by default port + 10000, which may be
-        # taken, or past 65535)
-        cluster_args = [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-            "--cluster-port", str(free_port()),
-        ]  # fmt: skip
         if acl_folder is None:
             # (a bus port of its own, ADDSLOTSRANGE: Redis 7)
-            return EmbeddedRedis(binary=redis7_binary()[0], extra_args=cluster_args)
+            return EmbeddedRedis(binary=redis7_binary()[0], extra_args=node_args(NODE_TIMEOUT_MS))
         folder = acl_folder / name
         folder.mkdir(parents=True, exist_ok=True)
         node = acl_server(folder)
         node.extra_args += [
-            *cluster_args,
+            *node_args(NODE_TIMEOUT_MS),
             "--masteruser", REPLICA_USER, "--masterauth", acl_password(REPLICA_USER),
         ]  # fmt: skip
         return node
-
-    @staticmethod
-    def bus_port(node: EmbeddedRedis) -> int:
-        return int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
 
     @property
     def nodes(self) -> list[EmbeddedRedis]:
@@ -112,45 +95,7 @@ class ClusterSet:
         )  # fmt: skip
 
     def _form(self) -> None:
-        share = SLOTS // len(self.masters)
-        for i, master in enumerate(self.masters):
-            last = SLOTS - 1 if i == len(self.masters) - 1 else (i + 1) * share - 1
-            with self.client(master) as c:
-                c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
-        first = self.masters[0]
-        for node in self.nodes[1:]:
-            with self.client(node) as c:
-                c.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port, self.bus_port(first))
-        ids = {}
-        for master in self.masters:
-            with self.client(master) as c:
-                ids[master.port] = c.execute_command("CLUSTER", "MYID")
-
-        def known_by_all() -> bool:
-            for node in self.nodes:
-                with self.client(node) as c:
-                    listed = c.execute_command("CLUSTER", "NODES")
-                    if any(node_id not in str(listed) for node_id in ids.values()):
-                        return False
-            return True
-
-        wait_until(known_by_all, FORM_S, 0.05, "every node knows every master")
-        for master, replica in zip(self.masters, self.replicas, strict=True):
-            with self.client(replica) as c:
-                c.execute_command("CLUSTER", "REPLICATE", ids[master.port])
-        wait_until(self._ready, FORM_S, 0.05, "the cluster ok with every replica attached")
-
-    def _ready(self) -> bool:
-        for node in self.nodes:
-            with self.client(node) as c:
-                info = c.execute_command("CLUSTER", "INFO")
-                if "cluster_state:ok" not in str(info):
-                    return False
-        for master in self.masters:
-            with self.client(master) as c:
-                if int(c.info("replication").get("connected_slaves", 0)) < 1:
-                    return False
-        return True
+        form_cluster(self.masters, self.replicas, self.client)
 
     def close(self) -> None:
         for node in self.nodes:

@@ -17,7 +17,6 @@ import asyncio
 import inspect
 import re
 import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -30,6 +29,7 @@ import redis
 import redis.cluster
 
 from prq.embedded import EmbeddedRedis, find_server_binary
+from prq.embedded_cluster import server_version
 from prq.topology import sync_client
 
 __all__ = [
@@ -60,12 +60,6 @@ def new_prefix() -> str:
     """A fresh key prefix, so tests sharing a server never see each other's keys (inside the
     `prq:*` keys and channels the shipped ACL grants its `prq` user)."""
     return f"prq:t-{uuid.uuid4().hex[:8]}"
-
-
-def server_version(binary: str) -> tuple[int, int]:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
-    found = re.search(r"v=(\d+)\.(\d+)", out.stdout)
-    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def redis7_binary() -> tuple[str, tuple[int, int]]:
