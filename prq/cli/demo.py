@@ -85,6 +85,16 @@ def demo(
             help="Rows the Spark job enqueues (with --spark).",
         ),
     ] = DEFAULT_SPARK_ROWS,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            envvar="PRQ_DEMO_CLUSTER",
+            show_envvar=True,
+            help="With no --url: run on a local Redis Cluster of 3 masters (redis-server 7 "
+            "or later needed) instead of one embedded server.",
+        ),
+    ] = False,
 ) -> None:
     """Start two receiver nodes and drive calls at them, with a live table.
 
@@ -107,6 +117,7 @@ def demo(
         start_nodes=nodes,
         spark=spark,
         spark_rows=spark_rows,
+        cluster=cluster,
     )
     raise typer.Exit(run_demo(config))
 

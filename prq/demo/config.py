@@ -65,3 +65,5 @@ class DemoConfig:
     start_nodes: bool = True
     spark: bool = False
     spark_rows: int = DEFAULT_SPARK_ROWS
+    #: With no `url`: start a local Redis Cluster of 3 masters instead of one server.
+    cluster: bool = False

@@ -205,20 +205,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> int:
             console.print(problem, style="red", markup=False, highlight=False, soft_wrap=True)
             return 2
     with contextlib.ExitStack() as stack:
-        url = config.url
+        url = _redis_for(config, console, stack)
         if url is None:
-            from prq.embedded import EmbeddedRedis
-
-            server = EmbeddedRedis().start()
-            stack.callback(server.cleanup)
-            url = server.url
-            console.print(f"embedded redis-server on {url} (set PRQ_REDIS_URL to use yours)")
-        else:
-            problem = _unreachable(url)
-            if problem is not None:
-                console.print(f"[red]cannot reach Redis at {url}: {problem}[/red]")
-                return 1
-            console.print(f"using Redis at {url}")
+            return 1
         specs = (*config.nodes, SPARK_NODE) if config.spark else config.nodes
         nodes = ReceiverNodes(url, config.prefix, specs if config.start_nodes else ())
         stack.callback(nodes.stop)
@@ -267,6 +256,31 @@ def _wait_for_spark(bulk: SparkBulk) -> None:
     problem = bulk.wait_ready()
     if problem is not None:
         raise RuntimeError(f"no Spark session: {problem}")
+
+
+def _redis_for(config: DemoConfig, console: Console, stack: contextlib.ExitStack) -> str | None:
+    """The URL the demo runs on: the one given (None if it cannot be reached, said on the
+    console), else an embedded server or cluster started for the run."""
+    if config.url is None and config.cluster:
+        from prq.embedded_cluster import EmbeddedCluster
+
+        cluster = EmbeddedCluster(masters=3).start()
+        stack.callback(cluster.cleanup)
+        console.print(f"embedded Redis Cluster of 3 masters on {cluster.url}")
+        return cluster.url
+    if config.url is None:
+        from prq.embedded import EmbeddedRedis
+
+        server = EmbeddedRedis().start()
+        stack.callback(server.cleanup)
+        console.print(f"embedded redis-server on {server.url} (set PRQ_REDIS_URL to use yours)")
+        return server.url
+    problem = _unreachable(config.url)
+    if problem is not None:
+        console.print(f"[red]cannot reach Redis at {config.url}: {problem}[/red]")
+        return None
+    console.print(f"using Redis at {config.url}")
+    return config.url
 
 
 def _unreachable(url: str) -> str | None:

@@ -50,6 +50,17 @@ def test_the_demo_runs_for_its_duration_on_an_embedded_redis() -> None:
     assert_clean_summary(done.stdout + done.stderr)
 
 
+def test_the_demo_runs_on_a_local_cluster_of_its_own() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "prq.cli", "demo", "--duration", "3", "--cluster"],
+        cwd=ROOT, env=demo_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=DEMO_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "embedded Redis Cluster of 3 masters on redis+cluster://" in done.stdout
+    assert_clean_summary(done.stdout + done.stderr)
+
+
 def test_ctrl_c_to_the_process_group_stops_the_demo_cleanly() -> None:
     # Given the demo running until Ctrl-C, in a process group of its own (as in a terminal)
     demo = subprocess.Popen(
