@@ -9,20 +9,32 @@ import asyncio
 import contextlib
 import re
 import shlex
+import shutil
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis.cluster
+import yaml
 from redis.crc import key_slot
 
 from prq import AsyncQueue, Queue, Request
 from prq.bulk import BulkClient
 from prq.embedded import EmbeddedRedis
+from prq.embedded_cluster import node_args
 from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
-from tests.redis_servers import PRQ_USER, CommandMonitor, acl_password, async_wait_until
+from tests.redis_servers import (
+    PRQ_USER,
+    USERS_ACL,
+    CommandMonitor,
+    acl_password,
+    adapt_acl,
+    async_wait_until,
+    redis7_binary,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +226,69 @@ def test_a_thousand_endpoints_land_on_every_master_and_each_script_keeps_to_its_
     per_master = Counter(owners.values())
     assert set(per_master) == {m.port for m in acl_cluster.masters}
     assert min(per_master.values()) > len(endpoints) // 6
+
+
+def test_the_compose_profile_forms_its_cluster_as_the_shipped_users(tmp_path: Path) -> None:
+    # Given six nodes started as docker-compose.yml's cluster profile starts them: the shipped
+    # users plus redis-conf/cluster-admin.acl's, cluster mode, replicas logging in as
+    # prq-replica (here on loopback ports instead of the compose services)
+    binary, version = redis7_binary()
+    conf = USERS_ACL.parent
+    acl = tmp_path / "users.acl"
+    acl.write_text(
+        adapt_acl((conf / "users.acl").read_text(), version).rstrip("\n")
+        + "\n"
+        + (conf / "cluster-admin.acl").read_text()
+    )
+    nodes = [
+        EmbeddedRedis(
+            binary=binary,
+            extra_args=[
+                "--aclfile",
+                str(acl),
+                *node_args(),
+                "--masteruser",
+                "prq-replica",
+                "--masterauth",
+                acl_password("prq-replica"),
+            ],
+            username=PRQ_USER,
+            password=acl_password(PRQ_USER),
+        )  # fmt: skip
+        for _ in range(6)
+    ]
+    try:
+        for node in nodes:
+            node.start()
+        # When the profile's cluster-init command runs, its addresses those of these nodes
+        compose = USERS_ACL.parents[1] / "docker-compose.yml"
+        init = yaml.safe_load(compose.read_text())["services"]
+        script = init["cluster-init"]["command"][-1].replace("$$", "$")
+        addresses = " ".join(f"127.0.0.1:{node.port}" for node in nodes)
+        script = re.sub(r"\$\(for node in .*?; done\)", addresses, script)
+        redis_cli = shutil.which("redis-cli")
+        assert redis_cli is not None, "redis-cli (Debian's redis-tools) is needed"
+        done = subprocess.run(
+            ["sh", "-c", script], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "All 16384 slots covered" in done.stdout
+
+        # Then prq calls through it as the shipped app user
+        url = f"redis+cluster://{PRQ_USER}:{acl_password(PRQ_USER)}@127.0.0.1:{nodes[0].port}/0"
+
+        async def call() -> object:
+            async with AsyncQueue.from_url(url) as receiver, AsyncQueue.from_url(url) as caller:
+                serving = asyncio.create_task(receiver.serve("poll://compose", lambda r: r.params))
+                try:
+                    return await caller.call(
+                        "poll://compose", "m", "through the profile", timeout_s=30
+                    )
+                finally:
+                    serving.cancel()
+                    await asyncio.gather(serving, return_exceptions=True)
+
+        assert asyncio.run(call()) == "via the profile"
+    finally:
+        for node in nodes:
+            node.cleanup()

@@ -56,17 +56,22 @@ def prq_commands() -> list[tuple[str, list[str]]]:
 
 #: The services `--profile sentinel` adds.
 SENTINEL_SERVICES = ("redis-replica", "sentinel-1", "sentinel-2", "sentinel-3")
+#: The services `--profile cluster` adds: six nodes and the one-off that forms the cluster.
+CLUSTER_NODES = tuple(f"cluster-{n}" for n in range(1, 7))
+CLUSTER_SERVICES = (*CLUSTER_NODES, "cluster-init")
 
 
 def test_the_stack_has_redis_the_admin_service_a_worker_and_the_demo() -> None:
     stack = services()
     default = {name for name, service in stack.items() if not service.get("profiles")}
     assert default == {"redis", *PRQ_SERVICES}
-    assert set(stack) - default == set(SENTINEL_SERVICES)
+    assert set(stack) - default == {*SENTINEL_SERVICES, *CLUSTER_SERVICES}
     for name in PRQ_SERVICES:
         assert stack[name]["build"] == "."
         assert stack[name]["depends_on"], name
     for name, service in stack.items():
+        if name == "cluster-init":  # a one-off: it exits once the cluster is formed
+            continue
         assert {"test", "interval", "timeout", "retries"} <= set(service["healthcheck"]), name
 
 
@@ -159,6 +164,42 @@ def test_the_sentinel_profile_watches_redis_and_its_replica_as_the_shipped_users
     assert where.master == "prq" and {host for host, _ in where.sentinels} == {
         "sentinel-1", "sentinel-2", "sentinel-3"
     }  # fmt: skip
+
+
+def test_the_cluster_profile_forms_six_nodes_as_the_shipped_users() -> None:
+    stack, users = services(), acl_users()
+    admin = acl_users(ROOT / "redis-conf" / "cluster-admin.acl")
+    # The nodes: the shipped redis.conf and users plus the cluster's admin, in cluster mode,
+    # replicas logging in as prq-replica
+    for name in CLUSTER_NODES:
+        node = stack[name]
+        assert node["profiles"] == ["cluster"] and node["image"].startswith("redis:7")
+        script = node["command"][-1]
+        assert "users.acl /usr/local/etc/redis/cluster-admin.acl > /data/users.acl" in script
+        args = script.split("exec ", 1)[1].split()
+        assert args[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
+        assert args[args.index("--aclfile") + 1] == "/data/users.acl"
+        assert args[args.index("--cluster-enabled") + 1] == "yes"
+        assert args[args.index("--masteruser") + 1] == "prq-replica"
+        assert f">{args[args.index('--masterauth') + 1]}" in users["prq-replica"]
+        assert "prq" in " ".join(node["healthcheck"]["test"])
+    # The admin user forms clusters and reads no key, no channel
+    rules = admin["prq-cluster-admin"]
+    assert set(admin) == {"prq-cluster-admin"} and "resetkeys" in rules and "-@all" in rules
+    assert not any(r[0] in "~%&" or r in ("+@all", "allkeys", "allchannels") for r in rules)
+    init = stack["cluster-init"]
+    assert init["profiles"] == ["cluster"]
+    assert set(init["depends_on"]) == set(CLUSTER_NODES)
+    command = init["command"][-1]
+    assert "--user prq-cluster-admin" in command and "--cluster-replicas 1" in command
+    assert f">{command.split('--pass ')[1].split()[0]}" in rules
+    # And the URL the file's header gives the prq services names the cluster as the app user
+    header = (ROOT / "docker-compose.yml").read_text().split("services:")[0]
+    url = re.search(r"PRQ_REDIS_URL=(redis\+cluster://\S+)", header)
+    assert url is not None
+    where = locate(url.group(1))
+    assert where.username == "prq" and f">{where.password}" in users["prq"]
+    assert {host for host, _ in where.cluster_nodes} <= set(CLUSTER_NODES)
 
 
 def test_the_image_installs_the_admin_service_and_runs_prq() -> None:
@@ -254,9 +295,9 @@ CONTAINERS = {"acl", "client", "config", "function", "memory", "object", "script
 NOT_COMMANDS = {"pipeline", "execute", "execute_command", "aclose", "close"}
 
 
-def acl_users() -> dict[str, list[str]]:
+def acl_users(path: Path | None = None) -> dict[str, list[str]]:
     users: dict[str, list[str]] = {}
-    for line in (ROOT / "redis-conf" / "users.acl").read_text().splitlines():
+    for line in (path or ROOT / "redis-conf" / "users.acl").read_text().splitlines():
         assert not line.startswith("#"), "Redis refuses comments in an ACL file"
         if line.strip():
             kind, name, *rules = line.split()
@@ -306,7 +347,9 @@ def commands_of(*paths: Path) -> dict[str, set[str]]:
 
 def library_files() -> list[Path]:
     package = ROOT / "prq"
-    return sorted([*package.rglob("*.py"), *package.glob("scripts/*.lua")])
+    # (prq.embedded_cluster forms a local cluster as the nodes' own default user, not as prq)
+    files = [*package.rglob("*.py"), *package.glob("scripts/*.lua")]
+    return sorted(f for f in files if f.name != "embedded_cluster.py")
 
 
 def test_acl_file_disables_the_default_user_and_confines_prq() -> None:
