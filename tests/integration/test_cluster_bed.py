@@ -240,21 +240,14 @@ def test_the_compose_profile_forms_its_cluster_as_the_shipped_users(tmp_path: Pa
         + "\n"
         + (conf / "cluster-admin.acl").read_text()
     )
+    replication = ["--masteruser", "prq-replica", "--masterauth", acl_password("prq-replica")]
     nodes = [
         EmbeddedRedis(
             binary=binary,
-            extra_args=[
-                "--aclfile",
-                str(acl),
-                *node_args(),
-                "--masteruser",
-                "prq-replica",
-                "--masterauth",
-                acl_password("prq-replica"),
-            ],
+            extra_args=["--aclfile", str(acl), *node_args(), *replication],
             username=PRQ_USER,
             password=acl_password(PRQ_USER),
-        )  # fmt: skip
+        )
         for _ in range(6)
     ]
     try:
@@ -281,9 +274,7 @@ def test_the_compose_profile_forms_its_cluster_as_the_shipped_users(tmp_path: Pa
             async with AsyncQueue.from_url(url) as receiver, AsyncQueue.from_url(url) as caller:
                 serving = asyncio.create_task(receiver.serve("poll://compose", lambda r: r.params))
                 try:
-                    return await caller.call(
-                        "poll://compose", "m", "through the profile", timeout_s=30
-                    )
+                    return await caller.call("poll://compose", "m", "via the profile", timeout_s=30)
                 finally:
                     serving.cancel()
                     await asyncio.gather(serving, return_exceptions=True)
