@@ -27,7 +27,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import ClusterDownError, ResponseError, SlotNotCoveredError
+from redis.exceptions import ClusterDownError, ClusterError, ResponseError, SlotNotCoveredError
 
 from prq._types import Call, Reply
 
@@ -51,6 +51,7 @@ _EVERY_PRIMARY = ("SCRIPT", "INFO")
 #: Failures of a cluster round trip that a retry after a fresh look at the layout can mend.
 _CLUSTER_TRANSIENT = (
     redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError,
+    ClusterError,
 )  # fmt: skip
 
 

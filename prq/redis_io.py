@@ -31,6 +31,7 @@ from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     NoPermissionError,
     NoScriptError,
@@ -71,10 +72,11 @@ __all__ = [
 
 #: Replies in place of one call's that a retry may mend: its node could not be reached, or a
 #: cluster was failing over or moving its slot (a round trip on a cluster gets some of these
-#: while its other calls are answered).
+#: while its other calls are answered; ClusterError: redis-py followed redirections and
+#: TRYAGAIN replies as long as it would, "TTL exhausted").
 TRANSIENT_REPLIES = (
     redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError,
-    SlotNotCoveredError, MovedError, AskError,
+    SlotNotCoveredError, MovedError, AskError, ClusterError,
 )  # fmt: skip
 
 #: First backoff between retries, seconds.
@@ -110,7 +112,7 @@ def translate_errors() -> Iterator[None]:
         raise RedisUnavailable(str(exc)) from exc
     except NoScriptError:
         raise
-    except RedisClusterException as exc:
+    except (RedisClusterException, ClusterError) as exc:
         raise _cluster_error(exc) from exc
     except ResponseError as exc:
         if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
@@ -123,7 +125,7 @@ def translate_errors() -> Iterator[None]:
         raise PrqError(f"unexpected Redis error: {exc}") from exc
 
 
-def _cluster_error(exc: RedisClusterException) -> Exception:
+def _cluster_error(exc: RedisClusterException | ClusterError) -> Exception:
     """redis-py found no node that would tell it the cluster's layout: the nodes are down or
     failing over (retried), or the user may not ask (a configuration error)."""
     if _caused_by(exc, NoPermissionError):
