@@ -54,6 +54,10 @@ async def test_a_round_trip_is_counted_on_both_sides(make_queue: QueueFactory) -
         assert await sender.call(endpoint, "echo", i) == i
     with pytest.raises(RemoteError):
         await sender.call(endpoint, "boom")
+    # (the receiver counts an answer once its write returns: its caller may see it first)
+    await async_wait_until(
+        lambda: value("prq_responded_total", endpoint=endpoint) == 4, 10, 0.01, "4 answers"
+    )
 
     assert value("prq_enqueued_total", endpoint=endpoint) == 4
     assert value("prq_taken_total", endpoint=endpoint) == 4
