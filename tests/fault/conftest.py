@@ -3,7 +3,7 @@
 The shrunk timings (FAULT_TIMINGS, FAULT_REDIS_SETTINGS) live in tests/fault/timings.py.
 
 - `fault_redis`: a private `EmbeddedRedis` (the test may kill, pause, flush or roll it back);
-  `fault_client` a plain client on it.
+  `fault_client` a plain client on it. `fault_cluster`: a private Redis Cluster (ClusterSet).
 - `make_proxy(port=None, **kw)`: a `FaultProxy` to `fault_redis` (or `port`); closed at teardown.
 - `fault_dir`: the test's directory for ledgers, histories, ready and barrier files, logs.
 - `fault_facade` ("async" / "sync", parametrised) and `fault_queues`: in-process queues (nodes
@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from prq.embedded import EmbeddedRedis
+from tests.cluster_servers import ClusterSet
 from tests.fault.nodes import NodeFactory
 from tests.fault.proxy import FaultProxy
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS, FaultQueueFactory
@@ -50,6 +51,16 @@ def fault_redis() -> Iterator[EmbeddedRedis]:
     finally:
         server.resume()
         server.cleanup()
+
+
+@pytest.fixture
+def fault_cluster() -> Iterator[ClusterSet]:
+    """A Redis Cluster of this test's own: 3 masters, a replica each (it may kill or reshard)."""
+    servers = ClusterSet()
+    try:
+        yield servers
+    finally:
+        servers.close()
 
 
 @pytest.fixture

@@ -163,6 +163,13 @@ def events(node: NodeProcess, event: str) -> list[dict[str, Any]]:
     return [record for record in node.records() if record.get("event") == event]
 
 
+def ok_since(senders: list[NodeProcess], since: float) -> int:
+    """Calls of `senders` that ended ok at or after `since` (monotonic)."""
+    return sum(
+        r["outcome"] == "ok" and r["t_mono"] >= since for s in senders for r in events(s, "end")
+    )
+
+
 def starts(node: NodeProcess) -> list[dict[str, Any]]:
     return events(node, "start")
 

@@ -12,7 +12,7 @@ import redis
 
 from prq.embedded import EmbeddedRedis
 from tests.fault.checker import check_nodes
-from tests.fault.nodes import NodeFactory, NodeProcess
+from tests.fault.nodes import NodeFactory
 from tests.fault.redis_faults import paused
 from tests.fault.scenarios import (
     POLL_S,
@@ -22,6 +22,7 @@ from tests.fault.scenarios import (
     events,
     figures,
     hold_fault,
+    ok_since,
 )
 from tests.redis_servers import wait_until
 
@@ -35,12 +36,6 @@ SENDERS = (("async", "call", 8), ("sync", "call", 8), ("async", "send", 4), ("sy
 SLOTS = sum(callers for _, _, callers in SENDERS)
 #: Calls ok before the pause (steady load) and after it (the load goes on).
 WARM_OK, AFTER_OK = 50, 50
-
-
-def _ok_since(senders: list[NodeProcess], since: float) -> int:
-    return sum(
-        r["outcome"] == "ok" and r["t_mono"] >= since for s in senders for r in events(s, "end")
-    )
 
 
 @pytest.mark.timeout(90)
@@ -66,7 +61,7 @@ def test_redis_paused_within_the_budget_fails_nothing(
         )
         for n, (facade, style, callers) in enumerate(SENDERS, start=1)
     ]
-    wait_until(lambda: _ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
+    wait_until(lambda: ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
 
     # When Redis is paused for 5 s
     with paused(fault_redis):
@@ -75,7 +70,7 @@ def test_redis_paused_within_the_budget_fails_nothing(
     resumed_at = time.monotonic()
 
     # And the load goes on for a while after it
-    wait_until(lambda: _ok_since(senders, resumed_at) >= AFTER_OK, 30, 0.05, "calls after")
+    wait_until(lambda: ok_since(senders, resumed_at) >= AFTER_OK, 30, 0.05, "calls after")
     for sender in senders:
         assert sender.stop() == 0
     assert receiver.stop() == 0
@@ -127,7 +122,7 @@ def test_redis_paused_past_the_budget_ends_calls_with_queue_unavailable(
         )
         for n, (facade, style, callers) in enumerate(SENDERS, start=1)
     ]
-    wait_until(lambda: _ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
+    wait_until(lambda: ok_since(senders, 0.0) >= WARM_OK, 30, 0.05, "steady load")
 
     # When Redis is paused for 10 s
     with paused(fault_redis):
@@ -137,7 +132,7 @@ def test_redis_paused_past_the_budget_ends_calls_with_queue_unavailable(
         # as the bound is shorter than the pause)
         ended = [c for s in senders for c in events(s, "end") if c["t_mono"] >= paused_at]
     resumed_at = time.monotonic()
-    wait_until(lambda: _ok_since(senders, resumed_at) >= 10, 30, 0.05, "calls after the pause")
+    wait_until(lambda: ok_since(senders, resumed_at) >= 10, 30, 0.05, "calls after the pause")
     for sender in senders:
         assert sender.stop() == 0
     assert receiver.stop() == 0
@@ -165,7 +160,7 @@ def test_redis_paused_past_the_budget_ends_calls_with_queue_unavailable(
         ended_while_paused=len(ended),
         worst_started_during_s=max(late_started, default=0.0),
         worst_in_flight_from_pause_s=max(late_in_flight, default=0.0),
-        ok_after_resume=_ok_since(senders, resumed_at),
+        ok_after_resume=ok_since(senders, resumed_at),
     )
     assert hit, "no call met the pause"
     # (no ghost, no hang, no duplicate)

@@ -8,7 +8,6 @@ the kill is a stale replica: data loss for the calls in flight then, and only th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,9 @@ import redis.cluster
 from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
-from tests.fault.nodes import NodeFactory, NodeProcess
+from tests.fault.nodes import NodeFactory
 from tests.fault.redis_faults import crash
-from tests.fault.scenarios import events, figures
+from tests.fault.scenarios import figures, ok_since
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -35,15 +34,6 @@ WARM_OK, AFTER_OK = 100, 100
 SERVICE_MS = 20.0
 
 
-@pytest.fixture
-def cluster() -> Iterator[ClusterSet]:
-    servers = ClusterSet()
-    try:
-        yield servers
-    finally:
-        servers.close()
-
-
 def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
     key = KeySchema("prq").endpoint(endpoint).sequence  # the hash tag is the endpoint's
     return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
@@ -57,16 +47,11 @@ def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
     raise AssertionError("no endpoint on another master")
 
 
-def _ok_since(senders: list[NodeProcess], since: float) -> int:
-    return sum(
-        r["outcome"] == "ok" and r["t_mono"] >= since for s in senders for r in events(s, "end")
-    )
-
-
 @pytest.mark.timeout(150)
 def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
-    cluster: ClusterSet, fault_dir: Path
+    fault_cluster: ClusterSet, fault_dir: Path
 ) -> None:
+    cluster = fault_cluster
     client = cluster.cluster_client()
     victim_port = _owner(client, KILLED_ENDPOINT)
     other = _other_endpoint(client, victim_port)
@@ -108,7 +93,7 @@ def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
             for facade in ("async", "sync")
         ]
         victims, others = senders[:2], senders[2:]
-        wait_until(lambda: _ok_since(victims, 0.0) >= WARM_OK, 60, 0.05, "steady load")
+        wait_until(lambda: ok_since(victims, 0.0) >= WARM_OK, 60, 0.05, "steady load")
 
         # When the endpoint's master is killed with SIGKILL
         killed_at = crash(victim)
@@ -120,9 +105,9 @@ def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
 
         wait_until(promoted, 30, 0.1, "the replica promoted")
         promoted_at = time.monotonic()
-        wait_until(lambda: _ok_since(victims, promoted_at) >= AFTER_OK, 60, 0.1, "calls after")
+        wait_until(lambda: ok_since(victims, promoted_at) >= AFTER_OK, 60, 0.1, "calls after")
         # And calls to the other master went on while it failed over
-        assert _ok_since(others, killed_at) > 0
+        assert ok_since(others, killed_at) > 0
         for node in [*senders, *receivers]:
             assert node.stop() == 0, node.log_tail()
 
@@ -141,8 +126,8 @@ def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
         figures(
             "S19",
             failover_s=promoted_at - killed_at,
-            ok_after_promotion=_ok_since(victims, promoted_at),
-            ok_elsewhere_during=_ok_since(others, killed_at),
+            ok_after_promotion=ok_since(victims, promoted_at),
+            ok_elsewhere_during=ok_since(others, killed_at),
         )
         result.assert_clean(min_calls=WARM_OK, max_false_data_loss=0)
     finally:

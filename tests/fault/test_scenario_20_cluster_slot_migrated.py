@@ -7,7 +7,7 @@ was told it did not, none is lost: the load goes on after each move."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory, NodeProcess
-from tests.fault.scenarios import events, figures, hold_fault
+from tests.fault.scenarios import figures, hold_fault, ok_since
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -31,15 +31,6 @@ MOVES, OK_BETWEEN = 4, 40
 MIGRATE_BATCH, BATCH_PAUSE_S = 10, 0.02
 BUDGET_S = 15.0
 SERVICE_MS = 10.0
-
-
-@pytest.fixture
-def cluster() -> Iterator[ClusterSet]:
-    servers = ClusterSet()
-    try:
-        yield servers
-    finally:
-        servers.close()
 
 
 def _node_id(cluster: ClusterSet, node: EmbeddedRedis) -> str:
@@ -73,7 +64,7 @@ def migrate_slot(
 
 
 def _ok_after(senders: list[NodeProcess], since: float) -> Callable[[], bool]:
-    return lambda: _ok_since(senders, since) >= OK_BETWEEN
+    return lambda: ok_since(senders, since) >= OK_BETWEEN
 
 
 def redirections(cluster: ClusterSet) -> dict[str, int]:
@@ -87,16 +78,11 @@ def redirections(cluster: ClusterSet) -> dict[str, int]:
     return seen
 
 
-def _ok_since(senders: list[NodeProcess], since: float) -> int:
-    return sum(
-        r["outcome"] == "ok" and r["t_mono"] >= since for s in senders for r in events(s, "end")
-    )
-
-
 @pytest.mark.timeout(150)
 def test_a_slot_migrated_back_and_forth_under_load_loses_and_repeats_no_call(
-    cluster: ClusterSet, fault_dir: Path
+    fault_cluster: ClusterSet, fault_dir: Path
 ) -> None:
+    cluster = fault_cluster
     client = cluster.cluster_client()
     tag_key = KeySchema("prq").endpoint(ENDPOINT).sequence
     slot = int(client.keyslot(tag_key))  # type: ignore[no-untyped-call]
@@ -130,7 +116,7 @@ def test_a_slot_migrated_back_and_forth_under_load_loses_and_repeats_no_call(
             )
             for facade in ("async", "sync")
         ]
-        wait_until(lambda: _ok_since(senders, 0.0) >= OK_BETWEEN, 60, 0.05, "steady load")
+        wait_until(lambda: ok_since(senders, 0.0) >= OK_BETWEEN, 60, 0.05, "steady load")
 
         # When its slot moves to another master and back, MOVES times, calls going on between
         moves = []
