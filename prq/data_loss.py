@@ -39,6 +39,15 @@ writes a fresh canary and learns the counters anew (a declaration keeps the live
 still refuses what the rolled-back Redis hands out again). Pure, and thread-safe (the blocking
 facade takes from several threads): the facade's watch loop sends the calls and reports the
 replies.
+
+On a Redis Cluster each master can lose its data alone (flushed, restarted empty, failed over
+to a stale replica), so a loss has a *scope*: the slots of the master that lost it. The node
+keeps a canary on every master (a key whose slot that master serves, found from the slot table
+the client keeps), and a sign on one master declares data loss for that master's slots only:
+the calls and held requests of endpoints there fail, the others go on. Each endpoint's epoch is
+that of the last declaration whose scope held its slot. A canary stays where it is while its
+master keeps the slot (a failover keeps the key on the promoted replica, so a stale one shows
+as a rollback); a master without one gets a fresh one.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from redis.crc import key_slot
+
 from prq import metrics
 from prq._types import Call, Reply
 from prq.flows import Context
@@ -57,12 +68,17 @@ from prq.scripts import canary_call
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Check", "DataLossWatch", "Floor"]
+__all__ = ["Check", "DataLossWatch", "Floor", "Layout", "Loss"]
+
+#: A cluster's masters and the slots each serves (prq.links.shard_layout); None: one server.
+Layout = dict[str, list[int]] | None
 
 #: A canary lives this many check intervals (plus the retry budget) without a check.
 CANARY_TTL_CHECKS = 3
 #: A check that refreshed an enqueue counter vouches for it this share of a list TTL.
 VOUCHED_SHARE = 0.5
+#: How many key names a search for a canary on a given master tries before giving up on it.
+CANARY_SEARCH_LIMIT = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +96,27 @@ class Check:
     """One data-loss check as it was sent: what it expects, against what it compares."""
 
     calls: list[Call]
-    last: int | None
+    #: The canaries it steps, in the order of the first calls: key and the last value seen.
+    canaries: list[tuple[str, int | None]]
     #: Per endpoint read, in the order of the calls, the floor its reading is judged against
     #: (None: not vouched for).
     floors: dict[str, Floor | None]
     epoch: int
     #: When it was sent (monotonic): its refreshes vouch for the counters from then.
     sent_at: float
+
+    @property
+    def last(self) -> int | None:
+        """The last value seen of the first canary (the only one on one server)."""
+        return self.canaries[0][1]
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """A sign of data loss: why, and which slots it covers (None: all of Redis)."""
+
+    reason: str
+    slots: frozenset[int] | None = None
 
 
 @dataclass(slots=True)
@@ -108,11 +138,19 @@ def _int(reply: Reply) -> int:
 class DataLossWatch:
     """One node's canary and remembered enqueue counters."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, layout: Callable[[], Layout] = lambda: None) -> None:
         self.ctx = ctx
+        #: The cluster's layout as the client knows it now (None: one server).
+        self.layout = layout
         self.canary_key = ctx.keys.canary(ctx.node_id)
-        self.canary: int | None = None
+        #: Each canary's key -> the value it read last (None: write a fresh one), oldest first.
+        self.canaries: dict[str, int | None] = {self.canary_key: None}
+        #: The number of the last declaration; the epoch of a slot is that of the last one
+        #: whose scope held it.
         self.epoch = 0
+        self._everywhere = 0
+        self._slot_epochs: dict[int, int] = {}
+        self._slots: dict[str, int] = {}
         self.events = 0
         self.next_check = 0.0
         #: When a check last came back (monotonic): a canary is judged only if that is recent.
@@ -134,68 +172,151 @@ class DataLossWatch:
             CANARY_TTL_CHECKS * settings.data_loss_check_interval_s + settings.retry_budget_s + 1.0
         )
 
+    @property
+    def canary(self) -> int | None:
+        """The value the first canary read last (the node's only one on one server)."""
+        return self.canaries.get(self.canary_key)
+
+    def epoch_of(self, endpoint: str) -> int:
+        """The epoch of `endpoint`: that of the last declaration that covered its slot."""
+        if not self._slot_epochs:
+            return self._everywhere
+        return max(self._everywhere, self._slot_epochs.get(self._slot(endpoint), 0))
+
+    def scope_of(self, endpoint: str) -> frozenset[int] | None:
+        """The slots of the master that serves `endpoint` now (None: one server, all)."""
+        layout = self.layout()
+        if layout is None:
+            return None
+        slot = self._slot(endpoint)
+        for slots in layout.values():
+            if slot in slots:
+                return frozenset(slots)
+        return frozenset((slot,))
+
+    def covers(self, endpoint: str, slots: frozenset[int] | None) -> bool:
+        return slots is None or self._slot(endpoint) in slots
+
+    def _slot(self, endpoint: str) -> int:
+        slot = self._slots.get(endpoint)
+        if slot is None:
+            slot = key_slot(self.ctx.keys.endpoint(endpoint).sequence.encode())
+            if len(self._slots) < 100_000:
+                self._slots[endpoint] = slot
+        return slot
+
+    def _place_canaries(self, layout: Layout) -> None:
+        """Keep one canary on every master of `layout`: the oldest one a master still serves
+        stays, a master without one gets a fresh key; call with the lock held."""
+        if not layout:  # one server, or a cluster client that has not read its layout yet
+            return
+        owner = {slot: master for master, slots in layout.items() for slot in slots}
+        placed: dict[str, str] = {}
+        for key in self.canaries:
+            master = owner.get(key_slot(key.encode()))
+            if master is not None and master not in placed:
+                placed[master] = key
+        for master in layout:
+            if master not in placed:
+                fresh = self._canary_on(owner, master)
+                if fresh is not None:
+                    placed[master] = fresh
+        kept = set(placed.values())
+        self.canaries = {key: last for key, last in self.canaries.items() if key in kept}
+        for key in placed.values():
+            self.canaries.setdefault(key, None)
+
+    def _canary_on(self, owner: dict[int, str], master: str) -> str | None:
+        for n in range(CANARY_SEARCH_LIMIT):
+            key = self.ctx.keys.canary(self.ctx.node_id, n)
+            if owner.get(key_slot(key.encode())) == master:
+                return key
+        logger.warning("no canary key found for master=%s", master)
+        return None
+
     def check(self, now: float, in_flight: Collection[str] = ()) -> Check:
-        """A check to send now: the canary step, and a reading and a refresh of the counter of
-        every endpoint this node used within a list TTL or has requests `in_flight` on."""
+        """A check to send now: a canary step on every master, and a reading and a refresh of
+        the counter of every endpoint this node used within a list TTL or has requests
+        `in_flight` on."""
         settings = self.ctx.settings
-        last = self.canary
-        if last is not None and now - self.last_ok > self.canary_ttl_s():
-            # This node was out of touch (it, or Redis, paused; or Redis unreachable) for longer
-            # than the canary lives: its expiry says nothing. Write a fresh one; the counters
-            # and the requests' own hashes still tell a real loss.
-            last = None
+        stale = now - self.last_ok > self.canary_ttl_s()
+        layout = self.layout()
         with self._lock:
+            self._place_canaries(layout)
+            # Out of touch (this node or Redis paused, or Redis unreachable) for longer than a
+            # canary lives: its expiry says nothing. Write fresh ones; the counters and the
+            # requests' own hashes still tell a real loss.
+            canaries = [(key, None if stale else last) for key, last in self.canaries.items()]
             self.next_check = now + settings.data_loss_check_interval_s
             unused = now - settings.list_ttl_s
             for endpoint in [
                 e for e, c in self._counters.items() if c.used < unused and e not in in_flight
             ]:
                 del self._counters[endpoint]
-            floors = {e: self._floor(self._counter(e, now)) for e in list(self._counters)}
+            floors = {e: self._floor(e, self._counter(e, now)) for e in list(self._counters)}
             epoch = self.epoch
         ttl_ms = int(settings.list_ttl_s * 1000)
-        calls = [canary_call(self.canary_key, int(self.canary_ttl_s() * 1000), last)]
+        canary_ttl_ms = int(self.canary_ttl_s() * 1000)
+        calls = [canary_call(key, canary_ttl_ms, last) for key, last in canaries]
         for endpoint in floors:
             key = self.ctx.keys.endpoint(endpoint).sequence
             calls += [Call(("GET", key)), Call(("PEXPIRE", key, ttl_ms))]
-        return Check(calls, last, floors, epoch, now)
+        return Check(calls, canaries, floors, epoch, now)
 
-    def settle(self, check: Check, replies: list[Reply], now: float) -> str | None:
-        """Read one check's replies; return why data was lost, or None.
+    def settle(self, check: Check, replies: list[Reply], now: float) -> Loss | None:
+        """Read one check's replies; return the sign of data loss they show, or None.
 
         A check is judged against what the node knew when it sent the check; a check that was
         overtaken by a declaration (another check, or a take, saw the loss first) says nothing.
         """
-        canary = replies[0]
-        if not isinstance(canary, int) or check.epoch != self.epoch:
+        counted = len(check.canaries)
+        if check.epoch != self.epoch or not all(isinstance(r, int) for r in replies[:counted]):
             return None
-        expected = None if check.last is None else check.last + 1
-        if now - self.last_ok > self.canary_ttl_s():
-            expected = None  # out of touch for longer than the canary lives: it may have expired
+        stale = now - self.last_ok > self.canary_ttl_s()
         self.last_ok = now
-        self.canary = canary
-        if expected is not None and canary != expected:
-            return "canary gone" if canary <= 1 else f"canary rolled back ({canary} < {expected})"
+        for (key, last), canary in zip(check.canaries, replies[:counted], strict=True):
+            assert isinstance(canary, int)
+            with self._lock:
+                if key in self.canaries:
+                    self.canaries[key] = canary
+            if last is None or stale:  # out of touch for longer than it lives: may have expired
+                continue
+            if canary != last + 1:
+                expected = last + 1
+                why = (
+                    "canary gone" if canary <= 1 else f"canary rolled back ({canary} < {expected})"
+                )
+                return Loss(why, self._scope_of_key(key))
         vouched_until = check.sent_at + VOUCHED_SHARE * self.ctx.settings.list_ttl_s
         with self._lock:
             for i, (endpoint, floor) in enumerate(check.floors.items()):
                 if endpoint not in self._counters:
                     continue  # dropped by a check sent meanwhile: no longer watched
                 counter = self._counter(endpoint, now)
-                value = _int(replies[1 + 2 * i])
+                value = _int(replies[counted + 2 * i])
                 reason = self._went_back(endpoint, counter, floor, value)
                 if reason:
-                    return reason
+                    return Loss(reason, self.scope_of(endpoint))
                 counter.floor = max(counter.floor, value)
-                if replies[2 + 2 * i] == 1:  # it was there, and lives a list TTL from now on
+                if replies[counted + 1 + 2 * i] == 1:  # it was there; lives a list TTL from now
                     counter.vouched_until = max(counter.vouched_until or 0.0, vouched_until)
         return None
+
+    def _scope_of_key(self, key: str) -> frozenset[int] | None:
+        layout = self.layout()
+        if layout is None:
+            return None
+        slot = key_slot(key.encode())
+        for slots in layout.values():
+            if slot in slots:
+                return frozenset(slots)
+        return frozenset((slot,))
 
     def floor(self, endpoint: str, now: float) -> Floor | None:
         """The floor a reading of `endpoint`'s counter sent now is judged against (None: not
         vouched for, the reading cannot tell a loss); a use of the endpoint."""
         with self._lock:
-            return self._floor(self._counter(endpoint, now, used=True))
+            return self._floor(endpoint, self._counter(endpoint, now, used=True))
 
     def read(self, endpoint: str, floor: Floor | None, value: int, now: float) -> str | None:
         """A reading of the counter (a take's), sent when `floor` was had: why it shows data
@@ -220,18 +341,28 @@ class DataLossWatch:
         with self._lock:
             return self._counter(endpoint, now, used=True).life
 
-    def declare(self, reason: str) -> int:
-        """Data was lost: start a new epoch, forget what was learned; return the new epoch."""
+    def declare(self, reason: str, slots: frozenset[int] | None = None) -> int:
+        """Data was lost in `slots` (None: everywhere): start a new epoch there, forget what was
+        learned there; return the new epoch."""
         with self._lock:
             self.epoch += 1
             self.events += 1
-            for counter in self._counters.values():
-                counter.floor = 0
             epoch = self.epoch
+            if slots is None:
+                self._everywhere = epoch
+                self._slot_epochs.clear()
+            else:
+                self._slot_epochs.update(dict.fromkeys(slots, epoch))
+            for endpoint, counter in self._counters.items():
+                if self.covers(endpoint, slots):
+                    counter.floor = 0
+            for key in self.canaries:
+                if slots is None or key_slot(key.encode()) in slots:
+                    self.canaries[key] = None
         metrics.DATA_LOSS_EVENTS.inc()
-        self.canary = None
         self.next_check = time.monotonic()
-        logger.warning("redis lost data reason=%s epoch=%d", reason, epoch)
+        where = "" if slots is None else f" slots={len(slots)}"
+        logger.warning("redis lost data reason=%s epoch=%d%s", reason, epoch, where)
         return epoch
 
     def _counter(self, endpoint: str, now: float, *, used: bool = False) -> _Counter:
@@ -251,17 +382,17 @@ class DataLossWatch:
             counter.used = max(counter.used, now)
         return counter
 
-    def _floor(self, counter: _Counter) -> Floor | None:
+    def _floor(self, endpoint: str, counter: _Counter) -> Floor | None:
         if counter.vouched_until is None:
             return None
-        return Floor(counter.floor, counter.life, self.epoch)
+        return Floor(counter.floor, counter.life, self.epoch_of(endpoint))
 
     def _went_back(
         self, endpoint: str, counter: _Counter, floor: Floor | None, value: int
     ) -> str | None:
         """Why a reading below `floor` is data loss, if it is: the floor was vouched for when
         the reading was sent, and neither a new life nor a declaration came since."""
-        if floor is None or floor.life != counter.life or floor.epoch != self.epoch:
+        if floor is None or floor.life != counter.life or floor.epoch != self.epoch_of(endpoint):
             return None
         if value < floor.value:
             return f"enqueue counter of {endpoint!r} went back from {floor.value} to {value}"

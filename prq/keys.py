@@ -44,6 +44,9 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
     prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks, refreshed
+    prq:canary:{<node>/<n>}  string  on a cluster, its canary on another     TTL 3 checks, refreshed
+                                     master (n: the first number whose key
+                                     hashes to a slot that master serves)
     prq:node:<node>          channel responses (and later signals) for one node
     prq:endpoints            zset    encoded endpoint -> last used, ms      TTL 1 day, refreshed
 
@@ -252,8 +255,11 @@ class KeySchema:
     def locator(self, request_id: str) -> str:
         return f"{self.prefix}:loc:{{{request_id}}}"
 
-    def canary(self, node_id: str) -> str:
-        return f"{self.prefix}:canary:{{{node_id}}}"
+    def canary(self, node_id: str, n: int = 0) -> str:
+        """A node's data-loss canary; on a cluster the node keeps one on every master, each a
+        number `n` whose key hashes to a slot that master serves."""
+        tag = node_id if n == 0 else f"{node_id}/{n}"
+        return f"{self.prefix}:canary:{{{tag}}}"
 
     def node_channel(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"

@@ -261,6 +261,24 @@ def sync_link(client: Any) -> SyncLink | SyncClusterLink:
     return SyncLink(client.connection_pool)
 
 
+def shard_layout(client: Any) -> dict[str, list[int]] | None:
+    """A cluster's primaries and the slots each serves, from the slot table the client keeps
+    (redis-py refreshes it on MOVED and on connection errors); None for one server."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is None:
+        return None
+    for _ in range(3):  # the table may be rewritten while it is read
+        layout: dict[str, list[int]] = {}
+        try:
+            for slot, nodes in list(manager.slots_cache.items()):
+                if nodes:
+                    layout.setdefault(nodes[0].name, []).append(slot)
+        except RuntimeError:
+            continue
+        return layout
+    return {}
+
+
 def async_pubsub_connector(client: Any) -> Callable[[], Awaitable[Any]]:
     """Makes the (unconnected) connection a node's pub/sub reader uses, afresh after each loss.
 

@@ -371,14 +371,15 @@ class QueueBase:
         sequence number in this life of the endpoint's counter, the same id, an attempt not
         later): a Redis that went back in time handed it out again, and it must not run. Data
         loss is declared, unless it was already when that Redis was met (prq.taken)."""
-        epoch = self._watch.epoch
+        epoch = self._watch.data_loss.epoch_of(endpoint)
         verdict = self._taken.take(
             endpoint, item.sequence, item.request_id, item.attempt, life, epoch
         )
         if verdict == "again":
             self._watch.declare_data_loss(
                 f"request {item.request_id} was handed out again (sequence {item.sequence}, "
-                f"attempt {item.attempt})"
+                f"attempt {item.attempt})",
+                self._watch.data_loss.scope_of(endpoint),
             )
         elif verdict == "again_after_loss":
             logger.warning(
@@ -390,7 +391,7 @@ class QueueBase:
     def _first_run(self, endpoint: str, item: TakenItem, life: int) -> bool:
         """Remember that this node runs an at_least_once request; False if it ran (or runs)
         the same one before: a redelivery (attempt 2 or later), not to be run again."""
-        generation = (self._watch.epoch, life)
+        generation = (self._watch.data_loss.epoch_of(endpoint), life)
         return self._ran.first_run(
             endpoint, item.sequence, item.request_id, item.attempt, generation
         )
@@ -506,7 +507,7 @@ class QueueBase:
         now = time.monotonic()
         reason = self._watch.data_loss.read(endpoint, floor, result.counter, now)
         if reason:
-            self._watch.declare_data_loss(reason)
+            self._watch.declare_data_loss(reason, self._watch.data_loss.scope_of(endpoint))
             self._watch.data_loss.observe(endpoint, result.counter, now)
             return True
         return False
@@ -831,9 +832,10 @@ class QueueBase:
         lease = self._watch.liveness.sent.get(request_id)
         return lease.endpoint if lease is not None else None
 
-    def _check_epoch(self, epoch: int | None) -> None:
-        """Raise DataLoss if the node declared data loss since a call began."""
-        if epoch is not None and epoch != self._watch.epoch:
+    def _check_epoch(self, epoch: tuple[str, int] | None) -> None:
+        """Raise DataLoss if the node declared data loss where the call's endpoint lives since
+        the call began (`epoch`: NodeWatch.epoch_of)."""
+        if epoch is not None and not self._watch.same_epoch(epoch):
             raise DataLoss(
                 "Redis lost or rolled back its data while this call was in flight; the request "
                 "may or may not have run. Retry if it is safe (the same request id is fine)."

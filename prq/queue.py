@@ -34,7 +34,7 @@ from prq.flows import (
     status_flow,
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
-from prq.links import async_pubsub_connector
+from prq.links import async_pubsub_connector, shard_layout
 from prq.models import (
     Delivery,
     PendingRequest,
@@ -92,7 +92,7 @@ class AsyncQueue(QueueBase):
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), AsyncSignal)
         self._pulses = AsyncPulses(async_pubsub_connector(self._io.client), self._router)
-        self._watch = NodeWatch(self.ctx, self._router)
+        self._watch = NodeWatch(self.ctx, self._router, partial(shard_layout, self._io.client))
         self._watch_wake = asyncio.Event()
         self._watch.wake = self._watch_wake.set
         self._watch_task: asyncio.Task[None] | None = None
@@ -169,7 +169,9 @@ class AsyncQueue(QueueBase):
         await self._io.aclose()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    async def _run(self, flow: Flow[T], epoch: int | None = None, *, closing_ok: bool = False) -> T:
+    async def _run(
+        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+    ) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
@@ -301,7 +303,7 @@ class AsyncQueue(QueueBase):
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),
                 )
-                response = await self._run(flow, self._watch.epoch)
+                response = await self._run(flow, self._watch.epoch_of(request.endpoint))
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
             if isinstance(exc, asyncio.CancelledError):

@@ -33,7 +33,7 @@ from prq.flows import (
     status_flow,
 )
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
-from prq.links import sync_pubsub_connector
+from prq.links import shard_layout, sync_pubsub_connector
 from prq.models import (
     Delivery,
     PendingRequest,
@@ -88,7 +88,7 @@ class Queue(QueueBase):
         self._io = SyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), ThreadSignal)
         self._pulses = ThreadPulses(sync_pubsub_connector(self._io.client), self._router)
-        self._watch = NodeWatch(self.ctx, self._router)
+        self._watch = NodeWatch(self.ctx, self._router, partial(shard_layout, self._io.client))
         self._watch_wake = threading.Event()
         self._watch.wake = self._watch_wake.set
         self._watch_thread: threading.Thread | None = None
@@ -161,7 +161,9 @@ class Queue(QueueBase):
         self._io.close()
         logger.info("queue closed node_id=%s", self.node_id)
 
-    def _run(self, flow: Flow[T], epoch: int | None = None, *, closing_ok: bool = False) -> T:
+    def _run(
+        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+    ) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
@@ -288,7 +290,7 @@ class Queue(QueueBase):
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),
                 )
-                response = self._run(flow, self._watch.epoch)
+                response = self._run(flow, self._watch.epoch_of(request.endpoint))
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
             if self._data_spent(request, body, exc):

@@ -19,7 +19,7 @@ from typing import Any
 
 from prq import metrics
 from prq._types import Call, Reply
-from prq.data_loss import Check, DataLossWatch
+from prq.data_loss import Check, DataLossWatch, Layout
 from prq.errors import PrqError
 from prq.flows import Context
 from prq.health import INFO_CALLS, parse_info, redis_warnings
@@ -49,9 +49,11 @@ class WatchPlan:
 class NodeWatch:
     """Liveness and data-loss bookkeeping of one node."""
 
-    def __init__(self, ctx: Context, router: PulseRouter[Any]) -> None:
+    def __init__(
+        self, ctx: Context, router: PulseRouter[Any], layout: Callable[[], Layout] = lambda: None
+    ) -> None:
         self.liveness = Liveness(ctx)
-        self.data_loss = DataLossWatch(ctx)
+        self.data_loss = DataLossWatch(ctx, layout)
         self.presence = Presence(ctx.keys, ctx.settings, ctx.node_id)
         #: Why Redis would defeat prq's guarantees, as last read from INFO (prq.health).
         self.server_warnings: list[str] = []
@@ -64,6 +66,13 @@ class NodeWatch:
     @property
     def epoch(self) -> int:
         return self.data_loss.epoch
+
+    def epoch_of(self, endpoint: str) -> tuple[str, int]:
+        """A call on `endpoint` started now fails with DataLoss once this changes."""
+        return endpoint, self.data_loss.epoch_of(endpoint)
+
+    def same_epoch(self, mark: tuple[str, int]) -> bool:
+        return self.data_loss.epoch_of(mark[0]) == mark[1]
 
     def plan(self, now: float, *, check_only: bool = False) -> WatchPlan:
         """What is due now; with `check_only`, just a data-loss check (whether due or not)."""
@@ -101,9 +110,9 @@ class NodeWatch:
             if isinstance(check, PrqError):
                 logger.debug("data-loss check failed error=%s", check)
                 return
-            reason = self.data_loss.settle(plan.check, check, now)
-            if reason:
-                self.declare_data_loss(reason)
+            loss = self.data_loss.settle(plan.check, check, now)
+            if loss:
+                self.declare_data_loss(loss.reason, loss.slots)
 
     def server_checked(self, info: list[Reply] | PrqError) -> None:
         """Judge an INFO reading; log each warning once, when it first appears (loudly: a
@@ -140,10 +149,13 @@ class NodeWatch:
         if self.presence.sent(endpoint, now):
             self.wake()
 
-    def declare_data_loss(self, reason: str) -> None:
-        self.data_loss.declare(reason)
+    def declare_data_loss(self, reason: str, slots: frozenset[int] | None = None) -> None:
+        """Data was lost in `slots` (None: everywhere): the requests held there are cancelled,
+        and every waiting caller looks whether its call is one of those that fail."""
+        self.data_loss.declare(reason, slots)
         for lease in list(self.liveness.held.values()):
-            self._ended(lease, "data_loss")
+            if self.data_loss.covers(lease.endpoint, slots):
+                self._ended(lease, "data_loss")
         self.router.wake_all()
 
     def hold(self, pending: PendingRequest, now: float) -> None:

@@ -20,7 +20,7 @@ import redis.cluster
 import yaml
 from redis.crc import key_slot
 
-from prq import AsyncQueue, Queue, Request
+from prq import AsyncQueue, DataLoss, Queue, QueueSettings, Request, Response
 from prq.bulk import BulkClient
 from prq.embedded import EmbeddedRedis
 from prq.embedded_cluster import node_args
@@ -283,3 +283,82 @@ def test_the_compose_profile_forms_its_cluster_as_the_shipped_users(tmp_path: Pa
     finally:
         for node in nodes:
             node.cleanup()
+
+
+#: Short data-loss checks and long polls: only the watch (not a poll) can notice a loss.
+WATCHED = QueueSettings(data_loss_check_interval_s=0.3, poll_interval_s=30.0, pickup_timeout_s=60)
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[ClusterSet]:
+    """A cluster of the test's own: it flushes one of its shards."""
+    servers = ClusterSet()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+def _owner(cluster: ClusterSet, client: redis.cluster.RedisCluster, endpoint: str) -> EmbeddedRedis:
+    port = client.get_node_from_key(KeySchema(PREFIX).endpoint(endpoint).sequence).port  # type: ignore[no-untyped-call]
+    return next(m for m in cluster.masters if m.port == port)
+
+
+async def test_a_flushed_shard_fails_exactly_the_calls_whose_requests_lived_there(
+    own_cluster: ClusterSet,
+) -> None:
+    # Given calls from both facades to an endpoint on every master, each request held by a
+    # receiver
+    admin = own_cluster.cluster_client()
+    endpoints = endpoints_on_every_master(own_cluster, admin)
+    flushed = endpoints[1]
+    async with (
+        AsyncQueue.from_url(own_cluster.url, prefix=PREFIX, settings=WATCHED) as receiver,
+        AsyncQueue.from_url(own_cluster.url, prefix=PREFIX, settings=WATCHED) as caller,
+    ):
+        blocking = Queue.from_url(own_cluster.url, prefix=PREFIX, settings=WATCHED)
+        calls = {e: asyncio.create_task(caller.call(e, "m", e)) for e in endpoints}
+        blocking_calls = {
+            e: asyncio.create_task(asyncio.to_thread(blocking.call, e, "b", e)) for e in endpoints
+        }
+        held = []
+        for endpoint in endpoints:
+            for _ in range(2):
+                pending = await receiver.dequeue(endpoint, timeout_s=10)
+                assert pending is not None
+                held.append(pending)
+        assert caller.stats.data_loss_events == 0
+        assert not any(c.done() for c in [*calls.values(), *blocking_calls.values()])
+
+        # When one master loses its data (its replica follows)
+        with own_cluster.client(_owner(own_cluster, admin, flushed)) as c:
+            c.flushall()
+
+        # Then the calls to that master's endpoint fail with DataLoss, and its held requests
+        # are cancelled with reason data_loss
+        for failing in (calls[flushed], blocking_calls[flushed]):
+            with pytest.raises(DataLoss):
+                await asyncio.wait_for(failing, 10)
+        lost = [p for p in held if p.request.endpoint == flushed]
+        await async_wait_until(lambda: all(p.cancelled for p in lost), 10, 0.05, "cancelled")
+        assert {p.cancel_reason for p in lost} == {"data_loss"}
+        # And nothing on the other shards: their requests are still held, their calls answered
+        kept = [p for p in held if p.request.endpoint != flushed]
+        assert not any(p.cancelled for p in kept)
+        for pending in kept:
+            await receiver.apply_response(
+                Response(id=pending.id, result=f"{pending.request.method}:{pending.request.params}")
+            )
+        for endpoint in endpoints:
+            if endpoint != flushed:
+                assert await asyncio.wait_for(calls[endpoint], 10) == f"m:{endpoint}"
+                assert await asyncio.wait_for(blocking_calls[endpoint], 10) == f"b:{endpoint}"
+        # And the shard works again: a new call there is answered
+        serving = asyncio.create_task(receiver.serve(flushed, lambda r: r.params))
+        assert await asyncio.wait_for(caller.call(flushed, "m", 7), 10) == 7
+        assert await asyncio.to_thread(blocking.call, flushed, "m", 8, timeout_s=10) == 8
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert caller.stats.data_loss_events == receiver.stats.data_loss_events == 1
+        blocking.close()
+    admin.close()

@@ -3,9 +3,11 @@ a new life when the vouching lapsed, and no longer watched once unused for a lis
 
 from __future__ import annotations
 
+from redis.crc import key_slot
+
 from prq._types import Reply
 from prq.config import QueueSettings
-from prq.data_loss import Check, DataLossWatch
+from prq.data_loss import Check, DataLossWatch, Layout, Loss
 from prq.flows import Context
 from prq.keys import KeySchema
 
@@ -24,9 +26,12 @@ def seq_key(dl: DataLossWatch, endpoint: str = E) -> str:
     return dl.ctx.keys.endpoint(endpoint).sequence
 
 
-def answer(check: Check, *counters: tuple[int, bool]) -> list[Reply]:
-    """The replies Redis gives: the canary stepped, then per endpoint (value, key was there)."""
-    replies: list[Reply] = [1 if check.last is None else check.last + 1]
+def answer(check: Check, *counters: tuple[int, bool], gone: str = "") -> list[Reply]:
+    """The replies Redis gives: each canary stepped (but the one named `gone`: 0), then per
+    endpoint (value, key was there)."""
+    replies: list[Reply] = [
+        0 if key == gone else 1 if last is None else last + 1 for key, last in check.canaries
+    ]
     for value, present in counters:
         replies += [str(value).encode() if present else None, int(present)]
     return replies
@@ -74,7 +79,7 @@ def test_a_counter_below_a_vouched_floor_is_data_loss() -> None:
     dl.observe(E, 5, 0.0)
     vouched(dl, 5, 0.0)
     check = dl.check(1.0)
-    assert dl.settle(check, answer(check, (2, True)), 1.0) == (
+    assert dl.settle(check, answer(check, (2, True)), 1.0) == Loss(
         "enqueue counter of 'poll://e' went back from 5 to 2"
     )
     # and a take's reading, the same
@@ -144,3 +149,128 @@ def test_a_declaration_forgets_the_floors_and_keeps_the_lives() -> None:
     assert dl.read(E, before, 1, 1.0) is None
     floor = dl.floor(E, 1.0)
     assert floor is not None and (floor.value, floor.life, floor.epoch) == (1, life, 1)
+
+
+# On a cluster: a canary on every master, and a loss scoped to the master that lost it.
+
+#: Three masters of a cluster, as prq.links.shard_layout gives them.
+THREE: dict[str, list[int]] = {
+    "m1": list(range(0, 5461)),
+    "m2": list(range(5461, 10923)),
+    "m3": list(range(10923, 16384)),
+}
+
+
+def cluster_watch(layout: list[dict[str, list[int]]]) -> DataLossWatch:
+    """A watch whose cluster layout is `layout[0]` (the test changes it in place)."""
+    settings = QueueSettings(list_ttl_s=LIST_TTL_S, data_loss_check_interval_s=1.0)
+    return DataLossWatch(Context(KeySchema("prq"), settings, "node"), lambda: layout[0])
+
+
+def endpoint_on(dl: DataLossWatch, master: str, layout: Layout) -> str:
+    """An endpoint whose keys live on `master`."""
+    assert layout is not None
+    for n in range(1000):
+        endpoint = f"poll://e{n}"
+        if key_slot(seq_key(dl, endpoint).encode()) in layout[master]:
+            return endpoint
+    raise AssertionError("no endpoint found")
+
+
+def owner(layout: Layout, key: str) -> str:
+    assert layout is not None
+    return next(m for m, slots in layout.items() if key_slot(key.encode()) in slots)
+
+
+def test_a_node_keeps_a_canary_on_every_master() -> None:
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    check = dl.check(0.0)
+    keys = [key for key, _ in check.canaries]
+    assert sorted(owner(THREE, key) for key in keys) == ["m1", "m2", "m3"]
+    assert dl.canary_key in keys  # the one-server name stays the first
+    assert dl.settle(check, answer(check), 0.0) is None
+    assert [last for _, last in dl.check(1.0).canaries] == [1, 1, 1]
+
+
+def test_a_canary_gone_on_one_master_is_a_loss_of_that_masters_slots_only() -> None:
+    # Given a node watching endpoints on two masters, its canaries known
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    on_1, on_2 = endpoint_on(dl, "m1", THREE), endpoint_on(dl, "m2", THREE)
+    for endpoint in (on_1, on_2):
+        dl.observe(endpoint, 5, 0.0)
+    first = dl.check(0.0)
+    dl.settle(first, answer(first, (5, True), (5, True)), 0.0)
+    before_1, before_2 = dl.epoch_of(on_1), dl.epoch_of(on_2)
+    # When m2's canary is gone (m2 flushed)
+    check = dl.check(1.0)
+    gone = next(key for key, _ in check.canaries if owner(THREE, key) == "m2")
+    loss = dl.settle(check, answer(check, (5, True), (5, True), gone=gone), 1.0)
+    # Then the loss covers m2's slots, and its declaration moves only m2's endpoints on
+    assert loss == Loss("canary gone", frozenset(THREE["m2"]))
+    dl.declare(loss.reason, loss.slots)
+    assert dl.epoch_of(on_1) == before_1
+    assert dl.epoch_of(on_2) != before_2
+    assert dl.covers(on_2, loss.slots) and not dl.covers(on_1, loss.slots)
+    # And only m2's canary is written afresh; m1's floor is still compared
+    lasts = {owner(THREE, key): last for key, last in dl.check(2.0).canaries}
+    assert lasts == {"m1": 2, "m2": None, "m3": 2}
+    floor = dl.floor(on_1, 2.0)
+    assert floor is not None and floor.value == 5
+    assert dl.floor(on_2, 2.0) is not None and dl.floor(on_2, 2.0).value == 0  # type: ignore[union-attr]
+
+
+def test_a_counter_that_went_back_is_a_loss_of_its_masters_slots() -> None:
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    on_3 = endpoint_on(dl, "m3", THREE)
+    dl.observe(on_3, 5, 0.0)
+    first = dl.check(0.0)
+    dl.settle(first, answer(first, (5, True)), 0.0)
+    check = dl.check(1.0)
+    loss = dl.settle(check, answer(check, (2, True)), 1.0)
+    assert loss is not None and loss.slots == frozenset(THREE["m3"])
+
+
+def test_a_failover_keeps_the_canary_and_a_stale_replica_shows_as_a_rollback() -> None:
+    # Given canaries known on every master
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    first = dl.check(0.0)
+    dl.settle(first, answer(first), 0.0)
+    keys = [key for key, _ in first.canaries]
+    # When m1 fails over to its replica r1 (a new name, the same slots)
+    layout[0] = {"r1" if m == "m1" else m: slots for m, slots in THREE.items()}
+    check = dl.check(1.0)
+    # Then the same canaries are stepped, their last values expected
+    assert [key for key, _ in check.canaries] == keys
+    assert all(last == 1 for _, last in check.canaries)
+    # And a replica that missed the last step is a rollback of r1's slots
+    replies = answer(check)
+    stale = next(i for i, key in enumerate(keys) if owner(layout[0], key) == "r1")
+    replies[stale] = 1  # expected 2
+    loss = dl.settle(check, replies, 1.0)
+    assert loss is not None and loss.slots == frozenset(THREE["m1"])
+
+
+def test_a_master_that_lost_its_canarys_slot_gets_a_new_canary() -> None:
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    first = dl.check(0.0)
+    dl.settle(first, answer(first), 0.0)
+    on_m2 = next(key for key, _ in first.canaries if owner(THREE, key) == "m2")
+    # When the slot of m2's canary migrates to m3
+    moved = key_slot(on_m2.encode())
+    layout[0] = {
+        "m1": THREE["m1"],
+        "m2": [s for s in THREE["m2"] if s != moved],
+        "m3": [moved, *THREE["m3"]],
+    }
+    check = dl.check(1.0)
+    # Then m2 gets a fresh canary, m3 keeps its own (the older), and the moved one is dropped
+    placed = {owner(layout[0], key): (key, last) for key, last in check.canaries}
+    assert sorted(placed) == ["m1", "m2", "m3"]
+    assert placed["m2"][1] is None and placed["m2"][0] != on_m2
+    assert placed["m3"][1] == 1 and placed["m3"][0] != on_m2
+    assert dl.settle(check, answer(check), 1.0) is None

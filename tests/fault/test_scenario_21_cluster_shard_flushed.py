@@ -1,0 +1,136 @@
+"""Scenario 21: on a Redis Cluster (3 masters, a replica each), one master loses its data under
+load (FLUSHALL; its replica follows). The calls whose requests lived on that shard and were in
+flight fail with DataLoss (or succeed, if they ended first); calls to an endpoint on another
+master never see an error; no call hangs, runs twice, or runs after its caller was told it did
+not; and the flushed shard serves calls again at once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis.cluster
+
+from prq.keys import KeySchema
+from tests.cluster_servers import ClusterSet
+from tests.fault.checker import check_nodes
+from tests.fault.nodes import NodeFactory
+from tests.fault.scenarios import data_loss_declared, ends, figures, ok_since
+from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
+from tests.redis_servers import new_prefix, wait_until
+
+pytestmark = pytest.mark.fault
+
+#: The endpoint on the master that is flushed.
+FLUSHED_ENDPOINT = "poll://fault"
+#: Calls that must have succeeded before the flush, and after it.
+WARM_OK, AFTER_OK = 100, 100
+#: Handler time, ms (requests are held when the shard loses them).
+SERVICE_MS = 50.0
+
+
+def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
+    key = KeySchema("prq").endpoint(endpoint).sequence  # the hash tag is the endpoint's
+    return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
+
+
+def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
+    for i in range(1000):
+        endpoint = f"poll://fault-{i}"
+        if _owner(client, endpoint) != port:
+            return endpoint
+    raise AssertionError("no endpoint on another master")
+
+
+@pytest.mark.timeout(150)
+def test_a_shard_flushed_under_load_fails_only_its_own_calls(
+    fault_cluster: ClusterSet, fault_dir: Path
+) -> None:
+    cluster = fault_cluster
+    client = cluster.cluster_client()
+    flushed_port = _owner(client, FLUSHED_ENDPOINT)
+    other = _other_endpoint(client, flushed_port)
+    flushed_master = next(m for m in cluster.masters if m.port == flushed_port)
+    prefix = new_prefix()
+    nodes = NodeFactory(
+        fault_dir,
+        redis_url=cluster.url,
+        prefix=prefix,
+        queue_settings=dict(FAULT_TIMINGS),
+        redis_settings=dict(FAULT_REDIS_SETTINGS),
+    )
+    try:
+        # Given a receiver per facade on each endpoint, and senders calling both under load
+        receivers = [
+            nodes.receiver(
+                f"r-{facade}-{n}",
+                facade=facade,
+                endpoint=endpoint,
+                concurrency=16,
+                handler="sleep",
+                handler_ms=SERVICE_MS,
+            )
+            for n, endpoint in enumerate((FLUSHED_ENDPOINT, other))
+            for facade in ("async", "sync")
+        ]
+        senders = [
+            nodes.sender(
+                f"s-{facade}-{n}",
+                facade=facade,
+                endpoint=endpoint,
+                concurrency=8,
+                duration_s=60.0,
+                call_deadline_s=20.0,
+            )
+            for n, endpoint in enumerate((FLUSHED_ENDPOINT, other))
+            for facade in ("async", "sync")
+        ]
+        victims, others = senders[:2], senders[2:]
+        wait_until(lambda: ok_since(senders, 0.0) >= 2 * WARM_OK, 60, 0.05, "steady load")
+
+        # When the endpoint's master loses all its data
+        flushed_at = time.monotonic()
+        with cluster.client(flushed_master) as c:
+            c.flushall()
+
+        # Then every node declares the loss, for that master's slots only
+        wait_until(
+            lambda: all(data_loss_declared(node) for node in [*senders, *receivers]),
+            20, 0.1, "every node declared the loss",
+        )  # fmt: skip
+        declared_by = max(
+            next(r["t_mono"] for r in ends(s) if r["outcome"] == "DataLoss") for s in victims
+        )
+        # And calls to the flushed shard succeed again, while those to the other one never
+        # stopped
+        wait_until(lambda: ok_since(victims, declared_by) >= AFTER_OK, 60, 0.1, "calls after")
+        assert ok_since(others, flushed_at) > 0
+        for node in [*senders, *receivers]:
+            assert node.stop() == 0, node.log_tail()
+        for node in [*senders, *receivers]:
+            assert all("slots=" in line for line in data_loss_declared(node)), node.log_tail()
+        failed_elsewhere = [r for s in others for r in ends(s) if r["outcome"] != "ok"]
+        assert failed_elsewhere == []
+        lost = [r for s in victims for r in ends(s) if r["outcome"] == "DataLoss"]
+        assert lost, "the flush met no call in flight"
+
+        result = check_nodes(
+            nodes.nodes,
+            name="S21",
+            redis_client=client,  # type: ignore[arg-type]
+            prefix=prefix,
+            data_loss_windows=[(flushed_at - 0.1, declared_by + 0.1)],
+        )
+        print(result.report())
+        figures(
+            "S21",
+            data_loss_failures=len(lost),
+            declared_after_s=declared_by - flushed_at,
+            ok_after=ok_since(victims, declared_by),
+            ok_elsewhere_after=ok_since(others, flushed_at),
+        )
+        result.assert_clean(min_calls=2 * WARM_OK, max_false_data_loss=0)
+    finally:
+        client.close()
+        nodes.cleanup()
