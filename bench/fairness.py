@@ -263,7 +263,7 @@ def take_cost_phase(url: str, takes: int) -> str:
 
         return run
 
-    redelivery = Redelivery.of(QueueSettings(), "prq:node:")
+    redelivery = Redelivery.of(QueueSettings())
 
     def prq_take(keys: EndpointKeys) -> Callable[[str], Any]:
         def take(token: str) -> Any:

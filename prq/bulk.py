@@ -73,6 +73,7 @@ from prq.scripts import (
 from prq.signing import Signer
 from prq.stream_keeper import StreamKeeper
 from prq.sync_io import SyncRedisIO
+from prq.topology import is_cluster_url
 
 if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore
@@ -294,7 +295,7 @@ class BulkClient:
         datastreams: DataStreamStore | None = None,
     ) -> None:
         self.settings = settings or QueueSettings()
-        self.keys = KeySchema(prefix)
+        self.keys = KeySchema(prefix, sharded=is_cluster_url(redis_settings.url))
         self._io = SyncRedisIO(redis_settings, self.settings)
         #: Endpoints checked for the previous layout's lanes (flows.layout_flow), once each.
         self._layout_checked: set[str] = set()
@@ -718,7 +719,7 @@ class BulkClient:
         records: `watch.lost` then says whether a record found missing may have been lost."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
         timeout_ms = int(self.settings.receiver_timeout_s * 1000)
-        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
+        redelivery = Redelivery.of(self.settings)
         calls = [
             read_response_call(keys, request_id, timeout_ms, redelivery)
             for request_id in request_ids
@@ -744,9 +745,9 @@ class BulkClient:
         ]
         if overdue:
             tombstone_ms = int(self.settings.cancel_marker_ttl_s * 1000)
-            channels, why = self.keys.node_channel_prefix, "pickup_timeout"
+            why = "pickup_timeout"
             withdraws = [
-                withdraw_call(keys, rid, why, tombstone_ms, now_ms, channels, uuid.uuid4().hex)
+                withdraw_call(keys, rid, why, tombstone_ms, now_ms, uuid.uuid4().hex)
                 for rid in overdue
             ]
             for request_id, reply in zip(overdue, self._io.execute(withdraws), strict=True):

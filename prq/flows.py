@@ -151,7 +151,6 @@ def _enqueue_calls(
             _ms(pickup_timeout_s),
             _ms(request_ttl_s),
             _ms(settings.list_ttl_s),
-            ctx.keys.node_channel_prefix,
             _ms(settings.in_flight_ttl_s()),
             _ms(settings.receipt_ttl_s()),
             _ms(settings.handoff_confirm_s),
@@ -391,7 +390,7 @@ def _await_outcome(
             keys,
             request.id,
             _ms(ctx.settings.receiver_timeout_s) if judge else 0,
-            Redelivery.of(ctx.settings, ctx.keys.node_channel_prefix),
+            Redelivery.of(ctx.settings),
         )
         snapshot = parse_snapshot(_first((yield _exec(read))))
         clock.saw(snapshot.state == HANDED, ctx.monotonic(), ctx.settings.handoff_confirm_s)
@@ -472,7 +471,6 @@ def _cancel(
             request_id,
             reason,
             _ms(ctx.settings.cancel_marker_ttl_s),
-            ctx.keys.node_channel_prefix,
             uuid.uuid4().hex,
         )
     )
@@ -489,7 +487,6 @@ def _withdraw(
             reason,
             _ms(ctx.settings.cancel_marker_ttl_s),
             ctx.wall_ms(),
-            ctx.keys.node_channel_prefix,
             uuid.uuid4().hex,
         )
     )
@@ -533,7 +530,7 @@ def take_flow(
     deadline = ctx.monotonic() + timeout_s
     final = timeout_s <= 0
     redelivered = 0
-    redelivery = Redelivery.of(settings, ctx.keys.node_channel_prefix)
+    redelivery = Redelivery.of(settings)
     while True:
         seen = signal.generation
         now = ctx.monotonic()
@@ -596,7 +593,6 @@ def respond_flow(
             response,
             keep_ms,
             ctx.wall_ms(),
-            ctx.keys.node_channel_prefix,
             ctx.settings.pulse_inline_limit_bytes,
         )
     )

@@ -141,7 +141,7 @@ class Liveness:
                 lease.last_beat = now
                 call = beat_call(
                     keys.endpoint(lease.endpoint), lease.request_id, "s", "", True,
-                    0, in_flight_ttl_ms, keys.node_channel_prefix, list_ttl_ms,
+                    0, in_flight_ttl_ms, list_ttl_ms,
                 )  # fmt: skip
                 calls.append((lease, call))
         in_touch = now - self.last_contact <= 2 * settings.poll_interval_s + 1.0
@@ -160,7 +160,7 @@ class Liveness:
             call = beat_call(
                 keys.endpoint(lease.endpoint), lease.request_id, "r",
                 lease.pending.owner_token, record, sender_timeout_ms,
-                in_flight_ttl_ms, keys.node_channel_prefix, list_ttl_ms,
+                in_flight_ttl_ms, list_ttl_ms,
                 _progress(lease.pending),
             )  # fmt: skip
             calls.append((lease, call))

@@ -48,6 +48,9 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      master (n: the first number whose key
                                      hashes to a slot that master serves)
     prq:node:<node>          channel responses (and later signals) for one node
+    prq:{<e>}:n:<node>       channel on a cluster, the same for the requests of
+                                     one endpoint: a shard channel of its
+                                     slot (SSUBSCRIBE / SPUBLISH)
     prq:endpoints            zset    encoded endpoint -> last used, ms      TTL 1 day, refreshed
 
 Not written any more: `prq:{<e>}:lv` (zset of priorities) and `prq:{<e>}:q:<p>` (one sorted-set
@@ -102,6 +105,13 @@ class EndpointKeys:
 
     endpoint: str
     tag: str
+    #: Scripts append a node id to this to reach that node: `<prefix>:node:` on one server; on
+    #: a cluster `<tag>:n:`, a shard channel in the endpoint's own slot (SPUBLISH).
+    node_channel_prefix: str = ""
+
+    def node_channel(self, node_id: str) -> str:
+        """The channel of `node_id` that this endpoint's scripts publish to."""
+        return f"{self.node_channel_prefix}{node_id}"
 
     @property
     def levels(self) -> str:
@@ -232,17 +242,21 @@ class EndpointKeys:
 class KeySchema:
     """Builds every key and channel name for one key prefix."""
 
-    def __init__(self, prefix: str = "prq") -> None:
+    def __init__(self, prefix: str = "prq", *, sharded: bool = False) -> None:
         if not prefix or any(c in prefix for c in "{}*?[] \r\n\t") or not prefix.isprintable():
             raise ValueError(f"invalid key prefix {prefix!r}: no braces, globs or whitespace")
         self.prefix = prefix
+        #: On a Redis Cluster: node channels are shard channels of each endpoint's slot.
+        self.sharded = sharded
         self._cache: dict[str, EndpointKeys] = {}
 
     def endpoint(self, endpoint: str) -> EndpointKeys:
         """Keys of `endpoint` (validated; raises InvalidEndpoint)."""
         keys = self._cache.get(endpoint)
         if keys is None:
-            keys = EndpointKeys(endpoint, f"{self.prefix}:{{{encode_endpoint(endpoint)}}}")
+            tag = f"{self.prefix}:{{{encode_endpoint(endpoint)}}}"
+            node_prefix = f"{tag}:n:" if self.sharded else self.node_channel_prefix
+            keys = EndpointKeys(endpoint, tag, node_prefix)
             if len(self._cache) < 10_000:
                 self._cache[endpoint] = keys
         return keys
@@ -266,7 +280,8 @@ class KeySchema:
 
     @property
     def node_channel_prefix(self) -> str:
-        """Scripts append the sender's node id to this to reach it."""
+        """On one server, scripts append a node id to this to reach that node (on a cluster
+        each endpoint has its own: EndpointKeys.node_channel_prefix)."""
         return f"{self.prefix}:node:"
 
     def all_keys_pattern(self) -> str:

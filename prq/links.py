@@ -19,7 +19,6 @@ hold up the steps for the others.
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ import redis.cluster
 from redis.exceptions import ClusterDownError, ClusterError, ResponseError, SlotNotCoveredError
 
 from prq._types import Call, Reply
+from prq.scripts import for_cluster
 
 __all__ = [
     "AsyncClusterLink",
@@ -159,6 +159,7 @@ class AsyncClusterLink:
         raw_replies(client.response_callbacks)
 
     async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        calls = [for_cluster(call) for call in calls]
         special = _per_server(calls)
         keyed = [call for i, call in enumerate(calls) if i not in special]
         replies: list[Reply] = []
@@ -203,6 +204,7 @@ class SyncClusterLink:
         for node in self._client.get_nodes():
             if node.redis_connection is not None:
                 raw_replies(node.redis_connection.response_callbacks)
+        calls = [for_cluster(call) for call in calls]
         special = _per_server(calls)
         keyed = [call for i, call in enumerate(calls) if i not in special]
         replies: list[Reply] = []
@@ -280,37 +282,46 @@ def shard_layout(client: Any) -> dict[str, list[int]] | None:
 
 
 def async_pubsub_connector(client: Any) -> Callable[[], Awaitable[Any]]:
-    """Makes the (unconnected) connection a node's pub/sub reader uses, afresh after each loss.
+    """Makes the (unconnected) connection a node's pub/sub reader uses on one server, afresh
+    after each loss (a cluster has a reader per master: async_node_connector)."""
+    pool = client.connection_pool
 
-    On a cluster, a connection to a primary picked at random: a PUBLISH on any node reaches the
-    subscribers of every node, so after losing one node the reader goes on at another."""
-    if not isinstance(client, redis.asyncio.cluster.RedisCluster):
-        pool = client.connection_pool
+    async def from_pool() -> Any:
+        return pool.make_connection()
 
-        async def from_pool() -> Any:
-            return pool.make_connection()
-
-        return from_pool
-
-    async def from_cluster() -> Any:
-        await client.initialize()
-        node = random.choice(client.get_primaries() or client.get_nodes())  # noqa: S311
-        return node.connection_class(**node.connection_kwargs)
-
-    return from_cluster
+    return from_pool
 
 
 def sync_pubsub_connector(client: Any) -> Callable[[], Any]:
     """The blocking twin of async_pubsub_connector."""
-    if not isinstance(client, redis.cluster.RedisCluster):
-        return client.connection_pool.make_connection  # type: ignore[no-any-return]
-    cluster: Any = client
+    return client.connection_pool.make_connection  # type: ignore[no-any-return]
 
-    def from_cluster() -> Any:
-        node = random.choice(cluster.get_primaries() or cluster.get_nodes())  # noqa: S311
+
+def async_node_connector(client: Any, name: str) -> Callable[[], Awaitable[Any]]:
+    """Makes a pub/sub connection to the cluster node `name` (host:port), with the cluster
+    client's credentials and TLS; a ConnectionError once the client no longer knows it."""
+
+    async def to_node() -> Any:
+        node = client.get_node(node_name=name)
+        if node is None:
+            raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")
+        return node.connection_class(**node.connection_kwargs)
+
+    return to_node
+
+
+def sync_node_connector(client: Any, name: str) -> Callable[[], Any]:
+    """The blocking twin of async_node_connector."""
+
+    def to_node() -> Any:
+        node = client.get_node(node_name=name)
+        if node is None:
+            raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")
         if node.redis_connection is None:
-            cluster.nodes_manager.initialize()
-            node = random.choice(cluster.get_primaries() or cluster.get_nodes())  # noqa: S311
+            client.nodes_manager.initialize()
+            node = client.get_node(node_name=name)
+        if node is None or node.redis_connection is None:
+            raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")
         return node.redis_connection.connection_pool.make_connection()
 
-    return from_cluster
+    return to_node

@@ -78,6 +78,7 @@ from prq.scripts import (
 from prq.signing import Renewals, Signer, unwrap
 from prq.stream_keeper import StreamKeeper
 from prq.taken import TakenRequests
+from prq.topology import is_cluster_url
 from prq.watch import NodeWatch
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class QueueBase:
     ) -> None:
         self.redis_settings = redis_settings
         self.settings = settings or QueueSettings()
-        self.keys = KeySchema(prefix)
+        self.keys = KeySchema(prefix, sharded=is_cluster_url(redis_settings.url))
         self.node_id = node_id or uuid.uuid4().hex[:16]
         self.datastreams = datastreams
         #: The DataStreams and large bodies of what this node sends and receives
@@ -643,7 +644,7 @@ class QueueBase:
         held = list(self._held.values())
         if not held:
             return uncollected
-        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
+        redelivery = Redelivery.of(self.settings)
         given = [(p.request.endpoint, p.id, p.owner_token) for p in held]
         calls = tuple(
             hand_back_call(self.keys.endpoint(endpoint), request_id, token, redelivery)
@@ -675,7 +676,7 @@ class QueueBase:
                 spare.remove(token)
         if not taking:
             return 0
-        redelivery = Redelivery.of(self.settings, self.keys.node_channel_prefix)
+        redelivery = Redelivery.of(self.settings)
         calls = tuple(
             unpark_call(self.keys.endpoint(endpoint), token, redelivery)
             for token, endpoint in taking

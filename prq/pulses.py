@@ -130,6 +130,9 @@ class PulseRouter(Generic[S]):
 
     def __init__(self, node_channel: str, make_signal: Callable[[], S]) -> None:
         self.node_channel = node_channel.encode()
+        #: On a cluster the node's channels are one per endpoint, `<endpoint tag>:n:<node>`
+        #: (keys.EndpointKeys.node_channel): recognised by this ending.
+        self._node_suffix = b":n:" + self.node_channel.rpartition(b":")[2]
         self._make = make_signal
         self._takes: dict[bytes, dict[str, S]] = {}
         self._tokens: dict[str, S] = {}
@@ -168,7 +171,7 @@ class PulseRouter(Generic[S]):
 
     def dispatch(self, channel: bytes, data: bytes) -> None:
         self.messages += 1
-        if channel != self.node_channel:
+        if channel != self.node_channel and not channel.endswith(self._node_suffix):
             for signal in list(self._takes.get(channel, {}).values()):
                 signal.fire()
             return
@@ -205,10 +208,17 @@ class _Subscriber(Generic[S]):
     Pure: the readers do the I/O and call `handle` with each raw reply of the connection.
     """
 
-    def __init__(self, router: PulseRouter[S]) -> None:
+    def __init__(self, router: PulseRouter[S], *, sharded: bool = False) -> None:
         self.router: PulseRouter[S] = router
-        self.desired: set[str] = {router.node_channel.decode()}
+        #: A shard's reader (SSUBSCRIBE) starts with no channel; the one reader of a server
+        #: starts with the node's channel.
+        self.desired: set[str] = set() if sharded else {router.node_channel.decode()}
         self.confirmed: set[str] = set()
+        self.command = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        #: Called when a link is lost, and with a channel the server unsubscribed (its slot
+        #: moved to another master): a sharded reader's owner routes its channels again.
+        self.on_lost: Callable[[], None] = lambda: None
+        self.on_moved: Callable[[str], None] = lambda channel: None
         self.recovering = False
         self.reconnects = 0
         self._last_seen = time.monotonic()
@@ -221,11 +231,16 @@ class _Subscriber(Generic[S]):
         if not isinstance(reply, list) or len(reply) < 2:
             return None
         kind = reply[0]
-        if kind == b"message" and len(reply) == 3:
+        if kind in (b"message", b"smessage") and len(reply) == 3:
             channel, data = reply[1], reply[2]
             if isinstance(channel, bytes) and isinstance(data, bytes):
                 self.router.dispatch(channel, data)
-        elif kind == b"subscribe" and isinstance(reply[1], bytes):
+        elif kind == b"sunsubscribe" and isinstance(reply[1], bytes):
+            moved = reply[1].decode()
+            self.confirmed.discard(moved)
+            self.desired.discard(moved)
+            self.on_moved(moved)
+        elif kind in (b"subscribe", b"ssubscribe") and isinstance(reply[1], bytes):
             channel_name = reply[1].decode()
             self.confirmed.add(channel_name)
             if self.recovering:
@@ -253,6 +268,7 @@ class _Subscriber(Generic[S]):
         self.recovering = True
         self.router.wake_all()  # pulses may have been lost: every wait polls now
         self._last_seen = time.monotonic()
+        self.on_lost()
         jitter = random.random()  # noqa: S311 (backoff jitter, not a secret)
         return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * jitter)
 
@@ -275,10 +291,14 @@ class AsyncPulses(PulsesBase):
     """The node's pub/sub connection (owned, not pooled), read by one asyncio task."""
 
     def __init__(
-        self, connect: Callable[[], Awaitable[Any]], router: PulseRouter[AsyncSignal]
+        self,
+        connect: Callable[[], Awaitable[Any]],
+        router: PulseRouter[AsyncSignal],
+        *,
+        sharded: bool = False,
     ) -> None:
         self.router = router
-        self._state = _Subscriber(router)
+        self._state = _Subscriber(router, sharded=sharded)
         #: Makes a fresh connection (links.async_pubsub_connector): at start, after each loss.
         self._connect = connect
         # redis-py's connection classes are only partly typed; this stays internal.
@@ -289,13 +309,16 @@ class AsyncPulses(PulsesBase):
         self._closing = False
 
     async def start(self) -> None:
-        node_channel = self.router.node_channel.decode()
+        """Connect, subscribe to the channels wanted from the start (the node's channel on one
+        server; none for a shard's reader), and read from then on."""
+        first = sorted(self._state.desired)
         with translate_errors():
             self._conn = await self._connect()
             await self._conn.connect()
-            await self._conn.send_command("SUBSCRIBE", node_channel)
+            if first:
+                await self._conn.send_command(self._state.command, *first)
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
-                while node_channel not in self._state.confirmed:
+                while not self._state.confirmed.issuperset(first):
                     self._handle(
                         await self._conn.read_response(disconnect_on_error=False, push_request=True)
                     )
@@ -313,7 +336,7 @@ class AsyncPulses(PulsesBase):
                 state.desired.add(channel)
                 async with self._send_lock:
                     with translate_errors():
-                        await self._conn.send_command("SUBSCRIBE", channel)
+                        await self._conn.send_command(state.command, channel)
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
                 await future
         except (RedisUnavailable, TimeoutError) as exc:
@@ -322,6 +345,25 @@ class AsyncPulses(PulsesBase):
             waiters = self._confirm_waiters.get(channel, [])
             if future in waiters:
                 waiters.remove(future)
+
+    @property
+    def wanted(self) -> set[str]:
+        return self._state.desired
+
+    def forget(self, channel: str) -> None:
+        """Stop wanting `channel` (it moved to another shard's reader): it is not subscribed
+        again after a reconnect (the server unsubscribes it when its slot moves)."""
+        self._state.desired.discard(channel)
+        self._state.confirmed.discard(channel)
+
+    async def start_quietly(self) -> None:
+        """Start; if the node cannot be reached now, the read loop keeps trying to."""
+        try:
+            await self.start()
+        except Exception as exc:
+            logger.debug("pub/sub start deferred error=%s", exc)
+            if self._task is None:
+                self._task = asyncio.create_task(self._read_loop(), name="prq-pulses")
 
     def _handle(self, reply: object) -> None:
         confirmed = self._state.handle(reply)
@@ -349,6 +391,8 @@ class AsyncPulses(PulsesBase):
                 await self._reconnect(self._state.lost(exc, failures))
 
     async def _step(self) -> None:
+        if self._conn is None:
+            raise RedisUnavailable("pub/sub link not connected")
         reply = await self._conn.read_response(
             timeout=READ_STEP_S, disconnect_on_error=False, push_request=True
         )
@@ -371,7 +415,10 @@ class AsyncPulses(PulsesBase):
                 with translate_errors():
                     self._conn = await self._connect()
                     await self._conn.connect()
-                    await self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
+                    if self._state.desired:
+                        await self._conn.send_command(
+                            self._state.command, *sorted(self._state.desired)
+                        )
         except Exception as exc:
             logger.debug("pub/sub resubscribe failed error=%s", exc)
 
@@ -390,9 +437,15 @@ class AsyncPulses(PulsesBase):
 class ThreadPulses(PulsesBase):
     """The node's pub/sub connection, read by one daemon thread (the only one touching it)."""
 
-    def __init__(self, connect: Callable[[], Any], router: PulseRouter[ThreadSignal]) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        router: PulseRouter[ThreadSignal],
+        *,
+        sharded: bool = False,
+    ) -> None:
         self.router = router
-        self._state = _Subscriber(router)
+        self._state = _Subscriber(router, sharded=sharded)
         #: Makes a fresh connection (links.sync_pubsub_connector): at start, after each loss.
         self._connect = connect
         self._conn: Any = None
@@ -405,19 +458,38 @@ class ThreadPulses(PulsesBase):
     def start(self) -> None:
         self._thread = threading.Thread(target=self._read_loop, name="prq-pulses", daemon=True)
         self._thread.start()
-        self.ensure_subscribed(self.router.node_channel.decode())
+        for channel in sorted(self._state.desired):
+            self.ensure_subscribed(channel)
 
     def ensure_subscribed(self, channel: str) -> None:
         """Subscribe (once) and wait, bounded, for Redis to confirm; polling covers failure."""
         with self._confirm:
             if channel in self._state.confirmed:
                 return
-            self._state.desired.add(channel)
-            self._requests.put(channel)
+            if channel not in self._state.desired:
+                self._state.desired.add(channel)
+                self._requests.put(channel)
             if not self._confirm.wait_for(
                 lambda: channel in self._state.confirmed, DEFAULT_SUBSCRIBE_CONFIRM_S
             ):
                 logger.warning("subscribe not confirmed channel=%s", channel)
+
+    @property
+    def wanted(self) -> set[str]:
+        return self._state.desired
+
+    def want(self, channel: str) -> None:
+        """Subscribe to `channel` without waiting for Redis to confirm it."""
+        with self._confirm:
+            if channel not in self._state.desired:
+                self._state.desired.add(channel)
+                self._requests.put(channel)
+
+    def forget(self, channel: str) -> None:
+        """Stop wanting `channel` (see AsyncPulses.forget)."""
+        with self._confirm:
+            self._state.desired.discard(channel)
+            self._state.confirmed.discard(channel)
 
     def _read_loop(self) -> None:
         failures = 0
@@ -442,12 +514,15 @@ class ThreadPulses(PulsesBase):
             self._conn = self._connect()
             self._conn.connect()
             self._connected = True
-            self._conn.send_command("SUBSCRIBE", *sorted(self._state.desired))
+            with self._confirm:
+                wanted = sorted(self._state.desired)
+            if wanted:
+                self._conn.send_command(self._state.command, *wanted)
         pending = []
         while not self._requests.empty():
             pending.append(self._requests.get_nowait())
         if pending:
-            self._conn.send_command("SUBSCRIBE", *pending)
+            self._conn.send_command(self._state.command, *pending)
         if self._conn.can_read(timeout=DEFAULT_THREAD_READ_SLICE_S):
             with self._confirm:
                 self._state.handle(

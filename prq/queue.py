@@ -48,6 +48,7 @@ from prq.pulses import AsyncPulses, AsyncSignal, PulseRouter
 from prq.redis_io import AsyncRedisIO
 from prq.scripts import script_load_calls
 from prq.send import OnFailure, OnResponse, SendHandle, SendState
+from prq.shard_pulses import AsyncShardPulses
 from prq.sigterm import stop_on_sigterm_async
 from prq.watch import NodeWatch
 
@@ -70,7 +71,7 @@ class AsyncQueue(QueueBase):
     """The pending-request queue for asyncio code (the README shows its API)."""
 
     _io: AsyncRedisIO
-    _pulses: AsyncPulses
+    _pulses: AsyncPulses | AsyncShardPulses
     _router: PulseRouter[AsyncSignal]
 
     def __init__(
@@ -91,7 +92,11 @@ class AsyncQueue(QueueBase):
         )
         self._io = AsyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), AsyncSignal)
-        self._pulses = AsyncPulses(async_pubsub_connector(self._io.client), self._router)
+        self._pulses = (
+            AsyncShardPulses(self._io.client, self._router)
+            if self.keys.sharded
+            else AsyncPulses(async_pubsub_connector(self._io.client), self._router)
+        )
         self._watch = NodeWatch(self.ctx, self._router, partial(shard_layout, self._io.client))
         self._watch_wake = asyncio.Event()
         self._watch.wake = self._watch_wake.set
@@ -283,6 +288,7 @@ class AsyncQueue(QueueBase):
         request = await self._with_stored_streams(request, pickup_timeout_s)
         request, body = self._encode_request(request)
         await self._ready()
+        await self._listen(request.endpoint)
         if self._streams.spills(body):
             body = await asyncio.to_thread(
                 self._streams.spill_request, request, body, self._pickup_timeout(pickup_timeout_s)
@@ -332,6 +338,7 @@ class AsyncQueue(QueueBase):
         request = await self._with_stored_streams(request, pickup_timeout_s)
         request, _ = self._encode_request(request)  # a bad request raises here, not later
         await self._ready()
+        await self._listen(request.endpoint)
         handle = SendHandle(self, SendState(request, on_response, on_failure))
         task = asyncio.create_task(handle._run(pickup_timeout_s, timeout_s))
         handle._task = task
@@ -494,6 +501,13 @@ class AsyncQueue(QueueBase):
         timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
         return await self._take(endpoint, max_items, timeout)
 
+    async def _listen(self, endpoint: str) -> None:
+        """On a cluster: subscribe (once) to this node's channel of `endpoint`, where its
+        scripts signal this node (answers, hand-offs, cancellations; keys.EndpointKeys)."""
+        if self.keys.sharded:
+            channel = self.keys.endpoint(endpoint).node_channel(self.node_id)
+            await self._pulses.ensure_subscribed(channel)
+
     async def _take(
         self,
         endpoint: str,
@@ -503,6 +517,7 @@ class AsyncQueue(QueueBase):
     ) -> list[PendingRequest]:
         validate_endpoint(endpoint)
         await self._ready()
+        await self._listen(endpoint)
         channel = self.keys.endpoint(endpoint).pulse_channel
         await self._pulses.ensure_subscribed(channel)
         current: list[str] = []

@@ -46,6 +46,7 @@ from prq.node import SHUTDOWN_POLL_S, QueueBase
 from prq.pulses import PulseRouter, ThreadPulses, ThreadSignal
 from prq.scripts import script_load_calls
 from prq.send import BlockingSendHandle, OnFailure, OnResponse, SendState
+from prq.shard_pulses import ThreadShardPulses
 from prq.sigterm import stop_on_sigterm
 from prq.sync_io import SyncRedisIO
 from prq.watch import NodeWatch
@@ -66,7 +67,7 @@ class Queue(QueueBase):
     """The pending-request queue for blocking code (the README shows its API)."""
 
     _io: SyncRedisIO
-    _pulses: ThreadPulses
+    _pulses: ThreadPulses | ThreadShardPulses
     _router: PulseRouter[ThreadSignal]
 
     def __init__(
@@ -87,7 +88,11 @@ class Queue(QueueBase):
         )
         self._io = SyncRedisIO(self.redis_settings, self.settings)
         self._router = PulseRouter(self.keys.node_channel(self.node_id), ThreadSignal)
-        self._pulses = ThreadPulses(sync_pubsub_connector(self._io.client), self._router)
+        self._pulses = (
+            ThreadShardPulses(self._io.client, self._router)
+            if self.keys.sharded
+            else ThreadPulses(sync_pubsub_connector(self._io.client), self._router)
+        )
         self._watch = NodeWatch(self.ctx, self._router, partial(shard_layout, self._io.client))
         self._watch_wake = threading.Event()
         self._watch.wake = self._watch_wake.set
@@ -270,6 +275,7 @@ class Queue(QueueBase):
         request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, body = self._encode_request(request)
         self._ready()
+        self._listen(request.endpoint)
         if self._streams.spills(body):
             body = self._streams.spill_request(
                 request, body, self._pickup_timeout(pickup_timeout_s)
@@ -318,6 +324,7 @@ class Queue(QueueBase):
         request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, _ = self._encode_request(request)  # a bad request raises here, not later
         self._ready()
+        self._listen(request.endpoint)
         handle = BlockingSendHandle(self, SendState(request, on_response, on_failure))
         thread = threading.Thread(
             target=handle._run, args=(pickup_timeout_s, timeout_s), name="prq-send", daemon=True
@@ -449,6 +456,13 @@ class Queue(QueueBase):
         timeout = self.settings.dequeue_timeout_s if timeout_s is None else timeout_s
         return self._take(endpoint, max_items, timeout)
 
+    def _listen(self, endpoint: str) -> None:
+        """On a cluster: subscribe (once) to this node's channel of `endpoint` (see
+        AsyncQueue._listen)."""
+        if self.keys.sharded:
+            channel = self.keys.endpoint(endpoint).node_channel(self.node_id)
+            self._pulses.ensure_subscribed(channel)
+
     def _take(
         self,
         endpoint: str,
@@ -458,6 +472,7 @@ class Queue(QueueBase):
     ) -> list[PendingRequest]:
         validate_endpoint(endpoint)
         self._ready()
+        self._listen(endpoint)
         channel = self.keys.endpoint(endpoint).pulse_channel
         self._pulses.ensure_subscribed(channel)
         current: list[str] = []

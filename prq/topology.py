@@ -174,6 +174,11 @@ def _cluster_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
     return chosen | {"require_full_coverage": False}
 
 
+def is_cluster_url(url: str) -> bool:
+    """Whether `url` names a Redis Cluster (redis+cluster://, rediss+cluster://)."""
+    return url.partition("://")[0].lower() in _CLUSTER_SCHEMES
+
+
 def is_cluster(client: object) -> bool:
     """Whether `client` (of `sync_client` or `async_client`) talks to a Redis Cluster."""
     return isinstance(client, redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster)

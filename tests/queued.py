@@ -75,6 +75,6 @@ def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenIt
         keys, f"silent-{uuid.uuid4().hex}", "silent-node", 2000, 10, 100,
         int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
         int(settings.receiver_timeout_s * 1000),
-        Redelivery.of(settings, KeySchema(prefix).node_channel_prefix),
+        Redelivery.of(settings),
     )  # fmt: skip
     return parse_take(_send(client, *call.args)).items

@@ -41,6 +41,7 @@ __all__ = [
     "cancel_call",
     "enqueue_call",
     "enqueue_many_call",
+    "for_cluster",
     "hand_back_call",
     "parse_apply_response",
     "parse_beat",
@@ -109,7 +110,29 @@ ALL_SCRIPTS: Final = (
 
 def script_load_calls() -> tuple[Call, ...]:
     """SCRIPT LOAD for every script, for one round trip."""
-    return tuple(Call(("SCRIPT", "LOAD", script.source)) for script in ALL_SCRIPTS)
+    return tuple(Call(("SCRIPT", "LOAD", script.source), script) for script in ALL_SCRIPTS)
+
+
+def _sharded(script: Script) -> Script:
+    source = script.source.replace("redis.call('PUBLISH', ", "redis.call('SPUBLISH', ")
+    sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+    return Script(script.name, source, sha)
+
+
+#: On a Redis Cluster each script publishes with SPUBLISH: every channel it publishes to is a
+#: shard channel of its own slot (the endpoint's pulse channel, and its node channels,
+#: EndpointKeys.node_channel_prefix), heard by that shard's subscribers only.
+SHARDED: Final = {script.sha: _sharded(script) for script in ALL_SCRIPTS}
+
+
+def for_cluster(call: Call) -> Call:
+    """`call` as a cluster runs it: a script call names the script's SPUBLISH twin."""
+    twin = SHARDED.get(call.script.sha) if call.script is not None else None
+    if twin is None:
+        return call
+    if call.args[0] == "EVALSHA":
+        return Call(("EVALSHA", twin.sha, *call.args[2:]), twin)
+    return Call(("SCRIPT", "LOAD", twin.source), twin)
 
 
 def _text(value: Reply) -> str:
@@ -168,7 +191,6 @@ def enqueue_call(
     pickup_window_ms: int,
     request_ttl_ms: int,
     list_ttl_ms: int,
-    node_channel_prefix: str,
     in_flight_ttl_ms: int,
     receipt_ttl_ms: int,
     handoff_confirm_ms: int,
@@ -185,7 +207,7 @@ def enqueue_call(
          keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
          keys.handoffs),
         (request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
-         keys.pulse_channel, node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
+         keys.pulse_channel, keys.node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
          receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms),
     )  # fmt: skip
 
@@ -362,7 +384,6 @@ class Redelivery:
     list_ttl_ms: int
     dead_letter_ttl_ms: int
     dead_letter_max: int
-    node_channel_prefix: str
     #: For a hand-off taken back (scripts/_handoff.lua): its confirmation window, and the TTLs
     #: of a taken request and of a take receipt.
     handoff_confirm_ms: int
@@ -370,13 +391,12 @@ class Redelivery:
     receipt_ttl_ms: int
 
     @classmethod
-    def of(cls, settings: QueueSettings, node_channel_prefix: str) -> Redelivery:
+    def of(cls, settings: QueueSettings) -> Redelivery:
         return cls(
             int(settings.request_ttl_extra_s * 1000),
             int(settings.list_ttl_s * 1000),
             int(settings.dead_letter_ttl_s * 1000),
             settings.dead_letter_max,
-            node_channel_prefix,
             int(settings.handoff_confirm_s * 1000),
             int(settings.in_flight_ttl_s() * 1000),
             int(settings.receipt_ttl_s() * 1000),
@@ -404,7 +424,7 @@ def take_call(
         (owner_token, receiver, handoff_confirm_ms, max_items, max_scan, in_flight_ttl_ms,
          receipt_ttl_ms, park_ms, park_ttl_ms, receiver_timeout_ms, redelivery.request_ttl_extra_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
-         redelivery.node_channel_prefix),
+         keys.node_channel_prefix),
     )  # fmt: skip
 
 
@@ -444,7 +464,6 @@ def apply_response_call(
     response: bytes,
     response_ttl_ms: int,
     now_ms: int,
-    node_channel_prefix: str,
     pulse_inline_limit_bytes: int,
 ) -> Call:
     return APPLY_RESPONSE.call(
@@ -455,7 +474,7 @@ def apply_response_call(
             response,
             response_ttl_ms,
             now_ms,
-            node_channel_prefix,
+            keys.node_channel_prefix,
             pulse_inline_limit_bytes,
             keys.pulse_channel,
         ),
@@ -478,12 +497,11 @@ def withdraw_call(
     reason: str,
     tombstone_ttl_ms: int,
     now_ms: int,
-    node_channel_prefix: str,
     nonce: str,
 ) -> Call:
     return WITHDRAW.call(
         (keys.request(request_id), keys.levels, keys.level_prefix, keys.running, keys.handoffs),
-        (reason, tombstone_ttl_ms, now_ms, node_channel_prefix, request_id, nonce),
+        (reason, tombstone_ttl_ms, now_ms, keys.node_channel_prefix, request_id, nonce),
     )
 
 
@@ -501,7 +519,7 @@ def read_response_call(
     return READ_RESPONSE.call(
         (keys.request(request_id), keys.running, keys.lease, keys.levels, keys.level_prefix,
          *keys.dead, keys.parked, keys.parks, keys.take_receipt_prefix, keys.handoffs),
-        (receiver_timeout_ms, redelivery.node_channel_prefix, request_id,
+        (receiver_timeout_ms, keys.node_channel_prefix, request_id,
          redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
          redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms, redelivery.receipt_ttl_ms),
@@ -519,14 +537,13 @@ def beat_call(
     record: bool,
     sender_timeout_ms: int,
     in_flight_ttl_ms: int,
-    node_channel_prefix: str,
     list_ttl_ms: int,
     progress: str = "",
 ) -> Call:
     return BEAT.call(
         (keys.request(request_id), keys.running, keys.lease),
         (role, owner_token, 1 if record else 0, sender_timeout_ms, in_flight_ttl_ms,
-         node_channel_prefix, request_id, list_ttl_ms, progress),
+         keys.node_channel_prefix, request_id, list_ttl_ms, progress),
     )  # fmt: skip
 
 
@@ -547,7 +564,6 @@ def cancel_call(
     request_id: str,
     reason: str,
     marker_ttl_ms: int,
-    node_channel_prefix: str,
     nonce: str,
 ) -> Call:
     return CANCEL.call(
@@ -559,7 +575,7 @@ def cancel_call(
             keys.lease,
             keys.handoffs,
         ),
-        (reason, marker_ttl_ms, node_channel_prefix, request_id, nonce),
+        (reason, marker_ttl_ms, keys.node_channel_prefix, request_id, nonce),
     )
 
 
@@ -572,7 +588,7 @@ def hand_back_call(
          *keys.dead),
         (request_id, owner_token, redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
-         redelivery.node_channel_prefix),
+         keys.node_channel_prefix),
     )  # fmt: skip
 
 
@@ -585,7 +601,7 @@ def unpark_call(keys: EndpointKeys, owner_token: str, redelivery: Redelivery) ->
          keys.lease),
         (owner_token, redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms,
          redelivery.receipt_ttl_ms, redelivery.list_ttl_ms, redelivery.request_ttl_extra_ms,
-         keys.pulse_channel, redelivery.node_channel_prefix),
+         keys.pulse_channel, keys.node_channel_prefix),
     )  # fmt: skip
 
 

@@ -362,3 +362,52 @@ async def test_a_flushed_shard_fails_exactly_the_calls_whose_requests_lived_ther
         assert caller.stats.data_loss_events == receiver.stats.data_loss_events == 1
         blocking.close()
     admin.close()
+
+
+async def test_pulses_use_one_sharded_link_per_master_and_a_channel_per_endpoint(
+    cluster: ClusterSet,
+) -> None:
+    # Given a receiver serving an endpoint on every master, and polls 30 s apart: a call
+    # answered within its 10 s timeout was woken by a pulse
+    slow_polls = QueueSettings(poll_interval_s=30.0)
+    admin = cluster.cluster_client()
+    endpoints = endpoints_on_every_master(cluster, admin)
+    async with (
+        AsyncQueue.from_url(cluster.url, prefix=PREFIX, settings=slow_polls) as receiver,
+        AsyncQueue.from_url(cluster.url, prefix=PREFIX, settings=slow_polls) as caller,
+    ):
+        serving = [asyncio.create_task(receiver.serve(e, lambda r: r.params)) for e in endpoints]
+        blocking = Queue.from_url(cluster.url, prefix=PREFIX, settings=slow_polls)
+
+        async def calls(n: int) -> None:
+            for i in range(n):
+                for e in endpoints:
+                    assert await caller.call(e, "m", i, timeout_s=10) == i
+                    assert await asyncio.to_thread(blocking.call, e, "m", i, timeout_s=10) == i
+
+        # When each endpoint is called from both facades, a few times and then many times
+        await calls(2)
+        held = [(q._pulses.links, q._pulses.subscriptions) for q in (caller, receiver, blocking)]
+        await calls(20)
+
+        # Then each node holds one pub/sub link per master, and a channel per endpoint (the
+        # receiver also its pulse channels), however many requests went by
+        assert held == [(3, 3), (3, 6), (3, 3)]
+        assert [
+            (q._pulses.links, q._pulses.subscriptions) for q in (caller, receiver, blocking)
+        ] == held
+        # And each master counts the subscribers of the channels in its own slots, none classic
+        for node_id in (caller.node_id, blocking.node_id):
+            for endpoint in endpoints:
+                channel = KeySchema(PREFIX, sharded=True).endpoint(endpoint).node_channel(node_id)
+                with cluster.client(_owner(cluster, admin, endpoint)) as c:
+                    assert c.execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 1]
+        for master in cluster.masters:
+            with cluster.client(master) as c:
+                assert c.execute_command("PUBSUB", "NUMPAT") == 0
+                assert not [ch for ch in c.execute_command("PUBSUB", "CHANNELS") if PREFIX in ch]
+        blocking.close()
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
+    admin.close()

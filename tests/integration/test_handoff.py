@@ -102,7 +102,7 @@ def park_silently(client: redis.Redis, keys: EndpointKeys, token: str, node: str
     client.script_load(TAKE.source)
     call = take_call(
         keys, token, node, 2000, 1, 100, 60_000, 60_000, 60_000, 86_400_000, 60_000,
-        Redelivery.of(settings, KeySchema("x").node_channel_prefix),
+        Redelivery.of(settings),
     )  # fmt: skip
     assert parse_take(client.execute_command(*call.args)).items == []  # type: ignore[no-untyped-call]
 
@@ -209,7 +209,7 @@ async def test_a_handoff_given_back_unconfirmed_goes_to_another_receiver_uncount
     assert (await sender.status(request.id)).state == RequestState.QUEUED
     # When the take's receiver stops taking (unpark) without collecting it
     redis_client.script_load(UNPARK.source)
-    redelivery = Redelivery.of(QueueSettings(), KeySchema(key_prefix).node_channel_prefix)
+    redelivery = Redelivery.of(QueueSettings())
     unpark = unpark_call(keys, token, redelivery)
     assert parse_unpark(redis_client.execute_command(*unpark.args)) == 1  # type: ignore[no-untyped-call]
     # Then the request is queued again, no attempt counted, and another receiver runs it
@@ -315,7 +315,7 @@ async def test_a_take_whose_receipt_holds_only_cancelled_requests_takes_afresh(
     settings = QueueSettings()
     call = take_call(
         keys, token, "receiver", 2000, 1, 100, 60_000, 60_000, 0, 86_400_000, 60_000,
-        Redelivery.of(settings, KeySchema(key_prefix).node_channel_prefix),
+        Redelivery.of(settings),
     )  # fmt: skip
     redis_client.script_load(TAKE.source)
     first = parse_take(redis_client.execute_command(*call.args))  # type: ignore[no-untyped-call]

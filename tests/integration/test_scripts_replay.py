@@ -75,7 +75,7 @@ def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, 
 def enqueue(keys: KeySchema, request: Request, now_ms: int) -> Call:
     return enqueue_call(
         keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
-        now_ms, TTL_MS, TTL_MS, TTL_MS, keys.node_channel_prefix, TTL_MS, TTL_MS, 2000, TTL_MS,
+        now_ms, TTL_MS, TTL_MS, TTL_MS, TTL_MS, TTL_MS, 2000, TTL_MS,
     )  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def take(keys: KeySchema, token: str, now_ms: int) -> Call:
         0,
         TTL_MS,
         TTL_MS,
-        Redelivery.of(QueueSettings(), keys.node_channel_prefix),
+        Redelivery.of(QueueSettings()),
     )
 
 
@@ -133,7 +133,7 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
         0,
         TTL_MS,
         TTL_MS,
-        Redelivery.of(QueueSettings(), keys.node_channel_prefix),
+        Redelivery.of(QueueSettings()),
     )
     first = parse_take(send(client, call)).items
     # When the take is replayed
@@ -157,9 +157,8 @@ def test_apply_response_replay_is_reported_and_changes_nothing(
 
     def answer(body: bytes, owner: str) -> str:
         call = apply_response_call(
-            keys.endpoint(ENDPOINT), request.id, owner, body, TTL_MS, now_ms,
-            keys.node_channel_prefix, 16384,
-        )  # fmt: skip
+            keys.endpoint(ENDPOINT), request.id, owner, body, TTL_MS, now_ms, 16384
+        )
         return parse_apply_response(send(client, call))
 
     first_body = b'{"id": "%s", "result": 1}' % request.id.encode()
@@ -182,9 +181,8 @@ def test_withdraw_replay_is_still_this_calls_withdrawal(
 
     def withdraw(nonce: str) -> tuple[str, bool]:
         call = withdraw_call(
-            keys.endpoint(ENDPOINT), request.id, "cancelled", TTL_MS, now_ms,
-            keys.node_channel_prefix, nonce,
-        )  # fmt: skip
+            keys.endpoint(ENDPOINT), request.id, "cancelled", TTL_MS, now_ms, nonce
+        )
         snapshot, mine = parse_withdraw(send(client, call))
         return snapshot.state, mine
 
