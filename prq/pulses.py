@@ -334,9 +334,10 @@ class AsyncPulses(PulsesBase):
         try:
             if channel not in state.desired:
                 state.desired.add(channel)
-                async with self._send_lock:
-                    with translate_errors():
-                        await self._conn.send_command(state.command, channel)
+                if self._conn is not None:  # else the read loop connects, and subscribes it
+                    async with self._send_lock:
+                        with translate_errors():
+                            await self._conn.send_command(state.command, channel)
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
                 await future
         except (RedisUnavailable, TimeoutError) as exc:

@@ -57,6 +57,7 @@ class AsyncShardPulses(PulsesBase):
         self.router = router
         self._client = client
         self._readers: dict[str, AsyncPulses] = {}
+        self._starts: dict[str, asyncio.Future[None]] = {}
         #: Each wanted channel -> the master whose reader holds it.
         self._home: dict[str, str] = {}
         self._lost_links = 0
@@ -84,18 +85,17 @@ class AsyncShardPulses(PulsesBase):
         """Subscribe on the master that serves `channel`, and wait (bounded) for it to confirm;
         polling covers a failure."""
         home = self._home.get(channel)
-        if home is not None:
-            await self._readers[home].ensure_subscribed(channel)
-            return
-        owner = _owner(self._client, channel)
-        if owner is None:
-            logger.warning("no master serves the channel now; polling only channel=%s", channel)
-            return
-        self._home[channel] = owner
-        reader = await self._reader(owner)
+        if home is None:
+            home = _owner(self._client, channel)
+            if home is None:
+                logger.warning("no master serves the channel now; polling only channel=%s", channel)
+                return
+            self._home[channel] = home
+        reader = await self._reader(home)
         await reader.ensure_subscribed(channel)
 
     async def _reader(self, master: str) -> AsyncPulses:
+        """The reader of `master`, started (once; concurrent callers wait for that start)."""
         reader = self._readers.get(master)
         if reader is None:
             reader = AsyncPulses(
@@ -104,7 +104,10 @@ class AsyncShardPulses(PulsesBase):
             reader._state.on_lost = self._lost
             reader._state.on_moved = lambda channel: self._lost()
             self._readers[master] = reader
-            await reader.start_quietly()
+            self._starts[master] = asyncio.ensure_future(reader.start_quietly())
+        started = self._starts[master]
+        if not started.done():
+            await asyncio.shield(started)
         return reader
 
     def _lost(self) -> None:
@@ -130,6 +133,7 @@ class AsyncShardPulses(PulsesBase):
             for master, reader in list(self._readers.items()):
                 if not reader.wanted and master not in self._home.values():
                     del self._readers[master]
+                    self._starts.pop(master, None)
                     self._spawn(reader.aclose())
         finally:
             self._rerouting = False
@@ -141,7 +145,7 @@ class AsyncShardPulses(PulsesBase):
 
     async def aclose(self) -> None:
         self._closed = True
-        for task in list(self._tasks):
+        for task in [*self._tasks, *self._starts.values()]:
             task.cancel()
         await asyncio.gather(
             *(reader.aclose() for reader in self._readers.values()), *self._tasks,

@@ -180,11 +180,11 @@ def url_client(url: str) -> redis.Redis:
 
 
 def subscribers(client: redis.Redis, channel: str) -> int:
-    """How many connections are subscribed to `channel` (classic pub/sub), on every node of a
-    cluster (where a PUBLISH on any node reaches them all)."""
+    """How many connections are subscribed to `channel`: classic pub/sub on one server; on a
+    cluster, where prq's channels are shard channels, those of every node (SHARDNUMSUB)."""
     if isinstance(client, redis.cluster.RedisCluster):
         return sum(
-            int(client.pubsub_numsub(channel, target_nodes=node)[0][1])
+            int(client.execute_command("PUBSUB SHARDNUMSUB", channel, target_nodes=node)[0][1])
             for node in client.get_nodes()
         )
     [(_, count)] = client.pubsub_numsub(channel)
@@ -192,12 +192,11 @@ def subscribers(client: redis.Redis, channel: str) -> int:
 
 
 def publish(client: redis.Redis, channel: str, message: str) -> int:
-    """PUBLISH `message`; how many subscribers it reached (on a cluster, where PUBLISH answers
-    only for the node it was sent to, those of every node: the message reaches them all)."""
-    local = int(client.publish(channel, message))
+    """Publish `message` as prq's scripts do (PUBLISH; SPUBLISH on a cluster); how many
+    subscribers it reached."""
     if isinstance(client, redis.cluster.RedisCluster):
-        return subscribers(client, channel)
-    return local
+        return int(client.execute_command("SPUBLISH", channel, message))
+    return int(client.publish(channel, message))
 
 
 def scan_keys(client: redis.Redis, prefix: str) -> list[bytes]:

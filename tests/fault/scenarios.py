@@ -229,3 +229,9 @@ def wait_request_state(
         reached, timeout_s, 0.005, f"request {request_id} in state {states}"
     )
     return found
+
+
+def shard_channels(client: Any, prefix: str) -> list[str]:
+    """The shard channels of `prefix` that a cluster node's clients subscribe to (PUBSUB
+    SHARDCHANNELS, on that node)."""
+    return sorted(client.execute_command("PUBSUB", "SHARDCHANNELS", f"{prefix}:*"))

@@ -18,7 +18,7 @@ from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.redis_faults import crash
-from tests.fault.scenarios import figures, ok_since
+from tests.fault.scenarios import figures, ok_since, shard_channels
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -108,6 +108,13 @@ def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
         wait_until(lambda: ok_since(victims, promoted_at) >= AFTER_OK, 60, 0.1, "calls after")
         # And calls to the other master went on while it failed over
         assert ok_since(others, killed_at) > 0
+        # And every node listening on the endpoint subscribed again on the promoted replica
+        # (sharded pub/sub: its pulse channel, and a node channel per node)
+        with cluster.client(replica) as promoted_node:
+            wait_until(
+                lambda: len(shard_channels(promoted_node, prefix)) == 1 + 4,
+                15, 0.1, "the subscriptions on the promoted replica",
+            )  # fmt: skip
         for node in [*senders, *receivers]:
             assert node.stop() == 0, node.log_tail()
 

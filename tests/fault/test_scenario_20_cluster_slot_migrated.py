@@ -18,7 +18,7 @@ from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory, NodeProcess
-from tests.fault.scenarios import figures, hold_fault, ok_since
+from tests.fault.scenarios import figures, hold_fault, ok_since, shard_channels
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -31,6 +31,8 @@ MOVES, OK_BETWEEN = 4, 40
 MIGRATE_BATCH, BATCH_PAUSE_S = 10, 0.02
 BUDGET_S = 15.0
 SERVICE_MS = 10.0
+#: Shard channels of the endpoint: its pulse channel, and a node channel per node.
+CHANNELS = 1 + 4
 
 
 def _node_id(cluster: ClusterSet, node: EmbeddedRedis) -> str:
@@ -127,6 +129,13 @@ def test_a_slot_migrated_back_and_forth_under_load_loses_and_repeats_no_call(
             moves.append((keys, time.monotonic() - started))
             done_at = time.monotonic()
             wait_until(_ok_after(senders, done_at), 60, 0.05, "calls after the move")
+            # and every node's subscriptions moved with the slot (sharded pub/sub)
+            with cluster.client(target) as on_target, cluster.client(source) as on_source:
+                wait_until(
+                    lambda: len(shard_channels(on_target, prefix)) == CHANNELS
+                    and not shard_channels(on_source, prefix),
+                    15, 0.1, "the subscriptions on the slot's new master",
+                )  # fmt: skip
         for node in [*senders, *receivers]:
             assert node.stop() == 0, node.log_tail()
 

@@ -131,7 +131,7 @@ async def test_forged_pulses_on_the_sender_channel_do_not_complete_a_wait(
     pending = await receiver.dequeue(endpoint, timeout_s=5)
     assert pending is not None
     await wait_for_state(sender, request.id, RequestState.TAKEN)
-    channel = sender.keys.node_channel(sender.node_id)
+    channel = sender.keys.endpoint(endpoint).node_channel(sender.node_id)
     other_id = uuid.uuid4().hex
     forged = Response(id=other_id, result="forged").model_dump_json()
     before = sender.stats.pulses_received
@@ -166,7 +166,7 @@ async def test_a_malformed_pulse_costs_latency_not_the_call(
 
     # When a pulse for its id arrives with a payload that is not a response (a pulse is only a
     # hint: the truth is the request hash in Redis, which the caller polls)
-    channel = sender.keys.node_channel(sender.node_id)
+    channel = sender.keys.endpoint(endpoint).node_channel(sender.node_id)
     assert publish(redis_client, channel, f"r|{request.id}|not json") == 1
     await async_wait_until(lambda: sender.stats.pulses_received > before, 5)
 
