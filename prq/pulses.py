@@ -286,6 +286,11 @@ class PulsesBase:
     def reconnects(self) -> int:
         return self._state.reconnects
 
+    @property
+    def links(self) -> int:
+        """Pub/sub connections held: one (on a cluster, one per master: prq.shard_pulses)."""
+        return 1
+
 
 class AsyncPulses(PulsesBase):
     """The node's pub/sub connection (owned, not pooled), read by one asyncio task."""
