@@ -11,9 +11,9 @@ endpoint it calls or serves, and to a pulse channel once per endpoint it serves.
 Which master serves a channel is read from the slot table redis-py keeps for the node's cluster
 client (refreshed by redis-py on MOVED and connection errors). A channel is routed again when
 its reader loses its link (the master died, or was demoted) and when the server unsubscribes it
-(its slot moved): it is subscribed on the master the table names then; a reader left with no
-channel is closed. Pulses are hints: a wait polls anyway, so a pulse lost while a channel moves
-costs latency, never an outcome.
+(its slot moved): the table is read afresh, and the channel subscribed on the master it names
+then; a reader left with no channel is closed. Pulses are hints: a wait polls anyway, so a
+pulse lost while a channel moves costs latency, never an outcome.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ class AsyncShardPulses(PulsesBase):
 
     async def _reroute(self) -> None:
         try:
+            with contextlib.suppress(Exception):  # read the layout afresh; else the last known
+                await self._client.nodes_manager.initialize()
             for channel, home in list(self._home.items()):
                 owner = _owner(self._client, channel)
                 reader = self._readers.get(home)
@@ -232,6 +234,8 @@ class ThreadShardPulses(PulsesBase):
 
     def _reroute(self) -> None:
         idle: list[ThreadPulses] = []
+        with contextlib.suppress(Exception):  # read the layout afresh; else the last known
+            self._client.nodes_manager.initialize()
         with self._lock:
             for channel, home in list(self._home.items()):
                 owner = _owner(self._client, channel)

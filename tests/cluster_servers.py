@@ -22,6 +22,7 @@ from tests.redis_servers import (
     acl_password,
     acl_server,
     redis7_binary,
+    wait_until,
 )
 
 __all__ = ["ClusterSet"]
@@ -93,6 +94,27 @@ class ClusterSet:
             username=TEST_ROOT_USER if self.acl else None,
             password=TEST_ROOT_PASSWORD if self.acl else None,
         )  # fmt: skip
+
+    def add_master(self) -> EmbeddedRedis:
+        """Start an empty node, have the cluster meet it (it serves no slot yet), and count it
+        among the masters once every node knows it."""
+        assert not self.acl, "a node added to an ACL cluster would need its users too"
+        node = self._node(None, f"master-{len(self.masters)}")
+        node.start()
+        self.masters.append(node)
+        bus = node.extra_args[node.extra_args.index("--cluster-port") + 1]
+        with self.client(self.masters[0]) as c:
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
+
+        def known_everywhere() -> bool:
+            for other in [*self.masters, *self.replicas]:
+                with self.client(other) as c:
+                    if f"127.0.0.1:{node.port}@" not in c.execute_command("CLUSTER", "NODES"):
+                        return False
+            return True
+
+        wait_until(known_everywhere, 20, 0.1, "the new node known to every node")
+        return node
 
     def _form(self) -> None:
         form_cluster(self.masters, self.replicas, self.client)
