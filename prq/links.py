@@ -19,6 +19,7 @@ hold up the steps for the others.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from redis.exceptions import ClusterDownError, ClusterError, ResponseError, Slot
 
 from prq._types import Call, Reply
 from prq.scripts import for_cluster
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AsyncClusterLink",
@@ -59,6 +62,21 @@ def raw_replies(parsers: Any) -> None:
     """Take redis-py's reply parsers off everything prq sends: prq reads raw RESP3 replies."""
     for name in [n for n in parsers if not str(n).upper().startswith(_KEPT_PARSERS)]:
         del parsers[name]
+
+
+#: What redis-py's cluster client itself may raise where a layout change confused it (redis-py
+#: 8.1 follows an ASK to a node it does not know yet with an AttributeError on None): taken as
+#: a connection failure, which a retry after a fresh look at the layout mends.
+_CLIENT_SLIPS = (AttributeError, KeyError, IndexError, TypeError)
+
+
+def _slip(exc: BaseException) -> redis.ConnectionError:
+    logger.debug("cluster client failed; the layout is read again", exc_info=exc)
+    return redis.ConnectionError(f"the cluster client failed on a layout change: {exc!r}")
+
+
+def _mended(replies: list[Reply]) -> list[Reply]:
+    return [_slip(r) if isinstance(r, _CLIENT_SLIPS) else r for r in replies]
 
 
 def _first_failure(replies: Sequence[Reply]) -> BaseException | None:
@@ -168,10 +186,13 @@ class AsyncClusterLink:
             for call in keyed:
                 pipe.execute_command(*call.args)
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                replies = _mended(await pipe.execute(raise_on_error=False))
             except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
                 await self._client.aclose()
                 raise
+            except _CLIENT_SLIPS as exc:
+                await self._client.aclose()
+                raise _slip(exc) from exc
         if _first_failure(replies) is not None:
             await self._client.aclose()  # the next round trip reads the layout afresh
         if special:
@@ -188,6 +209,9 @@ class AsyncClusterLink:
             if isinstance(exc, _CLUSTER_TRANSIENT):
                 await self._client.aclose()
             return exc
+        except _CLIENT_SLIPS as exc:
+            await self._client.aclose()
+            return _slip(exc)
 
     async def close(self) -> None:
         """Nothing of its own: the connections are the cluster client's."""
@@ -209,14 +233,17 @@ class SyncClusterLink:
         keyed = [call for i, call in enumerate(calls) if i not in special]
         replies: list[Reply] = []
         if keyed:
-            pipe = self._client.pipeline(transaction=False)
-            for call in keyed:
-                pipe.execute_command(*call.args, target_nodes=self._node_for(call))
             try:
-                replies = pipe.execute(raise_on_error=False)
+                pipe = self._client.pipeline(transaction=False)
+                for call in keyed:
+                    pipe.execute_command(*call.args, target_nodes=self._node_for(call))
+                replies = _mended(pipe.execute(raise_on_error=False))
             except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
                 self._refresh()
                 raise
+            except _CLIENT_SLIPS as exc:
+                self._refresh()
+                raise _slip(exc) from exc
         if _first_failure(replies) is not None:
             self._refresh()
         for i in special:
@@ -231,6 +258,9 @@ class SyncClusterLink:
             if isinstance(exc, _CLUSTER_TRANSIENT):
                 self._refresh()
             return exc
+        except _CLIENT_SLIPS as exc:
+            self._refresh()
+            return _slip(exc)
 
     def _node_for(self, call: Call) -> Any:
         """The primary that owns the call's slot, from redis-py's slot table. Named here

@@ -156,6 +156,10 @@ def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
         "protocol": 3,
         "socket_keepalive": True,
         "decode_responses": False,
+        # No CLIENT SETINFO on connect: Redis 7.0 does not know it, and its error reply can
+        # end up read as the reply of the first command on a connection that redis-py's
+        # cluster client opens while following a redirection.
+        "driver_info": None,
     }
     if settings.tls:
         kwargs |= {

@@ -82,17 +82,25 @@ class AsyncShardPulses(PulsesBase):
         """Nothing to do yet: a reader starts with the first channel on its master."""
 
     async def ensure_subscribed(self, channel: str) -> None:
-        """Subscribe on the master that serves `channel`, and wait (bounded) for it to confirm;
-        polling covers a failure."""
+        """Subscribe on the master that serves `channel`; the first time, wait (bounded) for
+        it to confirm. Later calls wait for nothing: a channel being subscribed again (its
+        master failing over, its slot moving) costs a poll, not a call's time."""
         home = self._home.get(channel)
+        if home is not None:
+            reader = self._readers.get(home)
+            if reader is None or channel not in reader.wanted:
+                self._spawn(self._resubscribe(channel, home))
+            return
+        home = _owner(self._client, channel)
         if home is None:
-            home = _owner(self._client, channel)
-            if home is None:
-                logger.warning("no master serves the channel now; polling only channel=%s", channel)
-                return
-            self._home[channel] = home
+            logger.warning("no master serves the channel now; polling only channel=%s", channel)
+            return
+        self._home[channel] = home
         reader = await self._reader(home)
         await reader.ensure_subscribed(channel)
+
+    async def _resubscribe(self, channel: str, home: str) -> None:
+        await (await self._reader(home)).ensure_subscribed(channel)
 
     async def _reader(self, master: str) -> AsyncPulses:
         """The reader of `master`, started (once; concurrent callers wait for that start)."""
@@ -190,16 +198,17 @@ class ThreadShardPulses(PulsesBase):
         self._router_thread.start()
 
     def ensure_subscribed(self, channel: str) -> None:
+        """See AsyncShardPulses.ensure_subscribed."""
         with self._lock:
             home = self._home.get(channel)
+            if home is not None:
+                self._reader(home).want(channel)
+                return
+            home = _owner(self._client, channel)
             if home is None:
-                owner = _owner(self._client, channel)
-                if owner is None:
-                    logger.warning(
-                        "no master serves the channel now; polling only channel=%s", channel
-                    )
-                    return
-                self._home[channel] = home = owner
+                logger.warning("no master serves the channel now; polling only channel=%s", channel)
+                return
+            self._home[channel] = home
             reader = self._reader(home)
         reader.ensure_subscribed(channel)
 

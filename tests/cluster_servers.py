@@ -111,9 +111,10 @@ class ClusterSet:
                 with self.client(other) as c:
                     if f"127.0.0.1:{node.port}@" not in c.execute_command("CLUSTER", "NODES"):
                         return False
-            return True
+            with self.client(node) as c:  # and it learned who serves every slot
+                return "cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
 
-        wait_until(known_everywhere, 20, 0.1, "the new node known to every node")
+        wait_until(known_everywhere, 20, 0.1, "the new node known to every node, and ready")
         return node
 
     def _form(self) -> None:
