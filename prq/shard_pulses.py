@@ -29,6 +29,7 @@ from redis.crc import key_slot
 
 from prq.links import async_node_connector, sync_node_connector
 from prq.pulses import (
+    DEFAULT_SUBSCRIBE_CONFIRM_S,
     AsyncPulses,
     AsyncSignal,
     PulseRouter,
@@ -40,6 +41,10 @@ from prq.pulses import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncShardPulses", "ThreadShardPulses"]
+
+#: How long a caller waits for another thread's first subscription of a channel (that one's
+#: own wait is bounded by prq.pulses.DEFAULT_SUBSCRIBE_CONFIRM_S).
+FIRST_SUBSCRIBE_WAIT_S = DEFAULT_SUBSCRIBE_CONFIRM_S + 1.0
 
 
 def _owner(client: Any, channel: str) -> str | None:
@@ -58,6 +63,8 @@ class AsyncShardPulses(PulsesBase):
         self._client = client
         self._readers: dict[str, AsyncPulses] = {}
         self._starts: dict[str, asyncio.Future[None]] = {}
+        #: Channels whose first subscription is under way: later callers wait for it too.
+        self._firsts: dict[str, asyncio.Future[None]] = {}
         #: Each wanted channel -> the master whose reader holds it.
         self._home: dict[str, str] = {}
         self._lost_links = 0
@@ -82,24 +89,30 @@ class AsyncShardPulses(PulsesBase):
         """Nothing to do yet: a reader starts with the first channel on its master."""
 
     async def ensure_subscribed(self, channel: str) -> None:
-        """Subscribe on the master that serves `channel`; the first time, wait (bounded) for
-        it to confirm. Later calls wait for nothing: a channel being subscribed again (its
-        master failing over, its slot moving) costs a poll, not a call's time."""
+        """Subscribe on the master that serves `channel`; until the first subscription of it
+        is confirmed (or the bounded wait for that ends), wait for it. Later calls wait for
+        nothing: a channel being subscribed again (its master failing over, its slot moving)
+        costs a poll, not a call's time."""
         home = self._home.get(channel)
         if home is not None:
+            first = self._firsts.get(channel)
+            if first is not None:
+                await asyncio.shield(first)
+                return
             reader = self._readers.get(home)
             if reader is None or channel not in reader.wanted:
-                self._spawn(self._resubscribe(channel, home))
+                self._spawn(self._subscribe(channel, home))
             return
         home = _owner(self._client, channel)
         if home is None:
             logger.warning("no master serves the channel now; polling only channel=%s", channel)
             return
         self._home[channel] = home
-        reader = await self._reader(home)
-        await reader.ensure_subscribed(channel)
+        first = self._firsts[channel] = asyncio.ensure_future(self._subscribe(channel, home))
+        first.add_done_callback(lambda _: self._firsts.pop(channel, None))
+        await asyncio.shield(first)
 
-    async def _resubscribe(self, channel: str, home: str) -> None:
+    async def _subscribe(self, channel: str, home: str) -> None:
         await (await self._reader(home)).ensure_subscribed(channel)
 
     async def _reader(self, master: str) -> AsyncPulses:
@@ -155,7 +168,7 @@ class AsyncShardPulses(PulsesBase):
 
     async def aclose(self) -> None:
         self._closed = True
-        for task in [*self._tasks, *self._starts.values()]:
+        for task in [*self._tasks, *self._starts.values(), *self._firsts.values()]:
             task.cancel()
         await asyncio.gather(
             *(reader.aclose() for reader in self._readers.values()), *self._tasks,
@@ -172,6 +185,7 @@ class ThreadShardPulses(PulsesBase):
         self._client = client
         self._readers: dict[str, ThreadPulses] = {}
         self._home: dict[str, str] = {}
+        self._firsts: dict[str, threading.Event] = {}
         self._lost_links = 0
         self._lock = threading.RLock()
         self._reroute_due = threading.Event()
@@ -201,16 +215,32 @@ class ThreadShardPulses(PulsesBase):
         """See AsyncShardPulses.ensure_subscribed."""
         with self._lock:
             home = self._home.get(channel)
-            if home is not None:
+            first = self._firsts.get(channel)
+            if home is not None and first is None:
                 self._reader(home).want(channel)
                 return
-            home = _owner(self._client, channel)
             if home is None:
-                logger.warning("no master serves the channel now; polling only channel=%s", channel)
-                return
-            self._home[channel] = home
-            reader = self._reader(home)
-        reader.ensure_subscribed(channel)
+                home = _owner(self._client, channel)
+                if home is None:
+                    logger.warning(
+                        "no master serves the channel now; polling only channel=%s", channel
+                    )
+                    return
+                self._home[channel] = home
+                first = self._firsts[channel] = threading.Event()
+                reader: ThreadPulses | None = self._reader(home)
+            else:
+                reader = None  # another thread makes the first subscription: wait for it
+        assert first is not None
+        if reader is None:
+            first.wait(FIRST_SUBSCRIBE_WAIT_S)
+            return
+        try:
+            reader.ensure_subscribed(channel)
+        finally:
+            with self._lock:
+                self._firsts.pop(channel, None)
+            first.set()
 
     def _reader(self, master: str) -> ThreadPulses:
         reader = self._readers.get(master)
