@@ -38,8 +38,11 @@ test-fault: $(STAMP)
 test-sentinel: $(STAMP)
 	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider
 
+# On a cluster also the admin service, the dashboard and the Spark jobs: their Redis reads and
+# writes are the ones a cluster most changes (keys on every shard, batches per shard).
 test-cluster: $(STAMP)
-	$(BIN)/pytest tests/integration -m integration --redis-topology cluster -p no:cacheprovider
+	$(BIN)/pytest tests/integration tests/api tests/browser tests/spark -m "not bench" \
+		--redis-topology cluster -p no:cacheprovider
 
 # The whole gate: what CI runs, and what the README calls "the tests": everything on one server,
 # then the integration suite again on a Sentinel-managed primary and on a Redis Cluster, those

@@ -20,7 +20,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-import redis
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 from pydantic import SecretStr
 
@@ -28,7 +27,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from tests.api.servers import ApiServer
 from tests.browser.support import AdminService, Callers
-from tests.redis_servers import delete_prefix, new_prefix
+from tests.redis_servers import delete_prefix, new_prefix, url_client
 
 #: Debian's Chromium (packages `chromium` and `chromium-driver`, installed by `make browser`).
 CHROMIUM = "/usr/bin/chromium"
@@ -63,7 +62,7 @@ def admin_service(redis_url: str, redis_admin_url: str) -> Iterator[AdminService
         with ApiServer(app) as server:
             yield AdminService(server.url, prefix, ADMIN_TOKEN, READ_TOKEN)
     finally:
-        client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
+        client = url_client(redis_admin_url)
         try:
             delete_prefix(client, prefix)
         finally:

@@ -7,11 +7,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from prq import Queue, QueueSettings, RedisSettings, Request, RequestState
 from prq.dead import dead_letter_call
-from tests.redis_servers import wait_until
+from tests.redis_servers import url_client, wait_until
 
 __all__ = ["AdminService", "Callers"]
 
@@ -75,7 +73,7 @@ class Callers:
         call = dead_letter_call(
             self.queue.ctx, endpoint, request.id, stored, "attempts_exhausted", 3
         )
-        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        client = url_client(redis_url)
         try:
             client.execute_command(*call.args)  # type: ignore[no-untyped-call]
         finally:

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from playwright.sync_api import Locator, Page, expect
 
 from prq import CancelledBeforePickup, RequestState
 from prq.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES
 from prq.keys import KeySchema
 from tests.browser.support import AdminService, Callers
+from tests.redis_servers import url_client
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def test_sign_in_form_rejects_a_bad_token_and_keeps_a_good_one(
 
 def stored_limits(redis_admin_url: str, service: AdminService, endpoint: str) -> dict[str, str]:
     """The endpoint's limits hash as Redis holds it, decoded."""
-    client = redis.Redis.from_url(redis_admin_url, socket_timeout=10)
+    client = url_client(redis_admin_url)
     try:
         raw: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
             KeySchema(service.prefix).endpoint(endpoint).limits
