@@ -10,6 +10,9 @@ States of the reader: connected → (error) → backing off → reconnected → 
 
 Node channel messages are `r|<request id>|<response JSON or empty>`; an empty response means
 "it is stored, read it".
+
+On a Redis Cluster the channels are shard channels, one reader per master: prq.shard_pulses
+runs these readers (SSUBSCRIBE) and routes each channel to the master that serves its slot.
 """
 
 from __future__ import annotations
