@@ -79,6 +79,14 @@ def _mended(replies: list[Reply]) -> list[Reply]:
     return [_slip(r) if isinstance(r, _CLIENT_SLIPS) else r for r in replies]
 
 
+def _first_key(call: Call) -> str | bytes | None:
+    """The first key of a call prq sends (a script's first key; else the first argument)."""
+    args = call.args
+    if call.script is not None:
+        return args[3] if len(args) > 3 and args[2] != 0 else None  # type: ignore[return-value]
+    return args[1] if len(args) > 1 else None  # type: ignore[return-value]
+
+
 def _first_failure(replies: Sequence[Reply]) -> BaseException | None:
     return next((r for r in replies if isinstance(r, _CLUSTER_TRANSIENT)), None)
 
@@ -184,7 +192,11 @@ class AsyncClusterLink:
         if keyed:
             pipe = self._client.pipeline(transaction=False)
             for call in keyed:
-                pipe.execute_command(*call.args)
+                node = self._node_for(call)
+                if node is None:
+                    pipe.execute_command(*call.args)
+                else:
+                    pipe.execute_command(*call.args, target_nodes=node)
             try:
                 replies = _mended(await pipe.execute(raise_on_error=False))
             except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
@@ -201,6 +213,19 @@ class AsyncClusterLink:
             primaries = self._client.get_primaries()
             replies.insert(i, _joined([await self._on(node, calls[i]) for node in primaries]))
         return replies
+
+    def _node_for(self, call: Call) -> Any:
+        """The primary that serves the call's slot, from redis-py's slot table, named here so
+        that redis-py's pipeline does not work the slot out of every key of every call (all
+        the keys of one prq call share a hash tag: the first names the slot). None: let
+        redis-py route it. Redirections are still redis-py's to follow."""
+        key = _first_key(call)
+        if key is None:
+            return None
+        try:
+            return self._client.nodes_manager.get_node_from_slot(self._client.keyslot(key))
+        except SlotNotCoveredError:
+            return None
 
     async def _on(self, node: Any, call: Call) -> Reply:
         try:
