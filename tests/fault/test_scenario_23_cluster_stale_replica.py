@@ -104,6 +104,10 @@ def test_a_failover_to_a_replica_that_missed_writes_fails_only_that_shards_calls
         # resumed, is promoted without the writes it missed
         stopped_at = time.monotonic()
         replica.pause()
+        # (its link cut too: else what its socket buffered while it was stopped would still
+        # reach it when it resumes)
+        with cluster.client(victim) as c:
+            c.client_kill_filter(_type="replica")
         hold_fault(STALE_S)
         crash(victim)
         replica.resume()
