@@ -27,15 +27,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ClusterError,
-    MovedError,
-    ResponseError,
-    SlotNotCoveredError,
-    TryAgainError,
-)
+from redis.exceptions import ClusterDownError, ClusterError, ResponseError, SlotNotCoveredError
 
 from prq._types import Call, Reply
 from prq.scripts import for_cluster
@@ -59,8 +51,6 @@ _KEPT_PARSERS = ("CLUSTER", "COMMAND", "CLIENT", "HELLO", "AUTH", "PING", "READO
 #: answered with the one reply they all gave, or their replies joined (INFO: every server's
 #: fields, so that a check of them sees each server's).
 _EVERY_PRIMARY = ("SCRIPT", "INFO")
-#: Replies of a node that did not run the command, and that redis-py's pipeline knows to follow.
-_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 #: Failures of a cluster round trip that a retry after a fresh look at the layout can mend.
 _CLUSTER_TRANSIENT = (
     redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError,
@@ -187,34 +177,12 @@ class SyncLink:
                 self._conn.disconnect()
 
 
-class _NodeConnections:
-    """Makes connections to one cluster node with the cluster client's settings (what
-    AsyncLink asks of a pool)."""
-
-    def __init__(self, node: Any) -> None:
-        self._node = node
-
-    def make_connection(self) -> Any:
-        return self._node.connection_class(**self._node.connection_kwargs)
-
-
 class AsyncClusterLink:
-    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module); a
-    round trip whose calls all go to one node (the usual: one step, one endpoint) goes straight
-    to that node on a link of its own, as on one server, and the calls it redirects (MOVED,
-    ASK, TRYAGAIN, CLUSTERDOWN: none of them ran) go again through the pipeline, which
-    follows the redirections."""
-
-    #: Idle direct links kept per node (round trips on a cluster may overlap).
-    IDLE_LINKS = 8
+    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module)."""
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self._client = client
         raw_replies(client.response_callbacks)
-        self._idle: dict[str, list[AsyncLink]] = {}
-        #: A direct round trip failed: the next ones go through the pipeline, which reads the
-        #: layout afresh, until one completes.
-        self._stale = False
 
     async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
         calls = [for_cluster(call) for call in calls]
@@ -222,13 +190,21 @@ class AsyncClusterLink:
         keyed = [call for i, call in enumerate(calls) if i not in special]
         replies: list[Reply] = []
         if keyed:
-            nodes = [self._node_for(call) for call in keyed]
-            first = nodes[0]
-            if not self._stale and first is not None and all(node is first for node in nodes):
-                replies = await self._direct(first, keyed)
-            else:
-                replies = await self._pipeline(keyed, nodes)
-                self._stale = False
+            pipe = self._client.pipeline(transaction=False)
+            for call in keyed:
+                node = self._node_for(call)
+                if node is None:
+                    pipe.execute_command(*call.args)
+                else:
+                    pipe.execute_command(*call.args, target_nodes=node)
+            try:
+                replies = _mended(await pipe.execute(raise_on_error=False))
+            except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
+                await self._client.aclose()
+                raise
+            except _CLIENT_SLIPS as exc:
+                await self._client.aclose()
+                raise _slip(exc) from exc
         if _first_failure(replies) is not None:
             await self._client.aclose()  # the next round trip reads the layout afresh
         if special:
@@ -236,44 +212,6 @@ class AsyncClusterLink:
         for i in special:
             primaries = self._client.get_primaries()
             replies.insert(i, _joined([await self._on(node, calls[i]) for node in primaries]))
-        return replies
-
-    async def _pipeline(self, calls: Sequence[Call], nodes: Sequence[Any]) -> list[Reply]:
-        pipe = self._client.pipeline(transaction=False)
-        for call, node in zip(calls, nodes, strict=True):
-            if node is None:
-                pipe.execute_command(*call.args)
-            else:
-                pipe.execute_command(*call.args, target_nodes=node)
-        try:
-            return _mended(await pipe.execute(raise_on_error=False))
-        except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
-            await self._client.aclose()
-            raise
-        except _CLIENT_SLIPS as exc:
-            await self._client.aclose()
-            raise _slip(exc) from exc
-
-    async def _direct(self, node: Any, calls: Sequence[Call]) -> list[Reply]:
-        idle = self._idle.setdefault(node.name, [])
-        link = idle.pop() if idle else AsyncLink(_NodeConnections(node))  # type: ignore[arg-type]
-        try:
-            replies = await link.round_trip(calls)
-        except BaseException as exc:
-            await link.close()
-            if isinstance(exc, _CLUSTER_TRANSIENT):
-                self._stale = True
-                await self._client.aclose()
-            raise
-        if len(idle) < self.IDLE_LINKS:
-            idle.append(link)
-        else:
-            await link.close()
-        moved = [i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED)]
-        if moved:  # none of these ran: the pipeline sends them again, following redis-py
-            again = await self._pipeline([calls[i] for i in moved], [None] * len(moved))
-            for i, reply in zip(moved, again, strict=True):
-                replies[i] = reply
         return replies
 
     def _node_for(self, call: Call) -> Any:
@@ -301,11 +239,7 @@ class AsyncClusterLink:
             return _slip(exc)
 
     async def close(self) -> None:
-        """Close the direct links (the pipeline's connections are the cluster client's)."""
-        links = [link for idle in self._idle.values() for link in idle]
-        self._idle.clear()
-        for link in links:
-            await link.close()
+        """Nothing of its own: the connections are the cluster client's."""
 
 
 class SyncClusterLink:
