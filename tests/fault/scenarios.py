@@ -235,3 +235,17 @@ def shard_channels(client: Any, prefix: str) -> list[str]:
     """The shard channels of `prefix` that a cluster node's clients subscribe to (PUBSUB
     SHARDCHANNELS, on that node)."""
     return sorted(client.execute_command("PUBSUB", "SHARDCHANNELS", f"{prefix}:*"))
+
+
+def owner_port(client: Any, endpoint: str) -> int:
+    """The port of the cluster master that serves `endpoint` (its hash tag is the endpoint)."""
+    return int(client.get_node_from_key(KeySchema("prq").endpoint(endpoint).sequence).port)
+
+
+def endpoint_elsewhere(client: Any, port: int) -> str:
+    """An endpoint that lives on another master than the one at `port`."""
+    for i in range(1000):
+        endpoint = f"poll://fault-{i}"
+        if owner_port(client, endpoint) != port:
+            return endpoint
+    raise AssertionError("no endpoint on another master")

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import redis.cluster
 
-from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.redis_faults import crash
-from tests.fault.scenarios import figures, ok_since, shard_channels
+from tests.fault.scenarios import endpoint_elsewhere, figures, ok_since, owner_port, shard_channels
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -34,27 +33,14 @@ WARM_OK, AFTER_OK = 100, 100
 SERVICE_MS = 20.0
 
 
-def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
-    key = KeySchema("prq").endpoint(endpoint).sequence  # the hash tag is the endpoint's
-    return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
-
-
-def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
-    for i in range(1000):
-        endpoint = f"poll://fault-{i}"
-        if _owner(client, endpoint) != port:
-            return endpoint
-    raise AssertionError("no endpoint on another master")
-
-
 @pytest.mark.timeout(150)
 def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
     fault_cluster: ClusterSet, fault_dir: Path
 ) -> None:
     cluster = fault_cluster
     client = cluster.cluster_client()
-    victim_port = _owner(client, KILLED_ENDPOINT)
-    other = _other_endpoint(client, victim_port)
+    victim_port = owner_port(client, KILLED_ENDPOINT)
+    other = endpoint_elsewhere(client, victim_port)
     victim = next(m for m in cluster.masters if m.port == victim_port)
     replica = cluster.replicas[cluster.masters.index(victim)]
     prefix = new_prefix()

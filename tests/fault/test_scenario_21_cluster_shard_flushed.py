@@ -10,13 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
-import redis.cluster
 
-from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
-from tests.fault.scenarios import data_loss_declared, ends, figures, ok_since
+from tests.fault.scenarios import (
+    data_loss_declared,
+    endpoint_elsewhere,
+    ends,
+    figures,
+    ok_since,
+    owner_port,
+)
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -30,27 +35,14 @@ WARM_OK, AFTER_OK = 100, 100
 SERVICE_MS = 50.0
 
 
-def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
-    key = KeySchema("prq").endpoint(endpoint).sequence  # the hash tag is the endpoint's
-    return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
-
-
-def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
-    for i in range(1000):
-        endpoint = f"poll://fault-{i}"
-        if _owner(client, endpoint) != port:
-            return endpoint
-    raise AssertionError("no endpoint on another master")
-
-
 @pytest.mark.timeout(150)
 def test_a_shard_flushed_under_load_fails_only_its_own_calls(
     fault_cluster: ClusterSet, fault_dir: Path
 ) -> None:
     cluster = fault_cluster
     client = cluster.cluster_client()
-    flushed_port = _owner(client, FLUSHED_ENDPOINT)
-    other = _other_endpoint(client, flushed_port)
+    flushed_port = owner_port(client, FLUSHED_ENDPOINT)
+    other = endpoint_elsewhere(client, flushed_port)
     flushed_master = next(m for m in cluster.masters if m.port == flushed_port)
     prefix = new_prefix()
     nodes = NodeFactory(

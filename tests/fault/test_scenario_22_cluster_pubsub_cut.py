@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 import redis.cluster
 
-from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory, NodeProcess
 from tests.fault.proxy import FaultProxy
-from tests.fault.scenarios import ends, figures, hold_fault, ok_since, shard_channels
+from tests.fault.scenarios import (
+    endpoint_elsewhere,
+    ends,
+    figures,
+    hold_fault,
+    ok_since,
+    owner_port,
+    shard_channels,
+)
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -34,19 +41,6 @@ DROP_S = 3.0
 SERVICE_MS = 10.0
 #: Shard channels of the endpoint: its pulse channel, and a node channel per node.
 CHANNELS = 1 + 4
-
-
-def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
-    key = KeySchema("prq").endpoint(endpoint).sequence
-    return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
-
-
-def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
-    for i in range(1000):
-        endpoint = f"poll://fault-{i}"
-        if _owner(client, endpoint) != port:
-            return endpoint
-    raise AssertionError("no endpoint on another master")
 
 
 def _ok_after(senders: list[NodeProcess], since: float) -> Callable[[], bool]:
@@ -69,8 +63,8 @@ def test_pubsub_links_to_one_shard_cut_under_load_cost_no_call(
 ) -> None:
     cluster = fault_cluster
     client = cluster.cluster_client()
-    port = _owner(client, CUT_ENDPOINT)
-    other = _other_endpoint(client, port)
+    port = owner_port(client, CUT_ENDPOINT)
+    other = endpoint_elsewhere(client, port)
     client.close()
     master = next(m for m in cluster.masters if m.port == port)
     proxy = FaultProxy(port)

@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 import redis.cluster
 
-from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.redis_faults import crash
-from tests.fault.scenarios import data_loss_declared, ends, figures, hold_fault, ok_since
+from tests.fault.scenarios import (
+    data_loss_declared,
+    endpoint_elsewhere,
+    ends,
+    figures,
+    hold_fault,
+    ok_since,
+    owner_port,
+)
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
 
@@ -36,27 +43,14 @@ STALE_S = 1.5
 SERVICE_MS = 50.0
 
 
-def _owner(client: redis.cluster.RedisCluster, endpoint: str) -> int:
-    key = KeySchema("prq").endpoint(endpoint).sequence
-    return int(client.get_node_from_key(key).port)  # type: ignore[no-untyped-call]
-
-
-def _other_endpoint(client: redis.cluster.RedisCluster, port: int) -> str:
-    for i in range(1000):
-        endpoint = f"poll://fault-{i}"
-        if _owner(client, endpoint) != port:
-            return endpoint
-    raise AssertionError("no endpoint on another master")
-
-
 @pytest.mark.timeout(150)
 def test_a_failover_to_a_replica_that_missed_writes_fails_only_that_shards_calls(
     fault_cluster: ClusterSet, fault_dir: Path
 ) -> None:
     cluster = fault_cluster
     client = cluster.cluster_client()
-    port = _owner(client, STALE_ENDPOINT)
-    other = _other_endpoint(client, port)
+    port = owner_port(client, STALE_ENDPOINT)
+    other = endpoint_elsewhere(client, port)
     client.close()
     victim = next(m for m in cluster.masters if m.port == port)
     replica = cluster.replicas[cluster.masters.index(victim)]
