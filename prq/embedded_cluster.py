@@ -3,8 +3,9 @@
 `masters` redis-server processes (and `replicas` per master), formed with CLUSTER commands: the
 slots split evenly over the masters (CLUSTER ADDSLOTSRANGE), every node meets the first one
 (CLUSTER MEET), each replica follows its master (CLUSTER REPLICATE); ready once every node says
-`cluster_state:ok` and every master sees its replicas. Each node's cluster bus listens on a free
-port of its own (`--cluster-port`: by default it is the port + 10000, which may be taken). Needs
+`cluster_state:ok`, every master sees its replicas and every replica has finished its first
+sync. Each node's cluster bus listens on a free port of its own (`--cluster-port`: by default
+it is the port + 10000, which may be taken). Needs
 redis-server 7 or later (ADDSLOTSRANGE, cluster-port); keeps nothing on disk.
 """
 
@@ -46,6 +47,8 @@ def node_args(node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> list[str]:
         "--cluster-config-file", "nodes.conf",
         "--cluster-node-timeout", str(node_timeout_ms),
         "--cluster-port", str(free_port()),
+        # a replica's first full sync starts at once (not after the 5 s default wait)
+        "--repl-diskless-sync-delay", "0",
     ]  # fmt: skip
 
 
@@ -89,7 +92,8 @@ def form_cluster(
     wanted = {m.port: sum(1 for i in range(len(replicas)) if i % len(masters) == n)
               for n, m in enumerate(masters)}  # fmt: skip
     _wait(
-        lambda: _ready(nodes, masters, wanted, client), "the cluster ok with every replica attached"
+        lambda: _ready(nodes, masters, wanted, client) and _synced(replicas, client),
+        "the cluster ok with every replica attached and synced",
     )
 
 
@@ -120,6 +124,18 @@ def _ready(
     for master in masters:
         with client(master) as c:
             if int(c.info("replication").get("connected_slaves", 0)) < replicas_of[master.port]:
+                return False
+    return True
+
+
+def _synced(
+    replicas: Sequence[EmbeddedRedis], client: Callable[[EmbeddedRedis], redis.Redis]
+) -> bool:
+    """Every replica has finished its first sync: until then it cannot be promoted (Redis
+    judges a replica that never had a link to its master too stale to take over)."""
+    for replica in replicas:
+        with client(replica) as c:
+            if c.info("replication").get("master_link_status") != "up":
                 return False
     return True
 

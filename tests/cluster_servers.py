@@ -117,6 +117,24 @@ class ClusterSet:
         wait_until(known_everywhere, 20, 0.1, "the new node known to every node, and ready")
         return node
 
+    def report(self) -> str:
+        """What each live node says of the cluster (CLUSTER NODES, and its log's last lines):
+        what a test prints when the cluster did not do what it waited for."""
+        parts = []
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                parts.append(f"-- {node.port}: not running")
+                continue
+            try:
+                with self.client(node) as c:
+                    nodes = c.execute_command("CLUSTER", "NODES")
+            except redis.RedisError as exc:
+                nodes = f"(no answer: {exc})"
+            log = node.data_dir / "redis.log"
+            tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else []
+            parts.append(f"-- {node.port}:\n{nodes}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def _form(self) -> None:
         form_cluster(self.masters, self.replicas, self.client)
 

@@ -37,7 +37,7 @@ class SentinelSet:
         """`freezable`: the replica replicates through a fault proxy that `freeze` stops, so a
         failover can promote a replica that missed writes."""
         self.folder = Path(tempfile.mkdtemp(prefix="prq-sentinel-"))
-        self.primary = self._data_node(acl_folder, "primary", [])
+        self.primary = self._data_node(acl_folder, "primary", ["--repl-diskless-sync-delay", "0"])
         self.primary.start()
         self.link: FaultProxy | None = None
         upstream = self.primary.port
@@ -108,7 +108,15 @@ class SentinelSet:
         return int(port)
 
     def _ready(self) -> bool:
+        """Every sentinel knows the primary, the replica and the other sentinels, and the
+        replica has finished its first sync (a replica that never synced is not promoted)."""
         try:
+            with redis.Redis(
+                port=self.replica.port, socket_timeout=2, decode_responses=True,
+                username=self.replica.username, password=self.replica.password,
+            ) as replica:  # fmt: skip
+                if replica.info("replication").get("master_link_status") != "up":
+                    return False
             for port in self.ports:
                 with redis.Redis(port=port, socket_timeout=2, decode_responses=True) as one:
                     fields = one.sentinel_master(MASTER)

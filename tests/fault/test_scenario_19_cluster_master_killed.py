@@ -89,7 +89,11 @@ def test_a_master_killed_under_load_fails_over_with_no_hung_or_duplicate_call(
             with cluster.client(replica) as c:
                 return str(c.info("replication").get("role")) == "master"
 
-        wait_until(promoted, 30, 0.1, "the replica promoted")
+        try:
+            wait_until(promoted, 30, 0.1, "the replica promoted")
+        except AssertionError:
+            print(cluster.report())
+            raise
         promoted_at = time.monotonic()
         wait_until(lambda: ok_since(victims, promoted_at) >= AFTER_OK, 60, 0.1, "calls after")
         # And calls to the other master went on while it failed over
