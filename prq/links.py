@@ -18,6 +18,7 @@ hold up the steps for the others.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,15 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import ClusterDownError, ClusterError, ResponseError, SlotNotCoveredError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from prq._types import Call, Reply
 from prq.scripts import for_cluster
@@ -51,11 +60,35 @@ _KEPT_PARSERS = ("CLUSTER", "COMMAND", "CLIENT", "HELLO", "AUTH", "PING", "READO
 #: answered with the one reply they all gave, or their replies joined (INFO: every server's
 #: fields, so that a check of them sees each server's).
 _EVERY_PRIMARY = ("SCRIPT", "INFO")
+#: Replies of a node that did not run the command, and that redis-py's pipeline knows to follow.
+_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 #: Failures of a cluster round trip that a retry after a fresh look at the layout can mend.
 _CLUSTER_TRANSIENT = (
     redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError,
     ClusterError,
 )  # fmt: skip
+
+
+def _cancels() -> int:
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def raise_if_cancelled(before: int) -> None:
+    """Raise CancelledError if the current task was asked to cancel since it counted `before`
+    (Task.cancelling()). redis-py writes under asyncio.wait_for, which on Python 3.11 returns
+    normally when a cancel lands just as the write completes: the cancel would be lost, and a
+    cancelled task (a `serve`, a call given up) would go on for ever."""
+    if _cancels() > before:
+        raise asyncio.CancelledError
+
+
+async def send_packed(conn: Any, commands: Sequence[Sequence[Any]]) -> None:
+    """Write `commands` on a redis-py asyncio connection, losing no cancel (see
+    raise_if_cancelled): a task cancelled during the write stops here."""
+    before = _cancels()
+    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    raise_if_cancelled(before)
 
 
 def raw_replies(parsers: Any) -> None:
@@ -126,9 +159,7 @@ class AsyncLink:
             self._broken = False
         self._broken = True  # until every reply of this round trip is read
         await conn.connect()
-        await conn.send_packed_command(
-            conn.pack_commands([call.args for call in calls]), check_health=False
-        )
+        await send_packed(conn, [call.args for call in calls])
         replies: list[Reply] = []
         for _ in calls:
             try:
@@ -178,33 +209,37 @@ class SyncLink:
 
 
 class AsyncClusterLink:
-    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module)."""
+    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module). A
+    round trip whose calls all go to one node (the usual: one step, one endpoint) goes straight
+    to that node instead, on a connection of the cluster client's pool for it, as on one
+    server; the calls it redirects (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: none of them ran) go
+    again through the pipeline, which follows the redirections."""
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self._client = client
         raw_replies(client.response_callbacks)
+        #: A direct round trip failed: the next ones go through the pipeline, which reads the
+        #: layout afresh, until one completes.
+        self._stale = False
 
     async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
-        calls = [for_cluster(call) for call in calls]
+        before = _cancels()
+        replies = await self._round_trip([for_cluster(call) for call in calls])
+        raise_if_cancelled(before)  # redis-py's own writes may have lost a cancel
+        return replies
+
+    async def _round_trip(self, calls: Sequence[Call]) -> list[Reply]:
         special = _per_server(calls)
         keyed = [call for i, call in enumerate(calls) if i not in special]
         replies: list[Reply] = []
         if keyed:
-            pipe = self._client.pipeline(transaction=False)
-            for call in keyed:
-                node = self._node_for(call)
-                if node is None:
-                    pipe.execute_command(*call.args)
-                else:
-                    pipe.execute_command(*call.args, target_nodes=node)
-            try:
-                replies = _mended(await pipe.execute(raise_on_error=False))
-            except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
-                await self._client.aclose()
-                raise
-            except _CLIENT_SLIPS as exc:
-                await self._client.aclose()
-                raise _slip(exc) from exc
+            nodes = [self._node_for(call) for call in keyed]
+            first = nodes[0]
+            if not self._stale and first is not None and all(node is first for node in nodes):
+                replies = await self._direct(first, keyed)
+            else:
+                replies = await self._pipeline(keyed, nodes)
+                self._stale = False
         if _first_failure(replies) is not None:
             await self._client.aclose()  # the next round trip reads the layout afresh
         if special:
@@ -212,6 +247,52 @@ class AsyncClusterLink:
         for i in special:
             primaries = self._client.get_primaries()
             replies.insert(i, _joined([await self._on(node, calls[i]) for node in primaries]))
+        return replies
+
+    async def _pipeline(self, calls: Sequence[Call], nodes: Sequence[Any]) -> list[Reply]:
+        pipe = self._client.pipeline(transaction=False)
+        for call, node in zip(calls, nodes, strict=True):
+            if node is None:
+                pipe.execute_command(*call.args)
+            else:
+                pipe.execute_command(*call.args, target_nodes=node)
+        try:
+            return _mended(await pipe.execute(raise_on_error=False))
+        except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
+            await self._client.aclose()
+            raise
+        except _CLIENT_SLIPS as exc:
+            await self._client.aclose()
+            raise _slip(exc) from exc
+
+    async def _direct(self, node: Any, calls: Sequence[Call]) -> list[Reply]:
+        """The calls on one connection of the node's own pool (the cluster client's), read in
+        order. A round trip that fails or is cancelled half-way leaves its connection marked:
+        the pool drops it before anyone uses it again, so no later round trip can read this
+        one's replies."""
+        conn = node.acquire_connection()
+        try:
+            await conn.connect()
+            await send_packed(conn, [call.args for call in calls])
+            replies: list[Reply] = []
+            for _ in calls:
+                try:
+                    replies.append(await conn.read_response())
+                except (ResponseError, ClusterDownError) as exc:  # an error reply, in place
+                    replies.append(exc)
+        except BaseException as exc:
+            conn.mark_for_reconnect()
+            if isinstance(exc, _CLUSTER_TRANSIENT):
+                self._stale = True
+                await self._client.aclose()
+            raise
+        finally:
+            node.release(conn)
+        moved = [i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED)]
+        if moved:  # none of these ran: the pipeline sends them again, following redis-py
+            again = await self._pipeline([calls[i] for i in moved], [None] * len(moved))
+            for i, reply in zip(moved, again, strict=True):
+                replies[i] = reply
         return replies
 
     def _node_for(self, call: Call) -> Any:

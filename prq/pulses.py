@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from prq.links import send_packed
 from prq.redis_io import RedisUnavailable, translate_errors
 
 logger = logging.getLogger(__name__)
@@ -324,7 +325,7 @@ class AsyncPulses(PulsesBase):
             self._conn = await self._connect()
             await self._conn.connect()
             if first:
-                await self._conn.send_command(self._state.command, *first)
+                await send_packed(self._conn, [(self._state.command, *first)])
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
                 while not self._state.confirmed.issuperset(first):
                     self._handle(
@@ -345,7 +346,7 @@ class AsyncPulses(PulsesBase):
                 if self._conn is not None:  # else the read loop connects, and subscribes it
                     async with self._send_lock:
                         with translate_errors():
-                            await self._conn.send_command(state.command, channel)
+                            await send_packed(self._conn, [(state.command, channel)])
             async with asyncio.timeout(DEFAULT_SUBSCRIBE_CONFIRM_S):
                 await future
         except (RedisUnavailable, TimeoutError) as exc:
@@ -411,7 +412,7 @@ class AsyncPulses(PulsesBase):
         action = self._state.next_action()
         if action == "ping":
             async with self._send_lock:
-                await self._conn.send_command("PING")
+                await send_packed(self._conn, [("PING",)])
         elif action == "reconnect":
             raise RedisUnavailable("pub/sub link silent; reconnecting")
 
@@ -425,8 +426,8 @@ class AsyncPulses(PulsesBase):
                     self._conn = await self._connect()
                     await self._conn.connect()
                     if self._state.desired:
-                        await self._conn.send_command(
-                            self._state.command, *sorted(self._state.desired)
+                        await send_packed(
+                            self._conn, [(self._state.command, *sorted(self._state.desired))]
                         )
         except Exception as exc:
             logger.debug("pub/sub resubscribe failed error=%s", exc)

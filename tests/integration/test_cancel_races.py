@@ -1,6 +1,7 @@
 """Cancellation under pressure: a cancel after pickup reaches a deaf receiver by polling;
 cancels racing responses end with exactly one outcome; cancels during dequeuing leak nothing;
-callers cancelled at random points in the Redis call path never see another call's result."""
+callers cancelled at random points in the Redis call path never see another call's result, and
+a cancel that lands as a write completes is never lost."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from prq import AsyncQueue, CancelledAfterPickup, CancelledBeforePickup, Request, Response
+from prq.embedded import EmbeddedRedis
+from prq.links import send_packed
 from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
 from tests.redis_servers import async_wait_until, request_keys
 
@@ -179,3 +183,37 @@ async def test_callers_cancelled_at_random_points_see_no_cross_talk(
         assert len(redis_client.client_list()) <= clients_before + 2
         stop.set()
         await asyncio.wait_for(serving, 10)
+
+
+async def test_a_cancel_that_lands_as_a_write_completes_is_never_lost(
+    own_redis: EmbeddedRedis,
+) -> None:
+    # Given a command written on a connection with a socket timeout (redis-py then writes
+    # under asyncio.wait_for, which on Python 3.11 returns normally when a cancel lands just
+    # as the write completes)
+    pool = redis.asyncio.ConnectionPool.from_url(own_redis.url, socket_timeout=5)
+    outcomes: dict[int, str] = {}
+    try:
+        for yields in range(12):
+            conn = pool.make_connection()
+            await conn.connect()
+            try:
+                # When the writing task is cancelled after each number of loop turns
+                task = asyncio.ensure_future(send_packed(conn, [("PING",)]))
+                for _ in range(yields):
+                    await asyncio.sleep(0)
+                accepted = task.cancel()
+                try:
+                    await task
+                    ended = "returned"
+                except asyncio.CancelledError:
+                    ended = "cancelled"
+                # Then a cancel the task took ends it cancelled, wherever it landed
+                outcomes[yields] = ended
+                assert ended == ("cancelled" if accepted else "returned"), (yields, outcomes)
+            finally:
+                await conn.disconnect()
+    finally:
+        await pool.aclose()
+    # (and the turns covered both: cancels taken, and writes already done)
+    assert set(outcomes.values()) == {"cancelled", "returned"}, outcomes
