@@ -195,7 +195,7 @@ async def test_a_cancel_that_lands_as_a_write_completes_is_never_lost(
     outcomes: dict[int, str] = {}
     try:
         for yields in range(12):
-            conn = pool.make_connection()
+            conn = pool.make_connection()  # type: ignore[no-untyped-call]
             await conn.connect()
             try:
                 # When the writing task is cancelled after each number of loop turns
