@@ -5,15 +5,20 @@ round trip at a time on it, reading every reply in order. Error replies come bac
 (the stream stays in step); a transport error, or a round trip cancelled half-way, drops the
 connection, so no later round trip can read an earlier one's reply.
 
-On a Redis Cluster a round trip is a redis-py cluster pipeline: redis-py groups the calls by
-the node that owns each one's slot, sends one pipeline per node, and follows MOVED, ASK and
-TRYAGAIN for the calls that got them. Replies come back raw, as from one server (redis-py's
-reply parsers are taken off the commands prq sends), error replies in place, and so are the
-connection failures of the nodes that could not be reached: the calls to the other nodes are
-answered, and the retry policy sends only the failed steps again (redis_io.StepBudgets) after
-redis-py has read the cluster's layout afresh. Round trips on a cluster may overlap (each
-pipeline checks out connections of its own), so a step retried on a failing shard does not
-hold up the steps for the others.
+On a Redis Cluster a round trip whose calls all go to one node (the usual: one step for one
+endpoint) is written straight to that node, on a connection of redis-py's pool for it; the
+others, and the calls a node redirected, go as a redis-py cluster pipeline: redis-py groups
+the calls by the node that owns each one's slot, sends one pipeline per node, and follows
+MOVED, ASK and TRYAGAIN for the calls that got them. Replies come back raw, as from one
+server (redis-py's reply parsers are taken off the commands prq sends), error replies in
+place, and so are the connection failures of the nodes that could not be reached: the calls
+to the other nodes are answered, and the retry policy sends only the failed steps again
+(redis_io.StepBudgets) after redis-py has read the cluster's layout afresh. Round trips on a
+cluster may overlap (each checks out connections of its own), so a step retried on a failing
+shard does not hold up the steps for the others.
+
+Every write on an asyncio connection goes through `send_packed`, which loses no cancel (see
+`raise_if_cancelled`).
 """
 
 from __future__ import annotations

@@ -151,6 +151,8 @@ async def test_callers_cancelled_at_random_points_see_no_cross_talk(
         serving = asyncio.create_task(
             receiver.serve("poll://tags", lambda r: r.params, concurrency=16, stop=stop)
         )
+        # (after a first call: the node's links and subscriptions are all made by then)
+        assert await sender.call("poll://tags", "m", "warm") == "warm"
         clients_before = len(redis_client.client_list())
         rng = random.Random(12)
         crosstalk: list[tuple[object, object]] = []
