@@ -36,20 +36,22 @@ test-fault: $(STAMP)
 	$(BIN)/pytest tests -m fault
 
 test-sentinel: $(STAMP)
-	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider
+	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider \
+		--durations=15
 
 # On a cluster also the admin service, the dashboard and the Spark jobs: their Redis reads and
 # writes are the ones a cluster most changes (keys on every shard, batches per shard).
 test-cluster: $(STAMP)
 	$(BIN)/pytest tests/integration tests/api tests/browser tests/spark -m "not bench" \
-		--redis-topology cluster -p no:cacheprovider
+		--redis-topology cluster -p no:cacheprovider --durations=15
 
 # The whole gate: what CI runs, and what the README calls "the tests": everything on one server,
 # then the integration suite again on a Sentinel-managed primary and on a Redis Cluster, those
 # two side by side (each starts its own servers; they mostly wait on Redis, so on two cores
-# together they take little longer than the longer one alone).
+# together they take little longer than the longer one alone). Each prints its slowest tests,
+# to keep the whole gate inside its time budget.
 test: system-deps lint typecheck
-	$(BIN)/pytest tests -m "not bench" -p no:cacheprovider
+	$(BIN)/pytest tests -m "not bench" -p no:cacheprovider --durations=25
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-sentinel test-cluster
 
 all: test
