@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ from redis.exceptions import (
 )
 
 from prq._types import Call, Reply
+from prq.errors import QueueShutdown
 from prq.scripts import for_cluster
 
 logger = logging.getLogger(__name__)
@@ -223,6 +225,9 @@ class AsyncClusterLink:
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self._client = client
         raw_replies(client.response_callbacks)
+        #: The connections direct round trips used, closed by `close`.
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
         #: A direct round trip failed: the next ones go through the pipeline, which reads the
         #: layout afresh, until one completes.
         self._stale = False
@@ -275,7 +280,10 @@ class AsyncClusterLink:
         order. A round trip that fails or is cancelled half-way leaves its connection marked:
         the pool drops it before anyone uses it again, so no later round trip can read this
         one's replies."""
+        if self._closed:
+            raise QueueShutdown("the queue was closed while talking to Redis")
         conn = node.acquire_connection()
+        self._used.add(conn)
         try:
             await conn.connect()
             await send_packed(conn, [call.args for call in calls])
@@ -286,12 +294,19 @@ class AsyncClusterLink:
                 except (ResponseError, ClusterDownError) as exc:  # an error reply, in place
                     replies.append(exc)
         except BaseException as exc:
+            # Closed here, not by the pool's task for it (which a closing event loop may never
+            # run); marked first, so that the pool drops it should this close not finish.
             conn.mark_for_reconnect()
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
             if isinstance(exc, _CLUSTER_TRANSIENT):
                 self._stale = True
                 await self._client.aclose()
             raise
         finally:
+            if self._closed:  # closed while this round trip ran: nothing may reopen it
+                with contextlib.suppress(Exception):
+                    await conn.disconnect(nowait=True)
             node.release(conn)
         moved = [i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED)]
         if moved:  # none of these ran: the pipeline sends them again, following redis-py
@@ -325,7 +340,13 @@ class AsyncClusterLink:
             return _slip(exc)
 
     async def close(self) -> None:
-        """Nothing of its own: the connections are the cluster client's."""
+        """Close every connection a direct round trip used (they are the cluster client's,
+        which closes the nodes it still knows; a node the layout dropped meanwhile is closed
+        here, not by a task of redis-py's that a closing event loop may never run)."""
+        self._closed = True
+        for conn in list(self._used):
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
 
 
 class SyncClusterLink:
