@@ -98,6 +98,20 @@ async def send_packed(conn: Any, commands: Sequence[Sequence[Any]]) -> None:
     raise_if_cancelled(before)
 
 
+async def _exchange(conn: Any, calls: Sequence[Call]) -> list[Reply]:
+    """One pipelined round trip on a redis-py asyncio connection: every reply read in order,
+    error replies in place (CLUSTERDOWN too: redis-py does not count it a ResponseError)."""
+    await conn.connect()
+    await send_packed(conn, [call.args for call in calls])
+    replies: list[Reply] = []
+    for _ in calls:
+        try:
+            replies.append(await conn.read_response())
+        except (ResponseError, ClusterDownError) as exc:
+            replies.append(exc)
+    return replies
+
+
 def raw_replies(parsers: Any) -> None:
     """Take redis-py's reply parsers off everything prq sends: prq reads raw RESP3 replies."""
     for name in [n for n in parsers if not str(n).upper().startswith(_KEPT_PARSERS)]:
@@ -165,14 +179,7 @@ class AsyncLink:
             await conn.disconnect(nowait=True)
             self._broken = False
         self._broken = True  # until every reply of this round trip is read
-        await conn.connect()
-        await send_packed(conn, [call.args for call in calls])
-        replies: list[Reply] = []
-        for _ in calls:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
+        replies = await _exchange(conn, calls)
         self._broken = False
         return replies
 
@@ -285,14 +292,7 @@ class AsyncClusterLink:
         conn = node.acquire_connection()
         self._used.add(conn)
         try:
-            await conn.connect()
-            await send_packed(conn, [call.args for call in calls])
-            replies: list[Reply] = []
-            for _ in calls:
-                try:
-                    replies.append(await conn.read_response())
-                except (ResponseError, ClusterDownError) as exc:  # an error reply, in place
-                    replies.append(exc)
+            replies = await _exchange(conn, calls)
         except BaseException as exc:
             # Closed here, not by the pool's task for it (which a closing event loop may never
             # run); marked first, so that the pool drops it should this close not finish.
