@@ -299,9 +299,12 @@ class AsyncClusterLink:
             conn.mark_for_reconnect()
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
-            if isinstance(exc, _CLUSTER_TRANSIENT):
+            slipped = isinstance(exc, _CLIENT_SLIPS)  # e.g. its socket closed under it by
+            if slipped or isinstance(exc, _CLUSTER_TRANSIENT):  # a layout refresh meanwhile
                 self._stale = True
                 await self._client.aclose()
+            if slipped:
+                raise _slip(exc) from exc
             raise
         finally:
             if self._closed:  # closed while this round trip ran: nothing may reopen it
