@@ -363,7 +363,7 @@ class QueueBase:
                 self._renewals.hold(request.id, endpoint, item.body, time.monotonic())
             self._watch.hold(pending, time.monotonic())
             good.append(pending)
-            metrics.TAKEN.labels(endpoint).inc()
+            metrics.series(endpoint).taken.inc()
             metrics.pickup_waited(endpoint, item.created_ms)
         return Adopted(good, bad, refused, ran)
 
@@ -616,7 +616,7 @@ class QueueBase:
                 "was not queued; try again later"
             )
         if outcome.accepted:
-            metrics.ENQUEUED.labels(request.endpoint).inc()
+            metrics.series(request.endpoint).enqueued.inc()
         return request.id
 
     def _first_use(self, endpoint: str) -> bool:
@@ -699,7 +699,7 @@ class QueueBase:
         request_body = self._held_bodies.pop(request_id, None)
         self._watch.liveness.release(request_id)
         if outcome == "ok" and pending is not None:
-            metrics.RESPONDED.labels(pending.request.endpoint).inc()
+            metrics.series(pending.request.endpoint).responded.inc()
         accepted = outcome in ("ok", "replay")
         if not accepted:
             # Refused ("fenced", "stale": e.g. handed out again meanwhile, "duplicate"): the

@@ -77,25 +77,40 @@ class Signal:
 
 
 class AsyncSignal(Signal):
-    """A signal awaited on the event loop (fired from the same loop)."""
+    """A signal awaited on the event loop (fired from the same loop). A wait is one future and
+    one timer handle: it runs once per call, so it avoids asyncio.Event and asyncio.timeout,
+    which cost several times that."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_waiters",)
 
     def __init__(self) -> None:
         super().__init__()
-        self._event = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
 
     def _wake(self) -> None:
-        event, self._event = self._event, asyncio.Event()
-        event.set()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _release(waiter)
 
     async def wait(self, seen: int, timeout_s: float) -> None:
         """Return once the generation moved past `seen`, or after `timeout_s`."""
         if self.generation != seen or timeout_s <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._event.wait()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            if waiter in self._waiters:  # timed out or cancelled: not woken
+                self._waiters.remove(waiter)
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ThreadSignal(Signal):

@@ -57,7 +57,7 @@ from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
 from prq.links import AsyncClusterLink, async_link
-from prq.scripts import script_load_calls
+from prq.scripts import merge_answers, script_load_calls
 from prq.topology import aclose_client, async_client, locate
 
 logger = logging.getLogger(__name__)
@@ -523,22 +523,30 @@ class AsyncRedisIO(IOCounters):
         """Wait for queued steps, each at most its retry budget (plus a socket timeout): time
         spent queued behind a stuck round trip counts, so no call outlives its budget."""
         results: list[list[Reply] | PrqError] = []
-        deadline = asyncio.get_running_loop().time() + self._step_deadline_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._step_deadline_s
         for future in futures:
+            # one timer handle per step (asyncio.timeout costs several times that, per call):
+            # past the deadline the step fails; not sent yet, it never will be (the batcher
+            # skips what is done); in flight, its outcome is indeterminate
+            timer = loop.call_at(deadline, self._overdue, future)
             try:
-                async with asyncio.timeout_at(deadline):
-                    results.append(await future)
+                results.append(await future)
             except PrqError as exc:
                 results.append(exc)
-            except TimeoutError:
-                future.cancel()  # not sent yet: it never will be; in flight: indeterminate
-                results.append(
-                    _unavailable(
-                        RedisUnavailable("no round trip completed in time"),
-                        self.settings.retry_budget_s,
-                    )
-                )
+            finally:
+                timer.cancel()
         return results
+
+    def _overdue(self, future: asyncio.Future[list[Reply]]) -> None:
+        if not future.done():
+            _fail_step(
+                future,
+                _unavailable(
+                    RedisUnavailable("no round trip completed in time"),
+                    self.settings.retry_budget_s,
+                ),
+            )
 
     async def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
         """Send several independent steps in one batch; each gets its own replies or error."""
@@ -635,13 +643,14 @@ class AsyncRedisIO(IOCounters):
             )
 
     async def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
-        self.count(calls)
-        replies = await self._raw(calls)
+        sent, spread = merge_answers(calls)  # answers to one endpoint: one script call
+        self.count(sent)
+        replies = await self._raw(sent)
         if _needs_scripts(replies):
             await self.load_scripts()
-            self.count(calls)
-            replies = await self._raw(calls)
-        return replies
+            self.count(sent)
+            replies = await self._raw(sent)
+        return spread(replies)
 
     async def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""

@@ -36,7 +36,7 @@ from prq.redis_io import (
     tls_probe,
     translate_errors,
 )
-from prq.scripts import script_load_calls
+from prq.scripts import merge_answers, script_load_calls
 from prq.topology import close_client, sync_client
 
 logger = logging.getLogger(__name__)
@@ -256,13 +256,14 @@ class SyncRedisIO(IOCounters):
             assert not budgets.live or budgets.handing_over()
 
     def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
-        self.count(calls)
-        replies = self._raw(calls)
+        sent, spread = merge_answers(calls)  # answers to one endpoint: one script call
+        self.count(sent)
+        replies = self._raw(sent)
         if _needs_scripts(replies):
             self.load_scripts()
-            self.count(calls)
-            replies = self._raw(calls)
-        return replies
+            self.count(sent)
+            replies = self._raw(sent)
+        return spread(replies)
 
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""

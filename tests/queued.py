@@ -66,13 +66,14 @@ def _send(client: redis.Redis, *args: str | int | bytes) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def silent_take(client: redis.Redis, prefix: str, endpoint: str) -> list[TakenItem]:
-    """Take what is queued as a receiver that then never beats nor answers (a dead one)."""
+def silent_take(client: redis.Redis, prefix: str, endpoint: str, want: int = 10) -> list[TakenItem]:
+    """Take up to `want` of what is queued as a receiver that then never beats nor answers (a
+    dead one)."""
     client.script_load(TAKE.source)
     keys = KeySchema(prefix).endpoint(endpoint)
     settings = QueueSettings()
     call = take_call(
-        keys, f"silent-{uuid.uuid4().hex}", "silent-node", 2000, 10, 100,
+        keys, f"silent-{uuid.uuid4().hex}", "silent-node", 2000, want, max(100, want),
         int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
         int(settings.receiver_timeout_s * 1000),
         Redelivery.of(settings),

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Final
@@ -43,6 +43,7 @@ __all__ = [
     "enqueue_many_call",
     "for_cluster",
     "hand_back_call",
+    "merge_answers",
     "parse_apply_response",
     "parse_beat",
     "parse_canary",
@@ -457,6 +458,15 @@ def parse_take(reply: Reply) -> TakeReply:
 APPLY_OUTCOMES: Final = frozenset({"ok", "replay", "duplicate", "stale", "fenced", "unknown"})
 
 
+#: Values per answer in an apply_response call, after its keys and its three shared values.
+ANSWER_ARGS: Final = 5
+#: Most answers one merged apply_response call carries (merge_answers).
+MAX_MERGED_ANSWERS: Final = 256
+_ANSWER_KEYS: Final = 5
+#: EVALSHA, sha, numkeys, the keys, the three values every answer of a call shares.
+_ANSWER_HEAD: Final = 3 + _ANSWER_KEYS + 3
+
+
 def apply_response_call(
     keys: EndpointKeys,
     request_id: str,
@@ -466,26 +476,92 @@ def apply_response_call(
     now_ms: int,
     pulse_inline_limit_bytes: int,
 ) -> Call:
+    """One answer; answers to one endpoint sent together go as one call (merge_answers)."""
     return APPLY_RESPONSE.call(
-        (keys.request(request_id), keys.running, keys.limits, keys.levels, keys.lease),
+        (keys.running, keys.limits, keys.levels, keys.lease, keys.request_prefix),
         (
+            keys.node_channel_prefix,
+            pulse_inline_limit_bytes,
+            keys.pulse_channel,
             request_id,
             owner_token,
             response,
             response_ttl_ms,
             now_ms,
-            keys.node_channel_prefix,
-            pulse_inline_limit_bytes,
-            keys.pulse_channel,
         ),
     )
 
 
 def parse_apply_response(reply: Reply) -> str:
-    outcome = _text(reply)
+    """The status of a one-answer apply_response call."""
+    statuses = reply if isinstance(reply, list) else [reply]
+    outcome = _text(statuses[0]) if len(statuses) == 1 else ""
     if outcome not in APPLY_OUTCOMES:
         raise SerializationError(f"unexpected apply_response reply from Redis: {reply!r:.200}")
     return outcome
+
+
+def _answers(call: Call) -> int:
+    return (len(call.args) - _ANSWER_HEAD) // ANSWER_ARGS
+
+
+def merge_answers(calls: Sequence[Call]) -> tuple[list[Call], Callable[[list[Reply]], list[Reply]]]:
+    """Merge the apply_response calls of `calls` that answer on one endpoint into one call each
+    (at most MAX_MERGED_ANSWERS answers), where the first of them stood: Redis then runs one
+    script for many answers, not one per answer. Returns the calls to send and the function
+    that turns their replies back into one reply per call of `calls` (a merged call's error
+    reply goes to each call it merged). Calls are independent steps (the I/O layer's batches),
+    so an answer may go earlier than a call queued before it; nothing else moves."""
+    #: What goes out: each call's arguments, its script, the indexes of `calls` it carries
+    #: (one, unless merged) and how many answers it holds.
+    args: list[list[str | int | bytes]] = []
+    scripts: list[Script | None] = []
+    carries: list[list[int]] = []
+    held: list[int] = []
+    open_for: dict[tuple[object, ...], int] = {}  # shared head -> the call answers join
+    for i, call in enumerate(calls):
+        if call.script is APPLY_RESPONSE and len(call.args) > _ANSWER_HEAD:
+            head, n = call.args[:_ANSWER_HEAD], _answers(call)
+            at = open_for.get(head)
+            if at is not None and held[at] + n <= MAX_MERGED_ANSWERS:
+                args[at].extend(call.args[_ANSWER_HEAD:])
+                carries[at].append(i)
+                held[at] += n
+                continue
+            open_for[head] = len(args)
+        args.append(list(call.args))
+        scripts.append(call.script)
+        carries.append([i])
+        held.append(_answers(call) if call.script is APPLY_RESPONSE else 0)
+    if len(args) == len(calls):
+        return list(calls), _same
+    sent = [
+        calls[members[0]] if len(members) == 1 else Call(tuple(a), script)
+        for a, script, members in zip(args, scripts, carries, strict=True)
+    ]
+
+    def spread(replies: list[Reply]) -> list[Reply]:
+        out: list[Reply] = [None] * len(calls)
+        for members, reply in zip(carries, replies, strict=True):
+            if len(members) == 1:
+                out[members[0]] = reply
+                continue
+            if not isinstance(reply, list):  # an error reply: each merged call gets it
+                for member in members:
+                    out[member] = reply
+                continue
+            at = 0
+            for member in members:
+                n = _answers(calls[member])
+                out[member] = reply[at : at + n]
+                at += n
+        return out
+
+    return sent, spread
+
+
+def _same(replies: list[Reply]) -> list[Reply]:
+    return replies
 
 
 # -- withdraw / read_response -------------------------------------------------------------------

@@ -203,6 +203,57 @@ local function queue_pop(levels, prefix)
   return nil
 end
 
+-- up to `want` ids from the head lane of level p at once, in the order one-by-one pops would
+-- give them: a producer's lane stays first while its next id's virtual time is below the next
+-- lane's score (the front lane: all of it); false when the level needs the one-by-one path
+-- (removed ids to skip, no lane listed, a lane gone)
+local function pop_run(levels, prefix, p, want)
+  local level = prefix .. p
+  local lanes = level .. ':o'
+  local n, x, t = unpack(redis.call('HMGET', level, 'n', 'x', 't'))
+  n, x = tonumber(n) or 0, tonumber(x) or 0
+  if x > 0 then return false end
+  local head = redis.call('ZRANGE', lanes, 0, 1, 'WITHSCORES')
+  local member = head[1]
+  if not member then return false end
+  local score = tonumber(head[2])
+  local k = want
+  if member ~= 'f' and head[3] then
+    k = math.min(want, math.max(1, tonumber(head[4]) - score))
+  end
+  local lane = level .. ':' .. member
+  local ids = redis.call('LPOP', lane, k)
+  if not ids then return false end
+  local m = #ids
+  local more = redis.call('PEXPIRE', lane, t or DEFAULT_TTL) == 1
+  if member ~= 'f' then
+    if more then redis.call('ZADD', lanes, score + m, member) else redis.call('ZREM', lanes, member) end
+    redis.call('HSET', level, 'g', score + m - 1, 'n', n - m)
+  else
+    if not more then redis.call('ZREM', lanes, member) end
+    redis.call('HSET', level, 'n', n - m)
+  end
+  if n - m <= 0 then forget_level(levels, prefix, p, 0) end
+  return ids
+end
+
+-- the next ids to hand out (at most `want`), by the rules above, removed from their level; nil
+-- when none is queued (or when POP_STEPS steps only met removed ids). While one level alone holds
+-- work and it has no removed ids, a run of one lane comes out in one step (pop_run); else one id.
+local function queue_pop_many(levels, prefix, want)
+  if want > 1 then
+    local top = redis.call('ZREVRANGE', levels, 0, 1)
+    if not top[1] then return nil end
+    if not top[2] then
+      local ids = pop_run(levels, prefix, top[1], want)
+      if ids then return ids end
+    end
+  end
+  local id = queue_pop(levels, prefix)
+  if id then return {id} end
+  return nil
+end
+
 -- how many ids are queued, over all levels
 local function queue_depth(levels, prefix)
   local n = 0

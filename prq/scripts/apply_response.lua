@@ -1,20 +1,20 @@
---[[ apply_response: store a taken request's response (first one wins) and pulse its waiters.
+--[[ apply_response: store the responses of taken requests of one endpoint (the first one for a
+request wins) and pulse their waiters. One call answers one request or many: a receiver's
+answers that are ready together go in one call (prq.scripts.merge_answers).
 
-KEYS[1]  request hash          prq:{e}:r:<id>
-KEYS[2]  in-flight ids         prq:{e}:run      (the answered id leaves it)
-KEYS[3]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
-KEYS[4]  queued levels         prq:{e}:pri      (present while anything is queued)
-KEYS[5]  leased ids            prq:{e}:alo      (an answered at_least_once id leaves it)
-ARGV[1]  request id
-ARGV[2]  owner token of the receiver that answers
-ARGV[3]  response (JSON)
-ARGV[4]  response TTL, ms
-ARGV[5]  now_ms
-ARGV[6]  node channel prefix   prq:node:   (the sender's and watchers' node ids are appended)
-ARGV[7]  largest response carried inside the pulse, bytes (larger ones are read by the sender)
-ARGV[8]  the endpoint's pulse channel
+KEYS[1]  in-flight ids         prq:{e}:run      (the answered ids leave it)
+KEYS[2]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)
+KEYS[3]  queued levels         prq:{e}:pri      (present while anything is queued)
+KEYS[4]  leased ids            prq:{e}:alo      (an answered at_least_once id leaves it)
+KEYS[5]  request hash prefix   prq:{e}:r:       (ids are appended; same hash tag, same slot)
+ARGV[1]  node channel prefix   prq:node:   (the sender's and watchers' node ids are appended)
+ARGV[2]  largest response carried inside the pulse, bytes (larger ones are read by the sender)
+ARGV[3]  the endpoint's pulse channel
+ARGV[4..] one group of ANSWER_ARGS values per answer:
+         request id, owner token of the receiver that answers, response (JSON),
+         response TTL (ms), now_ms
 
-Reply (a status):
+Reply: one status per answer, in order:
   "ok"         stored and pulsed
   "replay"     this owner had already stored it (a retried call); nothing changed
   "duplicate"  another response was stored first; dropped
@@ -26,41 +26,55 @@ Invariants:
 - only the owner of a taken request can answer it, and only once
 - value and TTL are written together; the request body is dropped with the answer
 - a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
+- each answer is judged alone: one call's answers may be for requests in any state
 ]]
 -- include: _body
-local st, own, snd, watchers, ma, ow, bk = unpack(record_hmget(KEYS[1], {'st', 'own', 'snd',
-  'w', 'ma', 'ow', 'bk'}))
-if not st then return 'unknown' end
-if st == 'done' then
-  if own == ARGV[2] then return 'replay' end
-  return 'duplicate'
-end
-if st ~= 'taken' then return 'stale' end
-if own ~= ARGV[2] then return 'fenced' end
+local ANSWER_ARGS = 5
+local first = 4
+local statuses, answered, leased = {}, {}, {}
+local inline_max = tonumber(ARGV[2])
 
-if ow then
-  redis.call('HSET', KEYS[1], 'st', 'done', 'dn', ARGV[5])
-else
-  redis.call('HSET', KEYS[1], 'st', 'done', 'rsp', ARGV[3], 'dn', ARGV[5])
-end
-drop_body(KEYS[1], {}, bk)
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if ma then redis.call('ZREM', KEYS[5], ARGV[1]) end
-if redis.call('HEXISTS', KEYS[3], 'mif') == 1 and redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('PUBLISH', ARGV[8], '')  -- a slot freed: receivers that found none may take again
+local function answer(id, token, response, ttl, now)
+  local key = KEYS[5] .. id
+  local st, own, snd, watchers, ma, ow, bk = unpack(record_hmget(key, {'st', 'own', 'snd', 'w',
+    'ma', 'ow', 'bk'}))
+  if not st then return 'unknown' end
+  if st == 'done' then
+    if own == token then return 'replay' end
+    return 'duplicate'
+  end
+  if st ~= 'taken' then return 'stale' end
+  if own ~= token then return 'fenced' end
+
+  if ow then
+    redis.call('HSET', key, 'st', 'done', 'dn', now)
+  else
+    redis.call('HSET', key, 'st', 'done', 'rsp', response, 'dn', now)
+  end
+  drop_body(key, {}, bk)
+  redis.call('PEXPIRE', key, ttl)
+  answered[#answered + 1] = id
+  if ma then leased[#leased + 1] = id end
+
+  local msg = 'r|' .. id .. '|'
+  if string.len(response) <= inline_max then msg = msg .. response end
+  if snd then redis.call('PUBLISH', ARGV[1] .. snd, msg) end
+  if watchers then
+    for node in string.gmatch(watchers, '%S+') do
+      redis.call('PUBLISH', ARGV[1] .. node, msg)
+    end
+  end
+  return 'ok'
 end
 
-local msg = 'r|' .. ARGV[1] .. '|'
-if string.len(ARGV[3]) <= tonumber(ARGV[7]) then
-  msg = msg .. ARGV[3]
+for i = first, #ARGV - ANSWER_ARGS + 1, ANSWER_ARGS do
+  statuses[#statuses + 1] = answer(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
 end
-if snd then
-  redis.call('PUBLISH', ARGV[6] .. snd, msg)
-end
-if watchers then
-  for node in string.gmatch(watchers, '%S+') do
-    redis.call('PUBLISH', ARGV[6] .. node, msg)
+if #answered > 0 then
+  redis.call('ZREM', KEYS[1], unpack(answered))
+  if #leased > 0 then redis.call('ZREM', KEYS[4], unpack(leased)) end
+  if redis.call('HEXISTS', KEYS[2], 'mif') == 1 and redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('PUBLISH', ARGV[3], '')  -- slots freed: receivers that found none may take again
   end
 end
-return 'ok'
+return statuses

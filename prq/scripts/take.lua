@@ -166,33 +166,83 @@ if max_in_flight then
 end
 local got, skipped = 0, 0
 local ledgers = {}  -- ledger token -> the ids taken now that name it
-while got < want and budget > 0 do
-  local id = queue_pop(KEYS[1], KEYS[9])
-  if not id then break end
-  budget = budget - 1
+local taken, leased = {}, {}  -- the ids taken now; those of them that are at_least_once
+local fields_taken = {st = true, own = true, rcv = true, tk = true, att = true}
+local names = {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'dd', 'b', 'bk', unpack(BODY_AHEAD)}
+
+-- take one popped id if its record is live; a record still in the queued form (a string,
+-- enqueue_many.lua) becomes a hash here, written once with the taken fields
+local function take_one(id)
   local key = KEYS[2] .. id
-  local read = record_hmget(key, {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'dd', 'b', 'bk',
-    unpack(BODY_AHEAD)})
+  local read = redis.pcall('HMGET', key, unpack(names))
+  local opened = nil
+  if read.err then
+    local raw = redis.call('GET', key)
+    opened = queued_fields(key, raw) or {st = 'queued', b = raw}
+    read = {}
+    for i, name in ipairs(names) do read[i] = opened[name] or false end
+  end
   local st, deadline, att, ct, sq, ma, dd = unpack(read, 1, 7)
   local body = body_read(key, read, 8)
   deadline = tonumber(deadline)
   -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)
-  if st == 'queued' and body and (not deadline or deadline >= now_server) then
-    att = (tonumber(att) or 0) + 1
-    redis.call('HSET', key, 'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server,
-      'att', att)
-    redis.call('PEXPIRE', key, ARGV[6])
-    redis.call('RPUSH', KEYS[3], id)
-    in_flight(id, ma)
-    hand_out(id, body, att, ct, sq)
-    got = got + 1
-    if dd then
-      ledgers[dd] = ledgers[dd] or {}
-      table.insert(ledgers[dd], id)
-    end
-  else
+  if not (st == 'queued' and body and (not deadline or deadline >= now_server)) then
     skipped = skipped + 1
+    return
   end
+  att = (tonumber(att) or 0) + 1
+  local fields = {'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server, 'att', att}
+  if opened then
+    for name, value in pairs(opened) do
+      if fields_taken[name] == nil and name ~= 'b' then
+        fields[#fields + 1] = name
+        fields[#fields + 1] = value
+      end
+    end
+    body_fields(fields, body)
+    redis.call('DEL', key)
+  end
+  redis.call('HSET', key, unpack(fields))
+  redis.call('PEXPIRE', key, ARGV[6])
+  taken[#taken + 1] = id
+  if ma then leased[#leased + 1] = id end
+  hand_out(id, body, att, ct, sq)
+  got = got + 1
+  if dd then
+    ledgers[dd] = ledgers[dd] or {}
+    table.insert(ledgers[dd], id)
+  end
+end
+
+while got < want and budget > 0 do
+  local ids = queue_pop_many(KEYS[1], KEYS[9], math.min(want - got, budget))
+  if not ids then break end
+  for _, id in ipairs(ids) do
+    budget = budget - 1
+    take_one(id)
+  end
+end
+-- what was taken joins the receipt, the in-flight set (and the lease set), in one write each
+for i = 1, #taken, PUSH_BATCH do
+  local last = math.min(i + PUSH_BATCH - 1, #taken)
+  redis.call('RPUSH', KEYS[3], unpack(taken, i, last))
+  local scored = {}
+  for j = i, last do
+    scored[#scored + 1] = now_server
+    scored[#scored + 1] = taken[j]
+  end
+  redis.call('ZADD', KEYS[7], unpack(scored))
+end
+if #leased > 0 then
+  for i = 1, #leased, PUSH_BATCH do
+    local scored = {}
+    for j = i, math.min(i + PUSH_BATCH - 1, #leased) do
+      scored[#scored + 1] = now_server
+      scored[#scored + 1] = leased[j]
+    end
+    redis.call('ZADD', KEYS[10], unpack(scored))
+  end
+  redis.call('PEXPIRE', KEYS[10], ARGV[9])
 end
 -- the ledgers remember what a receiver took, while they live (enqueue_many.lua keeps them)
 for token, ids in pairs(ledgers) do

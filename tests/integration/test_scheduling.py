@@ -5,6 +5,7 @@ and the per-priority queues leave nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
 from collections.abc import Iterator
 
@@ -380,3 +381,59 @@ async def test_a_request_given_back_goes_to_the_front_of_its_level(
     receiver = make_queue()
     assert [r.id for r in await take(receiver, endpoint, 6)] == order
     assert not redis_client.keys(f"{keys.level_prefix}*")
+
+
+async def test_a_batch_take_hands_out_exactly_what_takes_of_one_would_in_the_same_order(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given the same story on two endpoints, one drained one id per take and the other by takes
+    # of random sizes (a take pops a run of one lane at once where the order allows it): a
+    # producer alone, others joining, ids cancelled in the middle of a lane, a second priority
+    # level arriving and leaving, and a lone producer again at the end
+    rng = random.Random(19)
+    canceller = make_queue()
+    sides = {"one": "poll://order-one", "many": "poll://order-many"}
+    taken: dict[str, list[str]] = {side: [] for side in sides}
+
+    def fill(producer: str, n: int, priority: int = 0) -> None:
+        for side, endpoint in sides.items():
+            requests = batch(endpoint, producer, n, priority, tag=f"{side}.{producer}")
+            assert bulk.enqueue_many(requests).accepted == n
+
+    async def cancel(producer: str, priority: int, i: int) -> None:
+        for side in sides:
+            assert await canceller.cancel(f"{side}.{producer}-{priority}:{i}") is True
+
+    def take(n: int) -> None:
+        for side, endpoint in sides.items():
+            got: list[str] = []
+            while len(got) < n:
+                want = 1 if side == "one" else rng.randint(1, min(40, n - len(got)))
+                items = silent_take(redis_client, bulk.keys.prefix, endpoint, want)
+                assert items, f"{side}: nothing to take after {len(got)} of {n}"
+                assert len(items) <= want
+                got += [item.request_id.removeprefix(f"{side}.") for item in items]
+            taken[side] += got
+
+    fill("a", 120)
+    take(30)
+    fill("b", 15)
+    fill("c", 40)
+    take(20)
+    await cancel("a", 0, 60)
+    await cancel("a", 0, 61)
+    await cancel("c", 0, 30)
+    take(25)
+    fill("hi", 12, priority=3)
+    take(30)
+    fill("d", 50)
+    remaining = {side: queue_depth(redis_client, bulk.keys.endpoint(sides[side])) for side in sides}
+    assert remaining["one"] == remaining["many"] > 0
+    take(remaining["one"])
+
+    # Then both hand out the same ids in the same order, every live id once
+    assert taken["one"] == taken["many"]
+    assert len(set(taken["one"])) == len(taken["one"]) == 120 + 15 + 40 + 12 + 50 - 3
+    for endpoint in sides.values():
+        assert queue_depth(redis_client, bulk.keys.endpoint(endpoint)) == 0
+        assert silent_take(redis_client, bulk.keys.prefix, endpoint, 5) == []

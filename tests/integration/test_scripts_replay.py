@@ -24,6 +24,7 @@ from prq.scripts import (
     Redelivery,
     apply_response_call,
     enqueue_call,
+    merge_answers,
     parse_apply_response,
     parse_enqueue,
     parse_take,
@@ -168,6 +169,54 @@ def test_apply_response_replay_is_reported_and_changes_nothing(
     assert answer(b'{"id": "%s", "result": 2}' % request.id.encode(), "other") == "duplicate"
     # Then the first response stands
     assert state(client, keys, request.id)[b"rsp"] == first_body
+
+
+def test_answers_merged_into_one_call_are_each_judged_alone_and_replay_safely(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given three requests taken by one receiver
+    keys = KeySchema(key_prefix)
+    endpoint = keys.endpoint(ENDPOINT)
+    now_ms = int(time.time() * 1000)
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i) for i in range(3)]
+    for request in requests:
+        send(client, enqueue(keys, request, now_ms))
+    token = uuid.uuid4().hex
+    assert len(parse_take(send(client, take(keys, token, now_ms))).items) == 3
+    first, second, third = (request.id for request in requests)
+
+    def body(request_id: str) -> bytes:
+        return b'{"id": "%s", "result": 1}' % request_id.encode()
+
+    answers = [
+        (first, token),  # its owner: stored
+        (second, "another-receiver"),  # not its owner: fenced
+        (first, token),  # the same answer again in the same call: a replay
+        ("never-queued", token),  # nothing stored under the id
+        (third, token),
+    ]
+    calls = [
+        apply_response_call(endpoint, rid, owner, body(rid), TTL_MS, now_ms, 16384)
+        for rid, owner in answers
+    ]
+
+    # When they go out as one merged call, and that call is sent again (a lost reply)
+    (merged,), spread = merge_answers(calls)
+    replies = spread([send(client, merged)])
+    again = spread([send(client, merged)])
+
+    # Then each answer got its own status, in order, and the replay changed nothing
+    assert [parse_apply_response(reply) for reply in replies] == [
+        "ok", "fenced", "replay", "unknown", "ok",
+    ]  # fmt: skip
+    assert [parse_apply_response(reply) for reply in again] == [
+        "replay", "fenced", "replay", "unknown", "replay",
+    ]  # fmt: skip
+    assert state(client, keys, first)[b"rsp"] == body(first)
+    assert state(client, keys, second)[b"st"] == b"taken"
+    # ... and only the answered ones left the in-flight set
+    running = {str(member, "utf-8") for member in client.zrange(endpoint.running, 0, -1)}  # type: ignore[arg-type]
+    assert running == {second}
 
 
 def test_withdraw_replay_is_still_this_calls_withdrawal(
