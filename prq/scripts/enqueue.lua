@@ -30,8 +30,8 @@ ARGV[16] pickup window, ms: the pickup deadline "pd" is this much after now by s
          (TIME), the clock every take judges it by
 
 Reply:
-  {"new", counter}                      queued (and the endpoint pulsed); counter = the
-                                        endpoint's enqueue count so far
+  {"new", counter}                      queued (and the endpoint pulsed if a receiver is
+                                        parked); counter = the endpoint's enqueue count so far
   {"handed", counter}                   handed to a parked receiver (_handoff.lua): "handed" to
                                         its token, listed in its receipt, and its node pulsed
                                         "t|<token>|<id>"; not picked up until the receiver
@@ -125,5 +125,7 @@ end
 
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 queue_push(KEYS[2], KEYS[9], ARGV[13], ARGV[14], {ARGV[1]}, ARGV[7], now)
-redis.call('PUBLISH', ARGV[8], '')
+-- only a parked receiver waits for the pulse: one that is not parked is taking or handling,
+-- and takes again before it parks (a take parks only while nothing is queued)
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('PUBLISH', ARGV[8], '') end
 return {'new', counter}

@@ -120,6 +120,10 @@ async def test_a_fast_round_trip_stays_within_its_command_budget(
     assert evalsha_1 - evalsha_0 == sent.get("EVALSHA", 0)
 
 
+def ignore(*_: object) -> None:
+    """An outcome callback that keeps nothing."""
+
+
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -178,3 +182,38 @@ async def test_subscriptions_do_not_grow_with_the_number_of_requests(
     assert pubsub_clients(own_redis_client) == 2
     # And at no moment during the calls were there more channels than that
     assert peak_channels == len(expected)
+
+
+async def test_requests_queued_behind_work_pulse_only_while_a_receiver_is_parked(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given an endpoint nobody serves, and a watcher of its pulse channel
+    sender = make_own_queue(pickup_timeout_s=30)
+    endpoint = "poll://quiet-pulses"
+    keys = sender.keys.endpoint(endpoint)
+    watcher = own_redis_client.pubsub()
+    watcher.subscribe(keys.pulse_channel)
+    confirmed = watcher.get_message(timeout=5)
+    assert confirmed is not None and confirmed["type"] == "subscribe"
+
+    # When ten requests are sent (no receiver is parked: they are queued)
+    for i in range(10):
+        await sender.send(
+            Request(endpoint=endpoint, method="m", params=i), on_response=ignore, on_failure=ignore
+        )
+    await async_wait_until(lambda: own_redis_client.zcard(keys.levels) == 1, 5)
+
+    # Then no pulse went out for them: a receiver that is not parked takes before it parks
+    assert watcher.get_message(timeout=0.5) is None
+
+    # When a receiver parks its take (a stale park left on the list stands in for it: the
+    # parked list is what the enqueue looks at), and one more request is queued
+    own_redis_client.rpush(keys.parked, "token-of-a-parked-take")
+    await sender.send(
+        Request(endpoint=endpoint, method="m", params=10), on_response=ignore, on_failure=ignore
+    )
+
+    # Then that one pulses the endpoint
+    message = watcher.get_message(timeout=5)
+    assert message is not None and message["type"] == "message"
+    watcher.close()
