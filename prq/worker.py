@@ -13,6 +13,7 @@ queue closes, the handlers still running get the queue's shutdown timeout to ans
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import inspect
 import logging
@@ -215,32 +216,67 @@ def serve_sync(
 ) -> None:
     """Serve `endpoint` with `handler` until `stop` is set or the queue closes.
 
-    Each of the `concurrency` workers is its own take → handle → respond loop in its own
-    thread (the calling thread when `concurrency` is 1), so a request passes no thread hand-off
-    between its pulse and its handler.
+    Each of the `concurrency` workers runs requests in its own thread (the calling thread when
+    `concurrency` is 1). One of the idle workers at a time takes from Redis, for itself and for
+    every other idle worker: it runs the first request it gets itself (a request passes no
+    thread hand-off between its pulse and its handler) and leaves the rest to the others, so
+    one take serves many workers when work is waiting. On stop no worker takes again, and what
+    was taken is run and answered first.
     """
     validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     pause = stop or threading.Event()
+    turns = threading.Condition()
+    #: Requests taken for workers that have not started them yet (held: beaten for).
+    backlog: collections.deque[PendingRequest] = collections.deque()
+    taking = False  # a worker is taking from Redis
+    waiting = 0  # workers waiting for a request while another one takes
 
     def stopped() -> bool:
         return pause.is_set() or queue.closed
 
+    def next_request(failures: int) -> tuple[PendingRequest | None, int, bool]:
+        """The next request for this worker, taken for it (and the idle others) if none waits;
+        and whether the worker should go on."""
+        nonlocal taking, waiting
+        with turns:
+            while not backlog and taking and not stopped():
+                waiting += 1
+                turns.wait(JOIN_WAKE_S)
+                waiting -= 1
+            if backlog:
+                return backlog.popleft(), failures, True
+            if stopped():
+                return None, failures, False
+            taking = True
+            want = waiting + 1
+        taken: list[PendingRequest] = []
+        try:
+            taken = queue._take(endpoint, want, queue.settings.dequeue_timeout_s, stopped)
+            failures = 0
+        except QueueShutdown:
+            return None, failures, False
+        except PrqError as exc:
+            failures = _log_failure(endpoint, exc, failures)
+            pause.wait(_backoff_s(failures))
+        finally:
+            with turns:
+                taking = False
+                for pending in taken:  # running from now on, for the queue's closing
+                    queue._serving.add(pending.id)
+                backlog.extend(taken[1:])
+                turns.notify_all()
+        return (taken[0] if taken else None), failures, True
+
     def work() -> None:
         failures = 0
-        while not stopped():
-            try:
-                taken = queue._take(endpoint, 1, queue.settings.dequeue_timeout_s, stopped)
-                failures = 0
-            except QueueShutdown:
-                return
-            except PrqError as exc:
-                failures = _log_failure(endpoint, exc, failures)
-                pause.wait(_backoff_s(failures))
-                continue
-            for pending in taken:
+        while True:
+            pending, failures, going = next_request(failures)
+            if pending is not None:
                 _answer(queue, handler, pending)
+            elif not going:
+                return
 
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     if concurrency == 1:
