@@ -227,52 +227,15 @@ def serve_sync(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     pause = stop or threading.Event()
-    turns = threading.Condition()
-    #: Requests taken for workers that have not started them yet (held: beaten for).
-    backlog: collections.deque[PendingRequest] = collections.deque()
-    taking = False  # a worker is taking from Redis
-    waiting = 0  # workers waiting for a request while another one takes
 
     def stopped() -> bool:
         return pause.is_set() or queue.closed
 
-    def next_request(failures: int) -> tuple[PendingRequest | None, int, bool]:
-        """The next request for this worker, taken for it (and the idle others) if none waits;
-        and whether the worker should go on."""
-        nonlocal taking, waiting
-        with turns:
-            while not backlog and taking and not stopped():
-                waiting += 1
-                turns.wait(JOIN_WAKE_S)
-                waiting -= 1
-            if backlog:
-                return backlog.popleft(), failures, True
-            if stopped():
-                return None, failures, False
-            taking = True
-            want = waiting + 1
-        taken: list[PendingRequest] = []
-        try:
-            taken = queue._take(endpoint, want, queue.settings.dequeue_timeout_s, stopped)
-            failures = 0
-        except QueueShutdown:
-            return None, failures, False
-        except PrqError as exc:
-            failures = _log_failure(endpoint, exc, failures)
-            pause.wait(_backoff_s(failures))
-        finally:
-            with turns:
-                taking = False
-                for pending in taken:  # running from now on, for the queue's closing
-                    queue._serving.add(pending.id)
-                backlog.extend(taken[1:])
-                turns.notify_all()
-        return (taken[0] if taken else None), failures, True
+    turns = _TakeTurns(queue, endpoint, stopped, pause)
 
     def work() -> None:
-        failures = 0
         while True:
-            pending, failures, going = next_request(failures)
+            pending, going = turns.next_request()
             if pending is not None:
                 _answer(queue, handler, pending)
             elif not going:
@@ -294,6 +257,59 @@ def serve_sync(
             while worker.is_alive():
                 worker.join(JOIN_WAKE_S)
     logger.info("stopped serving endpoint=%r", endpoint)
+
+
+class _TakeTurns:
+    """The workers of one `serve_sync`: one idle worker at a time takes from Redis, for itself
+    and for every worker waiting meanwhile; what it takes beyond its own first request waits
+    in a backlog for the others (held, so beaten for, and counted as serving at once)."""
+
+    def __init__(
+        self, queue: Queue, endpoint: str, stopped: Callable[[], bool], pause: threading.Event
+    ) -> None:
+        self.queue = queue
+        self.endpoint = endpoint
+        self.stopped = stopped
+        self.pause = pause
+        self.turns = threading.Condition()
+        self.backlog: collections.deque[PendingRequest] = collections.deque()
+        self.taking = False  # a worker is taking from Redis
+        self.waiting = 0  # workers waiting for a request while another one takes
+        self.failures = 0
+
+    def next_request(self) -> tuple[PendingRequest | None, bool]:
+        """The next request for the calling worker (None: none this turn), taken for it and
+        the waiting others if none waits; and whether the worker should go on."""
+        with self.turns:
+            while not self.backlog and self.taking and not self.stopped():
+                self.waiting += 1
+                self.turns.wait(JOIN_WAKE_S)
+                self.waiting -= 1
+            if self.backlog:
+                return self.backlog.popleft(), True
+            if self.stopped():
+                return None, False
+            self.taking = True
+            want = self.waiting + 1
+        taken: list[PendingRequest] = []
+        try:
+            taken = self.queue._take(
+                self.endpoint, want, self.queue.settings.dequeue_timeout_s, self.stopped
+            )
+            self.failures = 0
+        except QueueShutdown:
+            return None, False
+        except PrqError as exc:
+            self.failures = _log_failure(self.endpoint, exc, self.failures)
+            self.pause.wait(_backoff_s(self.failures))
+        finally:
+            with self.turns:
+                self.taking = False
+                for pending in taken:  # running from now on, for the queue's closing
+                    self.queue._serving.add(pending.id)
+                self.backlog.extend(taken[1:])
+                self.turns.notify_all()
+        return (taken[0] if taken else None), True
 
 
 def _answer(queue: Queue, handler: Handler, pending: PendingRequest) -> None:
