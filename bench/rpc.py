@@ -23,8 +23,13 @@ Commands per call:
             `INFO commandstats`. PUBLISH inside a script counts; delivering a pub/sub message
             does not.
 
-Targets (printed as PASS/MISS, never asserted): prq p50 <= 2.5x its raw twin's p50, and prq
-throughput >= 0.5x its raw twin's throughput. Run `python bench/rpc.py --help`, or `prq bench`.
+A second throughput phase runs with --wide-inflight calls in flight (256; the servers keep K
+workers): calls/s only.
+
+Targets (printed as PASS/MISS, never asserted): prq p50 <= 2.0x its raw twin's p50, prq
+throughput (@K) >= 1.0x its raw twin's, Redis commands per call (@K, inside scripts included)
+<= 12, and Redis CPU per call (@K) <= the raw twin's. Run `python bench/rpc.py --help`, or
+`prq bench`.
 """
 
 from __future__ import annotations
@@ -62,9 +67,13 @@ logger = logging.getLogger(__name__)
 #: Every variant, in the order they run; a prq variant is compared with the raw one of its facade.
 VARIANTS = ("raw-async", "raw-sync", "prq-async", "prq-sync")
 BASELINE_OF = {"prq-async": "raw-async", "prq-sync": "raw-sync"}
-#: Targets: prq p50 at most this many times the baseline's; throughput at least this share.
-TARGET_P50_RATIO = 2.5
-TARGET_THROUGHPUT_RATIO = 0.5
+#: Targets: prq p50 at most this many times the baseline's; throughput at least this share;
+#: Redis commands per call (those inside scripts included) at most this many, and Redis CPU
+#: per call at most the baseline's (in the throughput phase).
+TARGET_P50_RATIO = 2.0
+TARGET_THROUGHPUT_RATIO = 1.0
+TARGET_COMMANDS_PER_CALL = 12
+TARGET_REDIS_CPU_RATIO = 1.0
 #: The endpoint the prq server process serves.
 ENDPOINT = "poll://bench-echo"
 #: What tells a raw server worker to exit.
@@ -323,6 +332,8 @@ class Measured:
     seq_sender_commands: int = 0
     seq_server: ServerSnapshot | None = None
     tput_server: ServerSnapshot | None = None
+    wide_elapsed_s: float = 0.0
+    wide_calls: int = 0
 
     @property
     def p50_ms(self) -> float:
@@ -335,6 +346,10 @@ class Measured:
     @property
     def calls_per_s(self) -> float:
         return self.throughput_calls / self.throughput_elapsed_s
+
+    @property
+    def wide_calls_per_s(self) -> float:
+        return self.wide_calls / self.wide_elapsed_s if self.wide_elapsed_s else 0.0
 
     @property
     def sender_per_call(self) -> float:
@@ -380,6 +395,10 @@ class Summary:
         return self._median(lambda run: run.calls_per_s)
 
     @property
+    def wide_calls_per_s(self) -> float:
+        return self._median(lambda run: run.wide_calls_per_s)
+
+    @property
     def sender_per_call(self) -> float:
         return self._median(lambda run: run.sender_per_call)
 
@@ -407,6 +426,8 @@ class Options:
     markdown: bool
     prefix: str
     repeat: int = 1
+    #: Calls in flight in the second throughput phase (0: none).
+    wide_inflight: int = 256
 
 
 def _request_json(i: int) -> tuple[str, bytes]:
@@ -435,7 +456,19 @@ async def _run_async_phases(
     m.seq_sender_commands = sender_commands() - sent
     m.seq_server = counters.delta(before, middle)
 
-    numbers = iter(range(opts.calls))
+    m.throughput_elapsed_s = await _async_throughput(call, opts.calls, opts.inflight)
+    m.throughput_calls = opts.calls
+    m.tput_server = counters.delta(middle, counters.snapshot())
+    if opts.wide_inflight:
+        m.wide_elapsed_s = await _async_throughput(call, opts.calls, opts.wide_inflight)
+        m.wide_calls = opts.calls
+
+
+async def _async_throughput(
+    call: Callable[[int], Awaitable[None]], calls: int, inflight: int
+) -> float:
+    """Make `calls` calls with `inflight` of them in flight; the seconds it took."""
+    numbers = iter(range(calls))
 
     async def worker() -> None:
         for i in numbers:  # one iterator shared by all workers: each call runs once
@@ -443,15 +476,15 @@ async def _run_async_phases(
 
     started = time.perf_counter()
     async with asyncio.timeout(PHASE_TIMEOUT_S):
-        await asyncio.gather(*(worker() for _ in range(opts.inflight)))
-    m.throughput_elapsed_s = time.perf_counter() - started
-    m.throughput_calls = opts.calls
-    m.tput_server = counters.delta(middle, counters.snapshot())
+        await asyncio.gather(*(worker() for _ in range(inflight)))
+    return time.perf_counter() - started
 
 
 async def _measure_raw_async(opts: Options, counters: ServerCounters) -> Measured:
     m = Measured("raw-async")
-    client = redis.asyncio.Redis.from_url(opts.url, max_connections=opts.inflight + 8)
+    client = redis.asyncio.Redis.from_url(
+        opts.url, max_connections=max(opts.inflight, opts.wide_inflight) + 8
+    )
     request_key = f"{opts.prefix}:raw:req"
     made = 0
 
@@ -514,10 +547,20 @@ def _run_sync_phases(
     m.seq_sender_commands = sender_commands() - sent
     m.seq_server = counters.delta(before, middle)
 
-    numbers = iter(range(opts.calls))
+    m.throughput_elapsed_s = _sync_throughput(call, opts.calls, opts.inflight)
+    m.throughput_calls = opts.calls
+    m.tput_server = counters.delta(middle, counters.snapshot())
+    if opts.wide_inflight:
+        m.wide_elapsed_s = _sync_throughput(call, opts.calls, opts.wide_inflight)
+        m.wide_calls = opts.calls
+
+
+def _sync_throughput(call: Callable[[int], None], calls: int, inflight: int) -> float:
+    """Make `calls` calls from `inflight` threads; the seconds it took."""
+    numbers = iter(range(calls))
     lock = threading.Lock()
     errors: list[BaseException] = []
-    go = threading.Barrier(opts.inflight + 1)
+    go = threading.Barrier(inflight + 1)
 
     def worker() -> None:
         go.wait(SERVER_START_TIMEOUT_S)
@@ -532,7 +575,7 @@ def _run_sync_phases(
                 errors.append(exc)
                 return
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(opts.inflight)]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(inflight)]
     for thread in threads:
         thread.start()
     go.wait(SERVER_START_TIMEOUT_S)
@@ -540,13 +583,12 @@ def _run_sync_phases(
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    m.throughput_elapsed_s = time.perf_counter() - started
+    elapsed = time.perf_counter() - started
     if errors:
         raise errors[0]
     if any(thread.is_alive() for thread in threads):
         raise TimeoutError(f"throughput phase did not finish in {PHASE_TIMEOUT_S} s")
-    m.throughput_calls = opts.calls
-    m.tput_server = counters.delta(middle, counters.snapshot())
+    return elapsed
 
 
 class _Counter:
@@ -563,7 +605,9 @@ class _Counter:
 
 def _measure_raw_sync(opts: Options, counters: ServerCounters) -> Measured:
     m = Measured("raw-sync")
-    pool = redis.ConnectionPool.from_url(opts.url, max_connections=opts.inflight + 8)
+    pool = redis.ConnectionPool.from_url(
+        opts.url, max_connections=max(opts.inflight, opts.wide_inflight) + 8
+    )
     client = redis.Redis(connection_pool=pool)
     request_key = f"{opts.prefix}:raw:req"
     made = _Counter()
@@ -640,6 +684,8 @@ HEADERS = (
     "server cmds/call (@{inflight})",
     "p50 / baseline",
     "calls/s / baseline",
+    "calls/s @{wide}",
+    "@{wide} / baseline",
 )
 
 
@@ -649,6 +695,8 @@ def build_rows(results: dict[str, Summary]) -> list[Row]:
         base = results.get(BASELINE_OF.get(variant, ""))
         p50_ratio = f"{m.p50_ms / base.p50_ms:.2f}x" if base else "-"
         tput_ratio = f"{m.calls_per_s / base.calls_per_s:.2f}x" if base else "-"
+        wide = m.wide_calls_per_s
+        wide_ratio = f"{wide / base.wide_calls_per_s:.2f}x" if base and wide else "-"
         rows.append(
             Row(
                 variant,
@@ -662,6 +710,8 @@ def build_rows(results: dict[str, Summary]) -> list[Row]:
                     f"{m.server_per_call('tput'):.2f}",
                     p50_ratio,
                     tput_ratio,
+                    f"{wide:,.0f}" if wide else "-",
+                    wide_ratio,
                 ),
             )
         )
@@ -676,12 +726,32 @@ def target_lines(results: dict[str, Summary]) -> list[str]:
             continue
         p50_ratio = m.p50_ms / base.p50_ms
         tput_ratio = m.calls_per_s / base.calls_per_s
-        p50_ok = "PASS" if p50_ratio <= TARGET_P50_RATIO else "MISS"
-        tput_ok = "PASS" if tput_ratio >= TARGET_THROUGHPUT_RATIO else "MISS"
+        commands = m.server_per_call("tput")
+        redis_ratio = m.cpu_us_per_call("tput")[2] / base.cpu_us_per_call("tput")[2]
+        checks = (
+            (f"p50 {p50_ratio:.2f}x", f"<= {TARGET_P50_RATIO}x", p50_ratio <= TARGET_P50_RATIO),
+            (
+                f"throughput {tput_ratio:.2f}x",
+                f">= {TARGET_THROUGHPUT_RATIO}x",
+                tput_ratio >= TARGET_THROUGHPUT_RATIO,
+            ),
+            (
+                f"Redis commands per call {commands:.1f}",
+                f"<= {TARGET_COMMANDS_PER_CALL}",
+                commands <= TARGET_COMMANDS_PER_CALL,
+            ),
+            (
+                f"Redis CPU per call {redis_ratio:.2f}x",
+                f"<= {TARGET_REDIS_CPU_RATIO}x",
+                redis_ratio <= TARGET_REDIS_CPU_RATIO,
+            ),
+        )
         lines.append(
-            f"{variant} vs {baseline}: p50 {p50_ratio:.2f}x (target <= {TARGET_P50_RATIO}x) "
-            f"{p50_ok}; throughput {tput_ratio:.2f}x (target >= {TARGET_THROUGHPUT_RATIO}x) "
-            f"{tput_ok}"
+            f"{variant} vs {baseline}: "
+            + "; ".join(
+                f"{what} (target {target}) {'PASS' if ok else 'MISS'}"
+                for what, target, ok in checks
+            )
         )
     return lines
 
@@ -736,6 +806,7 @@ def environment_line(client: redis.Redis, opts: Options) -> str:
         f"{os.cpu_count()} CPUs (load {os.getloadavg()[0]:.1f} at the end) · "
         f"warm-up {opts.warmup}, sequential {opts.seq_calls}, "
         f"throughput {opts.calls} calls with {opts.inflight} in flight"
+        + (f" (and with {opts.wide_inflight})" if opts.wide_inflight else "")
         + (f" · median of {opts.repeat} interleaved runs" if opts.repeat > 1 else "")
     )
 
@@ -757,7 +828,7 @@ def _rich_table(title: str, headers: Sequence[str], rows: Sequence[Row], caption
 
 
 def print_report(results: dict[str, Summary], opts: Options, env: str) -> None:
-    headers = [h.format(inflight=opts.inflight) for h in HEADERS]
+    headers = [h.format(inflight=opts.inflight, wide=opts.wide_inflight) for h in HEADERS]
     cpu_headers = [h.format(inflight=opts.inflight) for h in CPU_HEADERS]
     rows, cpu = build_rows(results), cpu_rows(results)
     if opts.markdown:
@@ -817,6 +888,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=int(env("PRQ_BENCH_WARMUP", "200")))
     parser.add_argument("--inflight", type=int, default=int(env("PRQ_BENCH_INFLIGHT", "64")))
     parser.add_argument(
+        "--wide-inflight",
+        type=int,
+        default=int(env("PRQ_BENCH_WIDE_INFLIGHT", "256")),
+        help="calls in flight in a second throughput phase (0: skip it)",
+    )
+    parser.add_argument(
         "--only", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}"
     )
     parser.add_argument(
@@ -844,9 +921,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             print(f"unknown variant(s) {sorted(unknown)}; choose from {VARIANTS}", file=sys.stderr)
             return 2
-    if min(args.calls, args.seq_calls, args.inflight, args.repeat) < 1 or args.warmup < 0:
+    if (
+        min(args.calls, args.seq_calls, args.inflight, args.repeat) < 1
+        or min(args.warmup, args.wide_inflight) < 0
+    ):
         print(
-            "--calls, --seq-calls, --inflight and --repeat must be >= 1, --warmup >= 0",
+            "--calls, --seq-calls, --inflight and --repeat must be >= 1, "
+            "--warmup and --wide-inflight >= 0",
             file=sys.stderr,
         )
         return 2
@@ -862,6 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seq_calls=args.seq_calls,
             warmup=args.warmup,
             inflight=args.inflight,
+            wide_inflight=args.wide_inflight,
             variants=variants,
             markdown=args.markdown,
             repeat=args.repeat,

@@ -308,7 +308,9 @@ class _TakeTurns:
                 for pending in taken:  # running from now on, for the queue's closing
                     self.queue._serving.add(pending.id)
                 self.backlog.extend(taken[1:])
-                self.turns.notify_all()
+                # one waiting worker per request left over, and one to take next (this one
+                # runs the first); not all of them: a wake-up costs each one CPU
+                self.turns.notify(len(taken))
         return (taken[0] if taken else None), True
 
 
