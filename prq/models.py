@@ -14,10 +14,10 @@ dropped. `unknown` means Redis holds nothing for the id (never enqueued, expired
 from __future__ import annotations
 
 import enum
+import os
 import re
 import string
 import threading
-import uuid
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
@@ -95,18 +95,17 @@ def validate_endpoint(endpoint: object) -> str:
 #: The alphabet of the ids prq makes: letters and digits only, so an id is URL-safe, needs no
 #: escaping in a key or a log line, and starts with a letter or digit (REQUEST_ID_PATTERN).
 _ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
-#: 62**22 > 2**128: every uuid4 fits in 22 characters (32 in hex).
+#: Characters of an id prq makes: 22 random ones of 62 hold about 131 bits, more than a uuid4.
 COMPACT_ID_LENGTH = 22
+#: Random byte -> id character (byte % 62: the first 8 characters come 5 times in 256, the
+#: others 4 times, which costs each character 0.004 of its 5.95 bits).
+_ID_TABLE = bytes(ord(_ID_ALPHABET[b % len(_ID_ALPHABET)]) for b in range(256))
 
 
 def new_request_id() -> str:
-    """A fresh random request id: a uuid4 written in 22 letters and digits (base 62)."""
-    n = uuid.uuid4().int
-    digits = []
-    for _ in range(COMPACT_ID_LENGTH):
-        n, digit = divmod(n, 62)
-        digits.append(_ID_ALPHABET[digit])
-    return "".join(reversed(digits))
+    """A fresh random request id: 22 letters and digits from the OS's random source (one
+    urandom call and one table lookup per character: a call makes one, so it stays cheap)."""
+    return os.urandom(COMPACT_ID_LENGTH).translate(_ID_TABLE).decode("ascii")
 
 
 class ServerError(BaseModel):
