@@ -21,6 +21,7 @@ import threading
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic_core import to_json
 
 from prq.datastreams import DataStream
 from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
@@ -247,13 +248,33 @@ class StoredRequest(BaseModel):
 
 
 def encode_stored_request(request: Request) -> bytes:
-    """The bytes a record keeps for `request` (StoredRequest)."""
-    stored = StoredRequest.model_construct(
-        m=request.method, p=request.params, s=request.service, q=request.priority,
-        r=request.producer, d=request.delivery, k=request.response_ttl_s, h=request.headers,
-        x=request.streams,
-    )  # fmt: skip
-    return stored.model_dump_json(exclude_defaults=True).encode()
+    """The bytes a record keeps for `request` (StoredRequest). Without DataStreams the JSON is
+    written straight from the fields (pydantic_core.to_json, the serializer pydantic itself
+    uses; a tenth of the cost of building the model to dump it); with them, through the model,
+    which knows how a DataStream is written."""
+    if request.streams:
+        stored = StoredRequest.model_construct(
+            m=request.method, p=request.params, s=request.service, q=request.priority,
+            r=request.producer, d=request.delivery, k=request.response_ttl_s, h=request.headers,
+            x=request.streams,
+        )  # fmt: skip
+        return stored.model_dump_json(exclude_defaults=True).encode()
+    fields: dict[str, object] = {"m": request.method}
+    if request.params is not None:
+        fields["p"] = request.params
+    if request.service:
+        fields["s"] = request.service
+    if request.priority:
+        fields["q"] = request.priority
+    if request.producer is not None:
+        fields["r"] = request.producer
+    if request.delivery != "at_most_once":
+        fields["d"] = request.delivery
+    if request.response_ttl_s is not None:
+        fields["k"] = request.response_ttl_s
+    if request.headers:
+        fields["h"] = request.headers
+    return to_json(fields)
 
 
 def decode_stored_request(raw: bytes | str, endpoint: str, request_id: str) -> Request:

@@ -8,7 +8,15 @@ from collections import Counter
 import pytest
 
 from prq import InvalidEndpoint, Request, Response, SerializationError, ServerError
-from prq.models import COMPACT_ID_LENGTH, decode_request, decode_response, new_request_id
+from prq.models import (
+    COMPACT_ID_LENGTH,
+    StoredRequest,
+    decode_request,
+    decode_response,
+    decode_stored_request,
+    encode_stored_request,
+    new_request_id,
+)
 
 
 def test_request_defaults() -> None:
@@ -75,3 +83,33 @@ def test_response_with_error_round_trips() -> None:
 def test_malformed_response_raises_serialization_error() -> None:
     with pytest.raises(SerializationError):
         decode_response(b'{"id": 3}')
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Request(endpoint="poll://a", method="echo"),
+        Request(endpoint="poll://a", method="echo", params={"i": 1, "f": 1.5, "s": "é\n\u2028"}),
+        Request(
+            endpoint="poll://a",
+            method="m",
+            params=[1, 2, None, True],
+            service="svc",
+            priority=-3,
+            producer="",
+            delivery="at_least_once",
+            headers={"a": "b"},
+            response_ttl_s=2.5,
+        ),
+        Request(endpoint="poll://a", method="m", params=0, producer="p", priority=7),
+    ],
+)
+def test_a_stored_request_is_written_as_its_model_would_write_it(request_: Request) -> None:
+    through_model = StoredRequest.model_construct(
+        m=request_.method, p=request_.params, s=request_.service, q=request_.priority,
+        r=request_.producer, d=request_.delivery, k=request_.response_ttl_s, h=request_.headers,
+        x=request_.streams,
+    ).model_dump_json(exclude_defaults=True).encode()  # fmt: skip
+    assert encode_stored_request(request_) == through_model
+    decoded = decode_stored_request(encode_stored_request(request_), "poll://a", request_.id)
+    assert decoded == request_
