@@ -101,12 +101,6 @@ def _raw_consumer(url: str, prefix: str, n: int, go: Any, done: Any) -> None:
 def _prq_consumer(
     variant: str, url: str, prefix: str, concurrency: int, go: Any, done: Any, stop: Any
 ) -> None:
-    lock = threading.Lock()
-
-    def count() -> None:
-        with lock:
-            done.value += 1
-
     if variant == "prq-async":
 
         async def main() -> None:
@@ -129,8 +123,11 @@ def _prq_consumer(
         asyncio.run(main())
         return
 
+    lock = threading.Lock()  # the handlers run in worker threads
+
     def echo_sync(request: Request) -> Any:
-        count()
+        with lock:
+            done.value += 1
         return request.params
 
     with Queue.from_url(url, prefix=prefix) as queue:

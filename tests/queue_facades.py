@@ -17,11 +17,12 @@ import asyncio
 import functools
 import gc
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
 
-from prq import AsyncQueue, Queue, QueueSettings, RedisSettings, RequestState
+from prq import AsyncQueue, Queue, QueueSettings, RedisSettings, Request, RequestState
 from prq.datastreams import DataStreamStore
 from prq.send import BlockingSendHandle
 from tests.redis_servers import async_wait_until
@@ -30,6 +31,7 @@ __all__ = [
     "FAST_SETTINGS",
     "AnyQueue",
     "QueueFactory",
+    "RunningCount",
     "Serving",
     "SyncQueueAdapter",
     "run_all",
@@ -309,6 +311,27 @@ class QueueFactory:
         gc.collect()
         if errors:
             raise errors[0]
+
+
+class RunningCount:
+    """A plain handler that counts how many of its calls run at the same time (`most`), each
+    working `work_s` (the work itself; the count is what a test watches), and echoes the
+    params."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.now = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Request) -> Any:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.work_s)  # the handler's work, not a synchronisation
+        with self._lock:
+            self.now -= 1
+        return request.params
 
 
 async def wait_for_state(

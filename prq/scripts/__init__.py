@@ -14,6 +14,7 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from importlib import resources
 from typing import Final
 
@@ -512,52 +513,53 @@ def merge_answers(calls: Sequence[Call]) -> tuple[list[Call], Callable[[list[Rep
     that turns their replies back into one reply per call of `calls` (a merged call's error
     reply goes to each call it merged). Calls are independent steps (the I/O layer's batches),
     so an answer may go earlier than a call queued before it; nothing else moves."""
-    #: What goes out: each call's arguments, its script, the indexes of `calls` it carries
-    #: (one, unless merged) and how many answers it holds.
-    args: list[list[str | int | bytes]] = []
-    scripts: list[Script | None] = []
+    if sum(1 for call in calls if call.script is APPLY_RESPONSE) < 2:
+        return list(calls), _same
+    sent: list[Call] = []
+    #: For each call sent: the indexes of `calls` it carries (one, unless merged).
     carries: list[list[int]] = []
-    held: list[int] = []
+    #: For each answer call sent (by its place in `sent`): the answers it holds, and the
+    #: arguments of the answers merged into it.
+    held: dict[int, int] = {}
+    more: dict[int, list[str | int | bytes]] = {}
     open_for: dict[tuple[object, ...], int] = {}  # shared head -> the call answers join
     for i, call in enumerate(calls):
-        if call.script is APPLY_RESPONSE and len(call.args) > _ANSWER_HEAD:
+        if call.script is APPLY_RESPONSE:
             head, n = call.args[:_ANSWER_HEAD], _answers(call)
             at = open_for.get(head)
             if at is not None and held[at] + n <= MAX_MERGED_ANSWERS:
-                args[at].extend(call.args[_ANSWER_HEAD:])
-                carries[at].append(i)
+                more[at].extend(call.args[_ANSWER_HEAD:])
                 held[at] += n
+                carries[at].append(i)
                 continue
-            open_for[head] = len(args)
-        args.append(list(call.args))
-        scripts.append(call.script)
+            open_for[head] = len(sent)
+            held[len(sent)], more[len(sent)] = n, []
+        sent.append(call)
         carries.append([i])
-        held.append(_answers(call) if call.script is APPLY_RESPONSE else 0)
-    if len(args) == len(calls):
-        return list(calls), _same
-    sent = [
-        calls[members[0]] if len(members) == 1 else Call(tuple(a), script)
-        for a, script, members in zip(args, scripts, carries, strict=True)
-    ]
+    for at, args in more.items():
+        if args:
+            sent[at] = Call((*sent[at].args, *args), APPLY_RESPONSE)
 
-    def spread(replies: list[Reply]) -> list[Reply]:
-        out: list[Reply] = [None] * len(calls)
-        for members, reply in zip(carries, replies, strict=True):
-            if len(members) == 1:
-                out[members[0]] = reply
-                continue
-            if not isinstance(reply, list):  # an error reply: each merged call gets it
-                for member in members:
-                    out[member] = reply
-                continue
+    return sent, partial(_spread, calls, carries)
+
+
+def _spread(calls: Sequence[Call], carries: list[list[int]], replies: list[Reply]) -> list[Reply]:
+    """One reply per call of `calls`, from the replies of the calls sent for them (`carries`:
+    which of `calls` each one sent carries; see merge_answers)."""
+    out: list[Reply] = [None] * len(calls)
+    for members, reply in zip(carries, replies, strict=True):
+        if len(members) == 1:
+            out[members[0]] = reply
+        elif not isinstance(reply, list):  # an error reply: each merged call gets it
+            for member in members:
+                out[member] = reply
+        else:
             at = 0
             for member in members:
                 n = _answers(calls[member])
                 out[member] = reply[at : at + n]
                 at += n
-        return out
-
-    return sent, spread
+    return out
 
 
 def _same(replies: list[Reply]) -> list[Reply]:

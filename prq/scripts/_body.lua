@@ -171,16 +171,35 @@ local function queued_fields(key, s)
 end
 
 -- like HMGET key names..., for a record in either form (a string not in the queued form reads
--- as a queued record whose body is that string: whoever decodes the body finds it bad). A hash
--- (or no key) costs the HMGET alone; only a string's answer is an error, caught
-local function record_get(key, names)
+-- as a queued record whose body is that string: whoever decodes the body finds it bad); and,
+-- for a string, all its fields (name -> value), else nil. A hash (or no key) costs the HMGET
+-- alone; only a string's answer is an error, caught
+local function record_read(key, names)
   local reply = redis.pcall('HMGET', key, unpack(names))
-  if not reply.err then return reply end
+  if not reply.err then return reply, nil end
   local raw = redis.call('GET', key)
   local fields = queued_fields(key, raw) or {st = 'queued', b = raw}
   local out = {}
   for i, name in ipairs(names) do out[i] = fields[name] or false end
-  return out
+  return out, fields
+end
+
+-- record_read's values alone
+local function record_get(key, names)
+  return (record_read(key, names))
+end
+
+-- append to `out` the field/value pairs that write the fields of a queued-form record
+-- (`fields`, as record_read gives them) as a hash, its body in pieces; names in `skip` (a set,
+-- may be nil) are left out, for the caller to write its own values
+local function opened_fields(out, fields, skip)
+  for name, value in pairs(fields) do
+    if name ~= 'b' and not (skip and skip[name]) then
+      out[#out + 1] = name
+      out[#out + 1] = value
+    end
+  end
+  return body_fields(out, fields.b or '')
 end
 
 -- turn a record in the queued form into the hash form, keeping its TTL; nothing for a hash or
@@ -189,15 +208,7 @@ local function record_open(key)
   if redis.call('TYPE', key)['ok'] ~= 'string' then return end
   local raw = redis.call('GET', key)
   local ttl = redis.call('PTTL', key)
-  local fields = queued_fields(key, raw) or {st = 'queued', b = raw}
-  local body = fields.b or ''
-  fields.b = nil
-  local flat = {}
-  for name, value in pairs(fields) do
-    flat[#flat + 1] = name
-    flat[#flat + 1] = value
-  end
-  body_fields(flat, body)
+  local flat = opened_fields({}, queued_fields(key, raw) or {st = 'queued', b = raw})
   redis.call('DEL', key)
   redis.call('HSET', key, unpack(flat))
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) end

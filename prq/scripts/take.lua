@@ -174,14 +174,7 @@ local names = {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'dd', 'b', 'bk', unpack(BODY
 -- enqueue_many.lua) becomes a hash here, written once with the taken fields
 local function take_one(id)
   local key = KEYS[2] .. id
-  local read = redis.pcall('HMGET', key, unpack(names))
-  local opened = nil
-  if read.err then
-    local raw = redis.call('GET', key)
-    opened = queued_fields(key, raw) or {st = 'queued', b = raw}
-    read = {}
-    for i, name in ipairs(names) do read[i] = opened[name] or false end
-  end
+  local read, opened = record_read(key, names)
   local st, deadline, att, ct, sq, ma, dd = unpack(read, 1, 7)
   local body = body_read(key, read, 8)
   deadline = tonumber(deadline)
@@ -193,13 +186,7 @@ local function take_one(id)
   att = (tonumber(att) or 0) + 1
   local fields = {'st', 'taken', 'own', ARGV[1], 'rcv', ARGV[2], 'tk', now_server, 'att', att}
   if opened then
-    for name, value in pairs(opened) do
-      if fields_taken[name] == nil and name ~= 'b' then
-        fields[#fields + 1] = name
-        fields[#fields + 1] = value
-      end
-    end
-    body_fields(fields, body)
+    opened_fields(fields, opened, fields_taken)
     redis.call('DEL', key)
   end
   redis.call('HSET', key, unpack(fields))
@@ -222,26 +209,25 @@ while got < want and budget > 0 do
     take_one(id)
   end
 end
+-- the ids in sorted set `key`, scored now, PUSH_BATCH at a time
+local function add_now(key, ids)
+  for i = 1, #ids, PUSH_BATCH do
+    local scored = {}
+    for j = i, math.min(i + PUSH_BATCH - 1, #ids) do
+      scored[#scored + 1] = now_server
+      scored[#scored + 1] = ids[j]
+    end
+    redis.call('ZADD', key, unpack(scored))
+  end
+end
+
 -- what was taken joins the receipt, the in-flight set (and the lease set), in one write each
 for i = 1, #taken, PUSH_BATCH do
-  local last = math.min(i + PUSH_BATCH - 1, #taken)
-  redis.call('RPUSH', KEYS[3], unpack(taken, i, last))
-  local scored = {}
-  for j = i, last do
-    scored[#scored + 1] = now_server
-    scored[#scored + 1] = taken[j]
-  end
-  redis.call('ZADD', KEYS[7], unpack(scored))
+  redis.call('RPUSH', KEYS[3], unpack(taken, i, math.min(i + PUSH_BATCH - 1, #taken)))
 end
+add_now(KEYS[7], taken)
 if #leased > 0 then
-  for i = 1, #leased, PUSH_BATCH do
-    local scored = {}
-    for j = i, math.min(i + PUSH_BATCH - 1, #leased) do
-      scored[#scored + 1] = now_server
-      scored[#scored + 1] = leased[j]
-    end
-    redis.call('ZADD', KEYS[10], unpack(scored))
-  end
+  add_now(KEYS[10], leased)
   redis.call('PEXPIRE', KEYS[10], ARGV[9])
 end
 -- the ledgers remember what a receiver took, while they live (enqueue_many.lua keeps them)

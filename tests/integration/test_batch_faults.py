@@ -19,7 +19,7 @@ import redis
 from prq import CancelledAfterPickup, ReceiverLost, Request, RequestState, Response
 from prq.keys import KeySchema
 from tests.integration.test_handoff import serve_child, stop_child
-from tests.queue_facades import QueueFactory, run_all, wait_for_state
+from tests.queue_facades import QueueFactory, RunningCount, run_all, wait_for_state
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -128,17 +128,7 @@ async def test_max_in_flight_holds_when_receivers_take_queued_work_in_batches(
     endpoint = "poll://batch-limited"
     sender = make_queue(pickup_timeout_s=60)
     await sender.set_limits(endpoint, max_in_flight=5)
-    lock = threading.Lock()
-    running = {"now": 0, "most": 0}
-
-    def work(request: Request) -> Any:
-        with lock:
-            running["now"] += 1
-            running["most"] = max(running["most"], running["now"])
-        time.sleep(0.02)  # the work itself; the limit is what this test watches
-        with lock:
-            running["now"] -= 1
-        return request.params
+    work = RunningCount(0.02)
 
     requests = [Request(endpoint=endpoint, method="m", params=i) for i in range(40)]
     calls = [asyncio.ensure_future(sender.queue_and_wait(r, timeout_s=60)) for r in requests]
@@ -152,4 +142,4 @@ async def test_max_in_flight_holds_when_receivers_take_queued_work_in_batches(
     # Then every call is answered, and never more than 5 ran at once across the three
     responses = await asyncio.wait_for(asyncio.gather(*calls), 60)
     assert [response.result for response in responses] == list(range(40))
-    assert running["most"] == 5
+    assert work.most == 5

@@ -4,8 +4,6 @@ what all receivers hold at once, and a dead receiver's slot frees by itself."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 import uuid
 from typing import Any
 
@@ -22,7 +20,7 @@ from prq import (
     RequestState,
 )
 from prq.bulk import BatchRefused, BulkClient
-from tests.queue_facades import QueueFactory, wait_for_state
+from tests.queue_facades import QueueFactory, RunningCount, wait_for_state
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
 
@@ -101,17 +99,7 @@ async def test_max_in_flight_caps_what_all_receivers_hold_at_once(
     endpoint = "poll://limited-flight"
     sender = make_queue()
     await sender.set_limits(endpoint, max_in_flight=3)
-    lock = threading.Lock()
-    running = {"now": 0, "most": 0}
-
-    def work(request: Request) -> Any:
-        with lock:
-            running["now"] += 1
-            running["most"] = max(running["most"], running["now"])
-        time.sleep(0.05)  # the work itself; the limit is what this test watches
-        with lock:
-            running["now"] -= 1
-        return request.params
+    work = RunningCount(0.05)
 
     for _ in range(2):
         make_queue.serve(make_queue(), endpoint, work, concurrency=4)
@@ -123,7 +111,7 @@ async def test_max_in_flight_caps_what_all_receivers_hold_at_once(
 
     # Then every call is answered, and never more than 3 ran at the same time, across both
     assert sorted(results) == list(range(30))
-    assert running["most"] == 3
+    assert work.most == 3
 
 
 async def test_a_dead_receivers_slot_frees_after_the_receiver_timeout(
