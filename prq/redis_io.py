@@ -627,7 +627,12 @@ class AsyncRedisIO(IOCounters):
                 raise
 
     async def _retry(self, budgets: StepBudgets) -> None:
-        deadline_s = max(0.0, budgets.remaining_s()) + self.redis_settings.socket_timeout_s + 1.0
+        # The last attempt starts when the last budget ends and takes a socket timeout at most;
+        # should the loop lag past that, the steps fail by the same deadline as a queued step's
+        # (_wait_steps), half a second inside the documented bound (budget + socket timeout + 1 s)
+        deadline_s = (
+            max(0.0, budgets.remaining_s()) + self.redis_settings.socket_timeout_s + STEP_GRACE_S
+        )
         try:
             async with asyncio.timeout(deadline_s):
                 async for attempt in AsyncRetrying(**budgets.retrying()):
