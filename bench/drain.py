@@ -13,7 +13,8 @@ requests, 1,000 per round trip; the fill rate is reported too), then the consume
 and the clock runs from its first take until every request is answered (prq: the handler ran N
 times and nothing is in flight any more). The handler is trivial: it returns its params. Reported
 per variant: requests/s, its ratio to raw, Redis commands per request (INFO stats, scripts' own
-commands included), and the CPU time per request of the consumer process and of Redis.
+commands included), and the CPU time per request of the consumer process and of Redis. Every
+consumer process paces the garbage collector as `prq worker` does (prq.collector).
 
     python bench/drain.py [--requests 200000] [--concurrency 64] [--only raw,prq-async]
 """
@@ -42,6 +43,7 @@ from rich.table import Table
 
 from prq import AsyncQueue, Queue, Request
 from prq.bulk import BulkClient
+from prq.collector import relax_collector
 from prq.embedded import redis_url_or_embedded
 from prq.keys import KeySchema
 
@@ -150,6 +152,7 @@ def consumer_main(
     variant: str, url: str, prefix: str, n: int, concurrency: int, go: Any, done: Any, stop: Any
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    relax_collector()  # as `prq worker` does; the same for every variant
     if variant == "raw":
         _raw_consumer(url, prefix, n, go, done)
     else:

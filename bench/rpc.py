@@ -8,10 +8,11 @@ Variants (the client runs here; the server is its own OS process, spawned):
     prq-async  AsyncQueue.call                             ⇄  AsyncQueue.serve(echo, concurrency=K)
     prq-sync   Queue.call in threads                       ⇄  Queue.serve(echo, concurrency=K)
 
-K = --inflight. Both raw sides JSON-decode and JSON-encode the message, as any RPC would; hiredis
-parses replies (redis[hiredis]). Each variant runs: warm-up (--warmup sequential calls), the
-sequential phase (--seq-calls, one at a time: p50 and p99) and the throughput phase (--calls
-with --inflight calls in flight: calls/s; threads for the sync variants).
+K = --inflight. Every server process, and this client, paces the garbage collector as
+`prq worker` does (prq.collector). Both raw sides JSON-decode and JSON-encode the message, as any
+RPC would; hiredis parses replies (redis[hiredis]). Each variant runs: warm-up (--warmup
+sequential calls), the sequential phase (--seq-calls, one at a time: p50 and p99) and the
+throughput phase (--calls with --inflight calls in flight: calls/s; threads for the sync variants).
 
 Commands per call:
     sender  commands the calling node sent: `queue.stats.redis_commands` for prq (pipelined
@@ -60,6 +61,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prq import AsyncQueue, Queue, Request
+from prq.collector import relax_collector
 from prq.embedded import EmbeddedRedis
 
 logger = logging.getLogger(__name__)
@@ -193,6 +195,7 @@ def server_main(
 ) -> None:
     """Entry point of a server process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    relax_collector()  # as `prq worker` does; the same for every variant
     request_key = f"{prefix}:raw:req"
     if variant == "raw-async":
         asyncio.run(_raw_server_async(url, request_key, ready_key, workers))
@@ -909,6 +912,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    relax_collector()
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,

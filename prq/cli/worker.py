@@ -49,6 +49,7 @@ from prq.cli.options import (
     redact_url,
     require_url,
 )
+from prq.collector import relax_collector
 from prq.config import QueueSettings, RedisSettings
 from prq.datastreams import store_from_env
 from prq.errors import InvalidEndpoint, PrqError
@@ -282,6 +283,7 @@ class WorkerConfig:
 
 def run_worker(config: WorkerConfig, handler: Handler) -> int:
     """Serve until a signal (see the module docstring); returns the exit code."""
+    relax_collector()
     try:
         if config.facade == "async":
             return asyncio.run(_serve_async(config, handler))
