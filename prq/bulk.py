@@ -59,13 +59,14 @@ from prq.models import (
 )
 from prq.outcomes import open_response, resolve, response_of
 from prq.scripts import (
+    MAX_READ_IDS,
     Redelivery,
     RequestSnapshot,
     canary_call,
     enqueue_many_call,
     parse_canary,
     parse_enqueue_many,
-    parse_snapshot,
+    parse_snapshots,
     parse_withdraw,
     read_response_call,
     withdraw_call,
@@ -718,23 +719,23 @@ class BulkClient:
         caller would do. With a started `watch`, the same round trip reads it after the
         records: `watch.lost` then says whether a record found missing may have been lost."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
+        if not request_ids:
+            return {}
         timeout_ms = int(self.settings.receiver_timeout_s * 1000)
         redelivery = Redelivery.of(self.settings)
-        calls = [
-            read_response_call(keys, request_id, timeout_ms, redelivery)
-            for request_id in request_ids
+        parts = [
+            request_ids[start : start + MAX_READ_IDS]
+            for start in range(0, len(request_ids), MAX_READ_IDS)
         ]
-        if not calls:
-            return {}
+        calls = [read_response_call(keys, part, timeout_ms, redelivery) for part in parts]
         if watch is not None:
             calls.append(self._watch_call(keys, watch))
         replies = self._io.execute(calls)
         if watch is not None:
-            watch.saw(parse_canary(replies[len(request_ids)]))
-        found = {
-            request_id: parse_snapshot(reply)
-            for request_id, reply in zip(request_ids, replies[: len(request_ids)], strict=True)
-        }
+            watch.saw(parse_canary(replies[len(parts)]))
+        found: dict[str, RequestSnapshot] = {}
+        for part, reply in zip(parts, replies[: len(parts)], strict=True):
+            found.update(zip(part, parse_snapshots(reply, len(part)), strict=True))
         now_ms = int(time.time() * 1000)
         overdue = [
             request_id

@@ -52,7 +52,7 @@ from prq.scripts import (
     enqueue_call,
     parse_apply_response,
     parse_enqueue,
-    parse_snapshot,
+    parse_snapshots,
     parse_take,
     parse_withdraw,
     read_response_call,
@@ -388,11 +388,11 @@ def _await_outcome(
         judge = clock.picked_up and clock.may_judge(ctx.monotonic())
         read = read_response_call(
             keys,
-            request.id,
+            (request.id,),
             _ms(ctx.settings.receiver_timeout_s) if judge else 0,
             Redelivery.of(ctx.settings),
         )
-        snapshot = parse_snapshot(_first((yield _exec(read))))
+        (snapshot,) = parse_snapshots(_first((yield _exec(read))), 1)
         clock.saw(snapshot.state == HANDED, ctx.monotonic(), ctx.settings.handoff_confirm_s)
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)

@@ -27,6 +27,7 @@ __all__ = [
     "ALL_SCRIPTS",
     "DEAD_LETTER",
     "HANDED",
+    "MAX_READ_IDS",
     "PURGE_DEAD",
     "REPLAY_DEAD",
     "BatchOutcome",
@@ -51,6 +52,7 @@ __all__ = [
     "parse_enqueue",
     "parse_enqueue_many",
     "parse_snapshot",
+    "parse_snapshots",
     "parse_take",
     "parse_unpark",
     "parse_withdraw",
@@ -463,6 +465,8 @@ APPLY_OUTCOMES: Final = frozenset({"ok", "replay", "duplicate", "stale", "fenced
 ANSWER_ARGS: Final = 5
 #: Most answers one merged apply_response call carries (merge_answers).
 MAX_MERGED_ANSWERS: Final = 256
+#: Most request ids one read_response call reads (bounds the time Redis spends in one script).
+MAX_READ_IDS: Final = 256
 _ANSWER_KEYS: Final = 5
 #: EVALSHA, sha, numkeys, the keys, the three values every answer of a call shares.
 _ANSWER_HEAD: Final = 3 + _ANSWER_KEYS + 3
@@ -592,15 +596,23 @@ def parse_withdraw(reply: Reply) -> tuple[RequestSnapshot, bool]:
 
 
 def read_response_call(
-    keys: EndpointKeys, request_id: str, receiver_timeout_ms: int, redelivery: Redelivery
+    keys: EndpointKeys,
+    request_ids: Sequence[str],
+    receiver_timeout_ms: int,
+    redelivery: Redelivery,
 ) -> Call:
+    """Where the requests stand (one or many, of one endpoint: at most MAX_READ_IDS); the
+    reply is one snapshot per id (parse_snapshots)."""
+    if not 0 < len(request_ids) <= MAX_READ_IDS:
+        raise ValueError(f"read_response reads 1..{MAX_READ_IDS} ids, not {len(request_ids)}")
     return READ_RESPONSE.call(
-        (keys.request(request_id), keys.running, keys.lease, keys.levels, keys.level_prefix,
+        (keys.request_prefix, keys.running, keys.lease, keys.levels, keys.level_prefix,
          *keys.dead, keys.parked, keys.parks, keys.take_receipt_prefix, keys.handoffs),
-        (receiver_timeout_ms, keys.node_channel_prefix, request_id,
+        (receiver_timeout_ms, keys.node_channel_prefix,
          redelivery.request_ttl_extra_ms, redelivery.list_ttl_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
-         redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms, redelivery.receipt_ttl_ms),
+         redelivery.handoff_confirm_ms, redelivery.in_flight_ttl_ms, redelivery.receipt_ttl_ms,
+         *request_ids),
     )  # fmt: skip
 
 
@@ -723,3 +735,13 @@ def parse_snapshot(reply: Reply) -> RequestSnapshot:
     if not isinstance(left, int):
         return snapshot
     return replace(snapshot, pickup_left_ms=left)
+
+
+def parse_snapshots(reply: Reply, count: int) -> list[RequestSnapshot]:
+    """Parse read_response's reply for `count` ids: one snapshot each, in order."""
+    items = _array(reply, "request states")
+    if len(items) != count:
+        raise SerializationError(
+            f"read_response answered {len(items)} states for {count} ids: {reply!r:.200}"
+        )
+    return [parse_snapshot(item) for item in items]

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from prq import QueueSettings, Request, RequestState
-from prq.bulk import BulkClient
+from prq.bulk import BulkClient, LossWatch
 from prq.keys import KeySchema
 from prq.scripts import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
@@ -248,3 +248,51 @@ def test_a_request_nobody_took_by_its_pickup_deadline_reads_as_a_pickup_timeout(
     assert queued_ids(redis_client, pending) == [ids[2].encode()]
     again = bulk.enqueue_many(requests, pickup_timeout_s=60)
     assert (again.accepted, again.duplicate_ids) == (2, [ids[2]])
+
+
+def test_outcomes_of_a_wide_window_are_read_in_a_few_script_calls_each_judged_alone(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    settings = QueueSettings(**{**FAST_SETTINGS, "receiver_timeout_s": 0.5, "pickup_timeout_s": 60})
+    endpoint = "poll://bulk-wide"
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
+        # Given requests taken by a receiver that died holding them (two at_most_once, two
+        # at_least_once), then 300 queued ones, and ids nothing is stored under
+        lost = rows(endpoint, "wide-lost", 2)
+        leased = [
+            r.model_copy(update={"delivery": "at_least_once"})
+            for r in rows(endpoint, "wide-leased", 2)
+        ]
+        assert bulk.enqueue_many(lost + leased).accepted == 4
+        held = silent_take(redis_client, bulk.keys.prefix, endpoint, want=4)
+        assert len(held) == 4
+        queued = rows(endpoint, "wide-queued", 300)
+        assert bulk.enqueue_many(queued).accepted == 300
+        missing = [f"wide-missing:{i}" for i in range(3)]
+        ids = [r.id for r in lost + leased + queued] + missing
+        watch = LossWatch()
+        bulk.start_watch(endpoint, watch)
+
+        # When the window's outcomes are read once the receiver timeout has passed (by the
+        # server's clock, which judges it)
+        def server_ms() -> int:
+            seconds, micros = redis_client.time()
+            return int(seconds) * 1000 + int(micros) // 1000
+
+        judged_from = server_ms() + int(settings.receiver_timeout_s * 1000) + 50
+        wait_until(lambda: server_ms() > judged_from, 5.0, 0.05, "receiver timeout passed")
+        commands, round_trips = bulk._io.commands, bulk._io.round_trips
+        found = bulk.outcomes(endpoint, ids, watch=watch)
+
+        # Then one round trip read them all: a script call per 256 ids and the watch
+        assert (bulk._io.commands - commands, bulk._io.round_trips - round_trips) == (3, 1)
+        assert list(found) == ids
+        # And each was judged alone: the lost receiver's at_most_once requests are cancelled,
+        # its at_least_once ones queued again, the rest as they stand
+        assert {(found[r.id].state, found[r.id].reason) for r in lost} == {
+            ("cancelled", "receiver_lost")
+        }
+        assert all(found[r.id].state == "queued" and found[r.id].redelivered for r in leased)
+        assert all(found[r.id].state == "queued" for r in queued)
+        assert all(found[i].state == "missing" for i in missing)
+        assert not watch.lost
