@@ -10,14 +10,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Exec, Flow, Handler, Offload
+from prq._types import Exec, Flow, Handler, Offload, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
     DeadLetter,
@@ -507,6 +507,55 @@ class Queue(QueueBase):
             self._write_answer(response.id, body)
             raise error  # noqa: B904 (its cause is set)
         self._write_answer(response.id, body)
+
+    def _answer_body(self, response: Response) -> tuple[bytes | None, PrqError | None]:
+        """apply_response's first half, for `serve`: the body that answers a held request
+        (None when this node does not hold it), and the error to report when the service's
+        answer could not be sent and the body says so instead (see apply_response). The
+        body goes out through `_write_answers`."""
+        self._ready(closing_ok=True)
+        if not self._holds(response.id):
+            return None, None
+        try:
+            return self._encoded_answer(response), None
+        except Exception as exc:
+            error, body = self._answer_instead(response.id, exc)
+            return body, error
+
+    def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> None:
+        """apply_response's second half for many held requests: their answers in one round
+        trip (answers to one endpoint go as one script call, merge_answers), each booked as
+        `_write_answer` books one. An answer that cannot be written is logged and its request
+        let go (`_unanswered`); nothing is raised."""
+        flows: list[tuple[str, bytes, Flow[str], Exec]] = []
+        for request_id, body in answers:
+            flow = self._respond_flow(request_id, body)
+            if flow is None:
+                continue
+            effect = flow.send(None)
+            assert isinstance(effect, Exec)  # one round trip (respond_flow)
+            flows.append((request_id, body, flow, effect))
+        if not flows:
+            return
+        if self._closed:
+            results: list[list[Reply] | PrqError] = [self._shutdown_error(False)] * len(flows)
+        else:
+            results = self._io.execute_many([effect.calls for *_, effect in flows])
+        for (request_id, body, flow, _), result in zip(flows, results, strict=True):
+            try:
+                if isinstance(result, PrqError):
+                    flow.throw(result)
+                flow.send(result)
+                raise AssertionError("respond_flow takes one round trip")  # pragma: no cover
+            except StopIteration as done:
+                outcome: str = done.value
+            except PrqError as exc:
+                self._unanswered(request_id, exc)
+                logger.error("could not answer request_id=%s error=%s", request_id, exc)
+                continue
+            clean_up = self._after_respond(request_id, outcome, body)
+            if clean_up is not None:
+                clean_up()
 
     def _encoded_answer(self, response: Response) -> bytes:
         """The body that answers a held request: its streams stored, its size checked, kept

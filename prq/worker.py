@@ -220,8 +220,10 @@ def serve_sync(
     `concurrency` is 1). One of the idle workers at a time takes from Redis, for itself and for
     every other idle worker: it runs the first request it gets itself (a request passes no
     thread hand-off between its pulse and its handler) and leaves the rest to the others, so
-    one take serves many workers when work is waiting. On stop no worker takes again, and what
-    was taken is run and answered first.
+    one take serves many workers when work is waiting. Answers go the same way (_AnswerTurns):
+    the worker that finds no answer being written writes its own at once, with those the
+    others leave meanwhile, while they go on to their next request. On stop no worker takes
+    again, and what was taken is run and answered before this returns.
     """
     validate_endpoint(endpoint)
     if concurrency < 1:
@@ -232,12 +234,13 @@ def serve_sync(
         return pause.is_set() or queue.closed
 
     turns = _TakeTurns(queue, endpoint, stopped, pause)
+    answers = _AnswerTurns(queue)
 
     def work() -> None:
         while True:
             pending, going = turns.next_request()
             if pending is not None:
-                _answer(queue, handler, pending)
+                _answer(queue, handler, pending, answers)
             elif not going:
                 return
 
@@ -314,16 +317,63 @@ class _TakeTurns:
         return (taken[0] if taken else None), True
 
 
-def _answer(queue: Queue, handler: Handler, pending: PendingRequest) -> None:
+class _AnswerTurns:
+    """The answers of one `serve_sync`'s workers. A worker whose answer finds no answer being
+    written writes it at once, with every answer the others leave meanwhile; one whose answer
+    finds a write in flight leaves it to that writer and goes on to its next request. So a lone
+    answer goes out at once, and under load one round trip carries many answers without a
+    thread waiting on each (a request stays held, beaten for and counted as serving, until its
+    answer is written)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.lock = threading.Lock()
+        self.queued: list[tuple[str, bytes]] = []
+        self.writing = False
+
+    def answer(self, request_id: str, body: bytes) -> None:
+        with self.lock:
+            self.queued.append((request_id, body))
+            if self.writing:
+                return
+            self.writing = True
+        batch: list[tuple[str, bytes]] = []
+        try:
+            while True:
+                with self.lock:
+                    batch, self.queued = self.queued, []
+                    if not batch:
+                        self.writing = False
+                        return
+                self.queue._write_answers(batch)
+                for written, _ in batch:
+                    self.queue._serving.discard(written)
+        except BaseException:
+            with self.lock:  # the next worker that answers writes what is left
+                self.writing = False
+            for written, _ in batch:
+                self.queue._serving.discard(written)
+            raise
+
+
+def _answer(
+    queue: Queue, handler: Handler, pending: PendingRequest, answers: _AnswerTurns
+) -> None:
     queue._serving.add(pending.id)
+    body: bytes | None = None
     try:
         try:
             response = build_response(pending.id, _run_sync_handler(handler, pending))
         except Exception as exc:
             response = build_response(pending.id, exc=exc)
         try:
-            queue.apply_response(response)
+            body, error = queue._answer_body(response)
         except PrqError as exc:
-            logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+            error = exc
+        if error is not None:
+            logger.error("could not answer request_id=%s error=%s", pending.id, error)
+        if body is not None:
+            answers.answer(pending.id, body)  # it leaves `_serving` once written
     finally:
-        queue._serving.discard(pending.id)
+        if body is None:
+            queue._serving.discard(pending.id)

@@ -143,3 +143,39 @@ async def test_max_in_flight_holds_when_receivers_take_queued_work_in_batches(
     responses = await asyncio.wait_for(asyncio.gather(*calls), 60)
     assert [response.result for response in responses] == list(range(40))
     assert work.most == 5
+
+
+async def test_every_request_a_server_ran_is_answered_before_its_serve_returns(
+    make_queue: QueueFactory,
+) -> None:
+    # Given 120 calls queued before anyone serves, and a server with 16 workers (slots) whose
+    # answers go out together (Queue.serve: a worker leaves its answer to the one writing)
+    endpoint = "poll://batch-stop"
+    sender = make_queue(pickup_timeout_s=60)
+    requests = [Request(endpoint=endpoint, method="m", params=i) for i in range(120)]
+    calls = [asyncio.ensure_future(sender.queue_and_wait(r, timeout_s=60)) for r in requests]
+    for request in requests:
+        await wait_for_state(sender, request.id, RequestState.QUEUED)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def handler(request: Request) -> Any:
+        with lock:
+            ran.append(request.id)
+        return request.params
+
+    # When the server is stopped while it answers (after 40 ran)
+    serving = make_queue.serve(make_queue(), endpoint, handler, concurrency=16)
+    await async_wait_until(lambda: len(ran) >= 40, 30, 0.005, "40 requests ran")
+    await serving.stop()
+
+    # Then each request that ran is answered by the time serve returned, none twice
+    with lock:
+        answered = list(ran)
+    assert len(answered) == len(set(answered))
+    states = await run_all((sender.status(request_id) for request_id in answered), 15)
+    assert {status.state for status in states} == {RequestState.DONE}
+    # And the rest, still queued, are answered by the next server, each call with its own result
+    make_queue.serve(make_queue(), endpoint, handler, concurrency=16)
+    responses = await asyncio.wait_for(asyncio.gather(*calls), 60)
+    assert [response.result for response in responses] == list(range(120))
