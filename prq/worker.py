@@ -356,9 +356,7 @@ class _AnswerTurns:
             raise
 
 
-def _answer(
-    queue: Queue, handler: Handler, pending: PendingRequest, answers: _AnswerTurns
-) -> None:
+def _answer(queue: Queue, handler: Handler, pending: PendingRequest, answers: _AnswerTurns) -> None:
     queue._serving.add(pending.id)
     body: bytes | None = None
     try:
