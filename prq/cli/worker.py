@@ -10,8 +10,9 @@ Which facade serves the handler:
 `--async` / `--sync` override the choice (AsyncQueue.serve runs a plain function in a thread
 pool; Queue.serve runs a coroutine function to completion on each call).
 
-Lifecycle: import the handler (usage error if it does not import or is not callable) →
-connect → serve every endpoint on one node → the first SIGINT/SIGTERM stops taking requests
+Lifecycle: pace the garbage collector for serving (prq.collector) → import the handler (usage
+error if it does not import or is not callable) → connect → serve every endpoint on one node →
+the first SIGINT/SIGTERM stops taking requests
 and lets the held ones finish for up to `shutdown_timeout_s` → exit 0. A second signal, or
 the timeout, gives back what still runs (at_least_once requests are queued again, callers of
 at_most_once ones get ReceiverLost at once), abandons those handlers and exits 1.
