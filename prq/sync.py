@@ -497,22 +497,19 @@ class Queue(QueueBase):
         (PayloadTooLarge, ...). An answer Redis does not take within the retry budget raises
         QueueUnavailable, and the request is let go: nothing beats for it any more, so its
         caller's receiver check decides."""
-        self._ready(closing_ok=True)
-        if not self._holds(response.id):
-            return
-        try:
-            body = self._encoded_answer(response)
-        except Exception as exc:
-            error, body = self._answer_instead(response.id, exc)
-            self._write_answer(response.id, body)
-            raise error  # noqa: B904 (its cause is set)
-        self._write_answer(response.id, body)
+        body, error = self._answer_body(response)
+        if body is not None:
+            failed = self._write_answers([(response.id, body)])
+            if failed:
+                raise failed[response.id]
+        if error is not None:
+            raise error
 
     def _answer_body(self, response: Response) -> tuple[bytes | None, PrqError | None]:
-        """apply_response's first half, for `serve`: the body that answers a held request
+        """apply_response's first half: the body that answers a held request
         (None when this node does not hold it), and the error to report when the service's
-        answer could not be sent and the body says so instead (see apply_response). The
-        body goes out through `_write_answers`."""
+        answer could not be sent and the body says so instead. The body goes out through
+        `_write_answers`."""
         self._ready(closing_ok=True)
         if not self._holds(response.id):
             return None, None
@@ -522,11 +519,11 @@ class Queue(QueueBase):
             error, body = self._answer_instead(response.id, exc)
             return body, error
 
-    def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> None:
-        """apply_response's second half for many held requests: their answers in one round
-        trip (answers to one endpoint go as one script call, merge_answers), each booked as
-        `_write_answer` books one. An answer that cannot be written is logged and its request
-        let go (`_unanswered`); nothing is raised."""
+    def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> dict[str, PrqError]:
+        """apply_response's second half, for one held request or many: their answers in one
+        round trip (answers to one endpoint go as one script call, merge_answers), each
+        booked (_after_respond). An answer that cannot be written lets its request go
+        (_unanswered); returns those answers' errors, by request id."""
         flows: list[tuple[str, bytes, Flow[str], Exec]] = []
         for request_id, body in answers:
             flow = self._respond_flow(request_id, body)
@@ -536,11 +533,12 @@ class Queue(QueueBase):
             assert isinstance(effect, Exec)  # one round trip (respond_flow)
             flows.append((request_id, body, flow, effect))
         if not flows:
-            return
+            return {}
         if self._closed:
             results: list[list[Reply] | PrqError] = [self._shutdown_error(False)] * len(flows)
         else:
             results = self._io.execute_many([effect.calls for *_, effect in flows])
+        failed: dict[str, PrqError] = {}
         for (request_id, body, flow, _), result in zip(flows, results, strict=True):
             try:
                 if isinstance(result, PrqError):
@@ -551,11 +549,12 @@ class Queue(QueueBase):
                 outcome: str = done.value
             except PrqError as exc:
                 self._unanswered(request_id, exc)
-                logger.error("could not answer request_id=%s error=%s", request_id, exc)
+                failed[request_id] = exc
                 continue
             clean_up = self._after_respond(request_id, outcome, body)
             if clean_up is not None:
                 clean_up()
+        return failed
 
     def _encoded_answer(self, response: Response) -> bytes:
         """The body that answers a held request: its streams stored, its size checked, kept
@@ -566,19 +565,6 @@ class Queue(QueueBase):
         if self._streams.spills(body):
             body = self._streams.spill_response(response, body, ttl_s)
         return body
-
-    def _write_answer(self, request_id: str, body: bytes) -> None:
-        flow = self._respond_flow(request_id, body)
-        if flow is None:
-            return
-        try:
-            outcome = self._run(flow, closing_ok=True)
-        except PrqError as exc:
-            self._unanswered(request_id, exc)
-            raise
-        clean_up = self._after_respond(request_id, outcome, body)
-        if clean_up is not None:
-            clean_up()
 
     def serve(
         self,

@@ -345,7 +345,8 @@ class _AnswerTurns:
                     if not batch:
                         self.writing = False
                         return
-                self.queue._write_answers(batch)
+                for written, error in self.queue._write_answers(batch).items():
+                    logger.error("could not answer request_id=%s error=%s", written, error)
                 for written, _ in batch:
                     self.queue._serving.discard(written)
         except BaseException:

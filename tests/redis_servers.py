@@ -40,6 +40,7 @@ __all__ = [
     "async_wait_until",
     "new_prefix",
     "scan_keys",
+    "server_ms",
     "wait_until",
 ]
 
@@ -169,6 +170,12 @@ async def async_stays_false(
         await asyncio.sleep(interval_s)
     if await _evaluate(predicate):
         raise AssertionError(f"condition became true within {window_s:g} s: {message}")
+
+
+def server_ms(client: redis.Redis) -> int:
+    """The server's clock (TIME), in ms: what prq's scripts judge deadlines by."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def url_client(url: str) -> redis.Redis:

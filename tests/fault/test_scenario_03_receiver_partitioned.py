@@ -28,7 +28,7 @@ from tests.fault.scenarios import (
     request_hash,
     wait_request_state,
 )
-from tests.redis_servers import wait_until
+from tests.redis_servers import server_ms, wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -42,8 +42,7 @@ PARK_LEFT_MS = 500
 def _live_park_ms(client: redis.Redis, prefix: str, node: str) -> int:
     """How long the receiver `node`'s longest park has left by server time (ms; 0: none)."""
     parks: dict[bytes, bytes] = client.hgetall(KeySchema(prefix).endpoint(ENDPOINT).parks)  # type: ignore[assignment]
-    seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros // 1000
+    now_ms = server_ms(client)
     left = [
         int(until) - now_ms
         for who, _, until in (value.decode().partition("|") for value in parks.values())

@@ -27,17 +27,12 @@ from tests.fault.scenarios import (
     hold_fault,
     request_hash,
 )
-from tests.redis_servers import wait_until
+from tests.redis_servers import server_ms, wait_until
 
 pytestmark = pytest.mark.fault
 
 #: Requests held by the receiver when it freezes.
 HELD = 4
-
-
-def _server_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds * 1000 + micros // 1000)
 
 
 @pytest.mark.parametrize("facade", ["async", "sync"])
@@ -116,7 +111,7 @@ def test_receiver_frozen_half_its_timeout_is_not_declared_dead(
     receiver.pause()
     paused_at = time.monotonic()
     hold_fault(freeze_s)
-    thawed_ms = _server_ms(fault_client)
+    thawed_ms = server_ms(fault_client)
     receiver.resume()
     resumed_at = time.monotonic()
     # (and has beaten again for every request, so the freeze is fully behind it)

@@ -17,7 +17,7 @@ from prq.keys import KeySchema
 from prq.scripts import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth, queued_ids, silent_take
-from tests.redis_servers import async_wait_until, wait_until
+from tests.redis_servers import async_wait_until, server_ms, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -275,12 +275,10 @@ def test_outcomes_of_a_wide_window_are_read_in_a_few_script_calls_each_judged_al
 
         # When the window's outcomes are read once the receiver timeout has passed (by the
         # server's clock, which judges it)
-        def server_ms() -> int:
-            seconds, micros = redis_client.time()
-            return int(seconds) * 1000 + int(micros) // 1000
-
-        judged_from = server_ms() + int(settings.receiver_timeout_s * 1000) + 50
-        wait_until(lambda: server_ms() > judged_from, 5.0, 0.05, "receiver timeout passed")
+        judged_from = server_ms(redis_client) + int(settings.receiver_timeout_s * 1000) + 50
+        wait_until(
+            lambda: server_ms(redis_client) > judged_from, 5.0, 0.05, "receiver timeout passed"
+        )
         commands, round_trips = bulk._io.commands, bulk._io.round_trips
         found = bulk.outcomes(endpoint, ids, watch=watch)
 
