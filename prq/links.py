@@ -99,23 +99,28 @@ def pack(commands: Sequence[Sequence[Any]]) -> bytes:
 
 
 async def send_packed(conn: Any, commands: Sequence[Sequence[Any]]) -> None:
-    """Write `commands` on a redis-py asyncio connection, losing no cancel (see
+    """Write `commands` on a connected redis-py asyncio connection, losing no cancel (see
     raise_if_cancelled): a task cancelled during the write stops here.
 
     The bytes go to the connection's transport at once; only when the kernel did not take them
-    all (a full socket buffer) does the write wait, through redis-py's own drain under the
-    socket timeout. redis-py runs every write under asyncio.wait_for, which makes a task and a
-    timer per round trip: a tenth of an idle receiver's CPU per call, for a wait that almost
-    never happens."""
+    all (a full socket buffer) does the write wait, under the socket timeout. (redis-py runs
+    every write under asyncio.wait_for, which makes a task and a timer per round trip: a tenth
+    of an idle receiver's CPU per call, for a wait that almost never happens.) The writer is
+    the one the connection had when the write began: a round trip reading on the same
+    connection that fails meanwhile drops it, and the wait then fails as a transport error
+    instead of writing on whatever the connection holds next."""
     before = _cancels()
     data = pack(commands)
     writer = conn._writer if conn.is_connected else None
-    if writer is not None and not writer.transport.is_closing():
-        writer.write(data)
-        if writer.transport.get_write_buffer_size():
-            await conn.send_packed_command([], check_health=False)  # drain, timed out
-    else:
-        await conn.send_packed_command(data, check_health=False)
+    if writer is None or writer.transport.is_closing():
+        raise redis.ConnectionError("the connection to Redis is closed")
+    writer.write(data)
+    if writer.transport.get_write_buffer_size():
+        try:
+            async with asyncio.timeout(conn.socket_timeout):
+                await writer.drain()
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout writing to socket") from None
     raise_if_cancelled(before)
 
 
@@ -124,8 +129,13 @@ async def _exchange(conn: Any, calls: Sequence[Call]) -> list[Reply]:
     error replies in place (CLUSTERDOWN too: redis-py does not count it a ResponseError)."""
     await conn.connect()
     await send_packed(conn, [call.args for call in calls])
+    return await _read_replies(conn, len(calls))
+
+
+async def _read_replies(conn: Any, count: int) -> list[Reply]:
+    """`count` replies read in order, error replies in place."""
     replies: list[Reply] = []
-    for _ in calls:
+    for _ in range(count):
         try:
             replies.append(await conn.read_response())
         except (ResponseError, ClusterDownError) as exc:
@@ -182,27 +192,68 @@ def _joined(replies: list[Reply]) -> Reply:
 
 
 class AsyncLink:
-    """The node's command connection, owned (not checked out per call): the batcher sends one
-    pipelined round trip at a time on it. A round trip that fails or is cancelled half-way
-    drops the connection, so no later caller can read an earlier caller's reply."""
+    """The node's command connection, owned (not checked out per call). Round trips are
+    pipelined on it: each is written at once, and reads its replies when the one written
+    before it has read its own (Redis answers one connection's commands in order), so Redis
+    runs one batch while the node reads and acts on the previous one. A round trip that fails
+    or is cancelled after writing drops the connection: the round trips written after it on
+    the same connection fail unread (their outcome is indeterminate, as for any transport
+    error, and the batcher retries them), and no later round trip can read an earlier one's
+    reply."""
 
     def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
         self._pool = pool
         # redis-py's connection classes are only partly typed; this stays internal.
         self._conn: Any = None
+        #: Which connection a round trip wrote on: a new one after each drop.
+        self._epoch = 0
         self._broken = False
+        #: Done when the round trip written last, and every one before it, has ended.
+        self._last: asyncio.Future[None] | None = None
+        self._connecting = asyncio.Lock()
 
     async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
         conn = self._conn
         if conn is None:
             conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-        if self._broken:
-            await conn.disconnect(nowait=True)
-            self._broken = False
-        self._broken = True  # until every reply of this round trip is read
-        replies = await _exchange(conn, calls)
-        self._broken = False
-        return replies
+        # (A connection counts as connected while redis-py still reads its handshake: no round
+        # trip may write before the connect is over.)
+        while self._broken or not conn.is_connected or self._connecting.locked():
+            last = self._last
+            if last is not None and not last.done():
+                # (re)connect only once every round trip written before has ended: none may
+                # still be reading when the connection's reader is replaced
+                await asyncio.shield(last)
+                continue
+            async with self._connecting:
+                if self._broken:
+                    self._broken = False
+                    await conn.disconnect(nowait=True)
+                if not conn.is_connected:
+                    await conn.connect()
+        # From here to the write nothing waits: round trips read in the order they write.
+        epoch = self._epoch
+        before = self._last
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last = turn
+        try:
+            await send_packed(conn, [call.args for call in calls])
+            if before is not None and not before.done():
+                await asyncio.shield(before)
+            if self._epoch != epoch:
+                raise redis.ConnectionError("the connection dropped before the replies came")
+            return await _read_replies(conn, len(calls))
+        except BaseException:
+            if self._epoch == epoch:  # replies of this round trip may be left unread
+                self._epoch += 1
+                self._broken = True
+            raise
+        finally:
+            # turns end in the order they were taken, whichever round trip fails first
+            if before is None or before.done():
+                turn.set_result(None)
+            else:
+                before.add_done_callback(lambda _: turn.set_result(None))
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -274,6 +274,9 @@ def _unavailable(exc: RedisUnavailable, budget_s: float) -> QueueUnavailable:
 STEP_GRACE_S = 0.5
 #: Most steps one batched round trip carries (bounds the size of one pipeline).
 DEFAULT_MAX_BATCH_STEPS = 512
+#: Round trips an asyncio node keeps in flight on its link (pipelined: Redis runs one batch
+#: while the node reads and acts on the other).
+MAX_ROUND_TRIPS_IN_FLIGHT = 2
 
 
 class IOCounters:
@@ -470,8 +473,9 @@ class AsyncRedisIO(IOCounters):
         self._pending: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]] = []
         #: When each pending future was asked for (monotonic), keyed by the future.
         self._asked: dict[asyncio.Future[list[Reply]], float] = {}
-        self._flusher: asyncio.Future[None] | None = None
-        self._busy = False
+        #: Tasks sending queued steps, and round trips in flight (theirs and direct ones).
+        self._flushers: set[asyncio.Future[None]] = set()
+        self._in_flight = 0
         self._closed = False
         self._link = async_link(self.client)
         #: Whether round trips may overlap (a cluster: each pipeline has connections of its
@@ -486,8 +490,8 @@ class AsyncRedisIO(IOCounters):
         """Send one step's calls (alone if the link is idle, else in the next batch)."""
         if self._closed:
             raise _closed_error()
-        if not self._busy and self._flusher is None:
-            self._busy = True
+        if self._in_flight < MAX_ROUND_TRIPS_IN_FLIGHT and not self._pending:
+            self._in_flight += 1
             mine: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
             budget_s = self.settings.retry_budget_s
             try:
@@ -500,7 +504,7 @@ class AsyncRedisIO(IOCounters):
                     )
                 )
             finally:
-                self._busy = False
+                self._in_flight -= 1
                 self._start_flusher()
             if mine.done():
                 return mine.result()  # raises the step's error
@@ -563,8 +567,11 @@ class AsyncRedisIO(IOCounters):
         return await self._wait_steps(futures)
 
     def _start_flusher(self) -> None:
-        if self._pending and self._flusher is None and not self._busy:
-            self._flusher = asyncio.ensure_future(self._flush())
+        if self._pending and self._in_flight < MAX_ROUND_TRIPS_IN_FLIGHT:
+            self._in_flight += 1
+            flusher = asyncio.ensure_future(self._flush())
+            self._flushers.add(flusher)
+            flusher.add_done_callback(self._flushers.discard)
 
     async def _flush(self) -> None:
         try:
@@ -578,7 +585,7 @@ class AsyncRedisIO(IOCounters):
                 if batch:
                     await self._send_batch(batch)
         finally:
-            self._flusher = None
+            self._in_flight -= 1
 
     async def _send_batch(
         self, batch: list[tuple[Sequence[Call], asyncio.Future[list[Reply]]]]
@@ -683,10 +690,10 @@ class AsyncRedisIO(IOCounters):
         for _, future in pending:
             if not future.done():
                 _fail_step(future, _closed_error())
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for flusher in list(self._flushers):
+            flusher.cancel()
             with contextlib.suppress(BaseException):
-                await self._flusher
+                await flusher
         for task in list(self._retrying):
             task.cancel()
             with contextlib.suppress(BaseException):

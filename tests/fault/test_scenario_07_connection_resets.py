@@ -85,9 +85,9 @@ def test_connection_resets_every_few_seconds(
         resets += sum(proxy.reset_connections() for proxy in links)
     ended_at = time.monotonic()
     for sender in senders:
-        assert sender.stop() == 0
+        assert sender.stop() == 0, sender.log_tail()
     for receiver in nodes.receivers:
-        assert receiver.stop() == 0
+        assert receiver.stop() == 0, receiver.log_tail()
 
     # Then no call failed, nothing ran twice, no cross-talk, and every key has a TTL
     result = check_nodes(nodes.nodes, name="S07", redis_client=fault_client, prefix=fault_prefix)
