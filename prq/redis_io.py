@@ -457,10 +457,10 @@ def _needs_scripts(replies: list[Reply]) -> bool:
 class AsyncRedisIO(IOCounters):
     """Round trips to Redis for the asyncio queue.
 
-    Steps (a few calls each) are sent in batches: while one pipelined round trip is in flight,
-    the steps that other tasks want to send wait and then go together in the next one. A step
-    that finds the link idle is sent at once by its own task, so batching adds no latency, and
-    under load it saves most round trips. The first attempt is plain; the retry machinery is
+    Steps (a few calls each) are sent in batches: while MAX_ROUND_TRIPS_IN_FLIGHT pipelined
+    round trips are in flight, the steps that other tasks want to send wait and then go
+    together in the next one. A step that finds the link with room is sent at once by its own
+    task, so batching adds no latency, and under load it saves most round trips. The first attempt is plain; the retry machinery is
     built only after a connection failure. Batches are safe to retry because every prq step
     is idempotent on replay; each step in one keeps its own retry budget (StepBudgets).
     """
@@ -478,8 +478,8 @@ class AsyncRedisIO(IOCounters):
         self._in_flight = 0
         self._closed = False
         self._link = async_link(self.client)
-        #: Whether round trips may overlap (a cluster: each pipeline has connections of its
-        #: own); one server's link carries one round trip at a time.
+        #: Whether a step's retries may run beside the batcher (a cluster: each pipeline has
+        #: connections of its own); one server's link is pipelined (AsyncLink).
         self._overlapping = isinstance(self._link, AsyncClusterLink)
         self._retrying: set[asyncio.Future[None]] = set()
         self._step_deadline_s = (
