@@ -460,9 +460,10 @@ class AsyncRedisIO(IOCounters):
     Steps (a few calls each) are sent in batches: while MAX_ROUND_TRIPS_IN_FLIGHT pipelined
     round trips are in flight, the steps that other tasks want to send wait and then go
     together in the next one. A step that finds the link with room is sent at once by its own
-    task, so batching adds no latency, and under load it saves most round trips. The first attempt is plain; the retry machinery is
-    built only after a connection failure. Batches are safe to retry because every prq step
-    is idempotent on replay; each step in one keeps its own retry budget (StepBudgets).
+    task, so batching adds no latency, and under load it saves most round trips. The first
+    attempt is plain; the retry machinery is built only after a connection failure. Batches
+    are safe to retry because every prq step is idempotent on replay; each step in one keeps
+    its own retry budget (StepBudgets).
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
