@@ -87,10 +87,15 @@ def test_a_shard_flushed_under_load_fails_only_its_own_calls(
             c.flushall()
 
         # Then every node declares the loss, for that master's slots only
-        wait_until(
-            lambda: all(data_loss_declared(node) for node in [*senders, *receivers]),
-            20, 0.1, "every node declared the loss",
-        )  # fmt: skip
+        try:
+            wait_until(
+                lambda: all(data_loss_declared(node) for node in [*senders, *receivers]),
+                20, 0.1, "every node declared the loss",
+            )  # fmt: skip
+        except AssertionError as exc:  # (say which nodes did not, and what they logged)
+            silent = [node for node in [*senders, *receivers] if not data_loss_declared(node)]
+            tails = "\n".join(f"--- {node.name}:\n{node.log_tail()}" for node in silent)
+            raise AssertionError(f"{exc}; silent: {[n.name for n in silent]}\n{tails}") from None
         declared_by = max(
             next(r["t_mono"] for r in ends(s) if r["outcome"] == "DataLoss") for s in victims
         )
