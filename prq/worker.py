@@ -19,7 +19,6 @@ import inspect
 import logging
 import random
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
@@ -40,14 +39,6 @@ __all__ = ["build_response", "current_request", "serve_async", "serve_sync"]
 
 #: Largest pause after a failed dequeue before the loop tries again.
 DEFAULT_ERROR_BACKOFF_MAX_S = 5.0
-#: Requests an asyncio serve loop may hold per handler slot, counting those whose answers are
-#: being written (the slot itself is free once the handler returns), besides those it takes
-#: ahead.
-ANSWER_BACKLOG = 2
-#: An asyncio serve loop takes ahead of its handlers only while their runs take less than this
-#: on average (see _Pace), and weighs each new run so much in that average.
-TAKE_AHEAD_BELOW_S = 0.005
-PACE_WEIGHT = 0.1
 #: How often a main thread waiting for its serve threads wakes (so that signals are handled).
 JOIN_WAKE_S = 0.2
 
@@ -126,29 +117,37 @@ async def serve_async(
     concurrency: int = 1,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve `endpoint` with `handler` until `stop` is set or the queue closes.
-
-    At most `concurrency` handlers run at once. A handler's slot is free as soon as it returns:
-    its answer is written apart (batched with the others' by the node's link), the request
-    held (beaten for, counted as serving) until it is. While the handlers are quick (_Pace)
-    and work is waiting, the loop takes ahead: the next take goes out before the requests just
-    taken are run, so Redis hands out the next batch while this process runs the last one
-    (up to `concurrency` requests more are held, waiting for a slot)."""
+    """Serve `endpoint` with `handler` until `stop` is set or the queue closes."""
     validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    held = _AsyncHeld(queue, _async_runner(handler, concurrency), concurrency)
+    run = _async_runner(handler, concurrency)
+    running: set[asyncio.Task[None]] = set()
 
     def stopped() -> bool:
         return (stop is not None and stop.is_set()) or queue.closed
+
+    async def handle(pending: PendingRequest) -> None:
+        queue._serving.add(pending.id)
+        try:
+            try:
+                response = build_response(pending.id, await run(pending))
+            except Exception as exc:
+                response = build_response(pending.id, exc=exc)
+            try:
+                await queue.apply_response(response)
+            except PrqError as exc:
+                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
+        finally:
+            queue._serving.discard(pending.id)
 
     failures = 0
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     try:
         while not stopped():
-            free = held.room()
+            free = concurrency - len(running)
             if free <= 0:
-                await held.wait_for_room()
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
                 taken = await queue._take(endpoint, free, queue.settings.dequeue_timeout_s, stopped)
@@ -160,108 +159,16 @@ async def serve_async(
                 await asyncio.sleep(_backoff_s(failures))
                 continue
             for pending in taken:
-                held.start(pending)
-            if not held.taking_ahead or len(taken) < free:
-                # Let the new handlers start before the next take: a quick handler's response
-                # then goes out first, instead of queueing behind the take that parks this
-                # loop. (A full batch of quick ones: the next take goes first, see above.)
-                await asyncio.sleep(0)
+                task = asyncio.create_task(handle(pending))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            # Let the new handlers start before the next take: a quick handler's response
+            # then goes out first, instead of queueing behind the take that parks this loop.
+            await asyncio.sleep(0)
     finally:
-        await held.finish()
+        if running:
+            await asyncio.wait(running)
         logger.info("stopped serving endpoint=%r", endpoint)
-
-
-class _AsyncHeld:
-    """The requests one asyncio serve loop holds: each in a task that waits for a handler
-    slot, runs the handler, and answers (the slot is free once the handler returns)."""
-
-    def __init__(
-        self,
-        queue: AsyncQueue,
-        run: Callable[[PendingRequest], Awaitable[object]],
-        concurrency: int,
-    ) -> None:
-        self.queue = queue
-        self.run = run
-        self.concurrency = concurrency
-        self.slots = asyncio.Semaphore(concurrency)
-        self.pace = _Pace()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.unhandled = 0  # held requests whose handler has not returned yet
-        self.handler_done = asyncio.Event()
-
-    @property
-    def taking_ahead(self) -> bool:
-        return self.pace.quick
-
-    def room(self) -> int:
-        """How many requests the loop may take now: up to `concurrency` not yet handled (twice
-        that when taking ahead), and no more than ANSWER_BACKLOG times `concurrency` held
-        besides those taken ahead."""
-        ahead = self.concurrency if self.pace.quick else 0
-        return min(
-            self.concurrency + ahead - self.unhandled,
-            ANSWER_BACKLOG * self.concurrency + ahead - len(self.tasks),
-        )
-
-    async def wait_for_room(self) -> None:
-        if self.unhandled >= self.concurrency:
-            self.handler_done.clear()
-            await self.handler_done.wait()
-        else:
-            await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
-
-    def start(self, pending: PendingRequest) -> None:
-        self.unhandled += 1
-        task = asyncio.create_task(self._handle(pending))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _handle(self, pending: PendingRequest) -> None:
-        queue = self.queue
-        queue._serving.add(pending.id)
-        try:
-            try:
-                async with self.slots:
-                    started = time.monotonic()
-                    try:
-                        response = build_response(pending.id, await self.run(pending))
-                    except Exception as exc:
-                        response = build_response(pending.id, exc=exc)
-                    self.pace.ran(time.monotonic() - started)
-            finally:
-                self.unhandled -= 1
-                self.handler_done.set()
-            try:
-                await queue.apply_response(response)
-            except PrqError as exc:
-                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
-        finally:
-            queue._serving.discard(pending.id)
-
-    async def finish(self) -> None:
-        """Wait until every held request is handled and answered."""
-        if self.tasks:
-            await asyncio.wait(self.tasks)
-
-
-class _Pace:
-    """How long a serve loop's handlers have been taking: an exponentially weighted mean of
-    their runs. Taking ahead pays only while they are quick; a slow handler must not sit on
-    requests that another receiver could run."""
-
-    __slots__ = ("mean_s",)
-
-    def __init__(self) -> None:
-        self.mean_s: float | None = None
-
-    def ran(self, seconds: float) -> None:
-        mean = self.mean_s
-        self.mean_s = seconds if mean is None else mean + PACE_WEIGHT * (seconds - mean)
-
-    @property
-    def quick(self) -> bool:
-        return self.mean_s is not None and self.mean_s < TAKE_AHEAD_BELOW_S
 
 
 def _async_runner(
