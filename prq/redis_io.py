@@ -488,7 +488,7 @@ class AsyncRedisIO(IOCounters):
         )
 
     async def execute(self, calls: Sequence[Call]) -> list[Reply]:
-        """Send one step's calls (alone if the link is idle, else in the next batch)."""
+        """Send one step's calls (alone if the link has room, else in the next batch)."""
         if self._closed:
             raise _closed_error()
         if self._in_flight < MAX_ROUND_TRIPS_IN_FLIGHT and not self._pending:
