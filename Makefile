@@ -3,8 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Each pass of `make test` keeps its output here, so the gate can end with every pass's verdict.
+REPORTS := test-output
+# bash for `set -o pipefail`: a pass piped into tee still fails when pytest fails.
+SHELL := bash
 
-.PHONY: install format lint typecheck test test-unit test-integration test-sentinel test-cluster test-fault bench demo all clean
+.PHONY: install format lint typecheck test test-unit test-integration test-server test-sentinel test-cluster test-fault bench demo all clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,26 +37,48 @@ test-integration: $(STAMP)
 	$(BIN)/pytest tests/integration -m integration
 
 test-fault: $(STAMP)
-	$(BIN)/pytest tests -m fault
+	$(call pass,fault,tests/fault -m fault --durations=10)
 
 test-sentinel: $(STAMP)
-	$(BIN)/pytest tests/integration -m integration --redis-topology sentinel -p no:cacheprovider \
-		--durations=15
+	$(call pass,sentinel,tests/integration -m integration --redis-topology sentinel --durations=15)
 
 # On a cluster also the admin service, the dashboard and the Spark jobs: their Redis reads and
 # writes are the ones a cluster most changes (keys on every shard, batches per shard).
 test-cluster: $(STAMP)
-	$(BIN)/pytest tests/integration tests/api tests/browser tests/spark -m "not bench" \
-		--redis-topology cluster -p no:cacheprovider --durations=15
+	$(call pass,cluster,tests/integration tests/api tests/browser tests/spark -m "not bench" \
+		--redis-topology cluster --durations=15)
 
-# The whole gate: what CI runs, and what the README calls "the tests": everything on one server,
-# then the integration suite again on a Sentinel-managed primary and on a Redis Cluster, those
-# two side by side (each starts its own servers; they mostly wait on Redis, so on two cores
-# together they take little longer than the longer one alone). Each prints its slowest tests,
-# to keep the whole gate inside its time budget.
+# Everything but the fault bed, on one server.
+test-server: $(STAMP)
+	$(call pass,server,tests -m "not bench and not fault" --durations=25)
+
+# One pass of the gate: pytest with the given arguments, its output also kept in
+# $(REPORTS)/<name>.log.
+define pass
+	@mkdir -p $(REPORTS)
+	set -o pipefail; $(BIN)/pytest $(2) -p no:cacheprovider 2>&1 | tee $(REPORTS)/$(1).log
+endef
+
+# The whole gate: what CI runs, and what the README calls "the tests": everything on one server
+# (the fault bed apart), the fault bed, then the integration suite again on a Redis Cluster and
+# on a Sentinel-managed primary. Two passes run side by side, the longest first (each starts its
+# own servers; they mostly wait on Redis, so on two cores two together take little longer than
+# the longer one). Each prints its slowest tests, to keep the whole gate inside its time budget.
+# A failed pass stops none of the others (-k), and the gate ends with each pass's failures and
+# its last line, so a failure is found without scrolling through the interleaved passes.
 test: system-deps lint typecheck
-	$(BIN)/pytest tests -m "not bench" -p no:cacheprovider --durations=25
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-sentinel test-cluster
+	@rm -f $(REPORTS)/*.log
+	@status=0; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target \
+		test-server test-fault test-cluster test-sentinel || status=$$?; \
+	echo; echo "== every pass's verdict (failures first, then pytest's last line)"; \
+	for pass in server fault cluster sentinel; do \
+		log=$(REPORTS)/$$pass.log; \
+		if [ ! -f $$log ]; then echo "$$pass: did not run"; continue; fi; \
+		sed -n '/short test summary info/,$$p' $$log | grep -E '^(FAILED|ERROR) ' | sed "s/^/$$pass: /"; \
+		echo "$$pass: $$(tail -n 1 $$log)"; \
+	done; \
+	exit $$status
 
 all: test
 

@@ -4,7 +4,8 @@ Two signs, checked every `data_loss_check_interval_s` (and at once when a wait f
 gone):
 - the node's canary (canary.lua) must read last + 1 at every check; gone means a restart or a
   flush, an older value means a rollback (restore from an old snapshot, failover to a stale
-  replica) that would leave a surviving canary in place;
+  replica) that would leave a surviving canary in place. One check at a time steps the
+  canaries: a check asked for while one is on its way reads the counters only;
 - every endpoint's enqueue counter must never go down; the node remembers the highest value it
   saw (its *floor*: from its enqueues, its takes and its checks), and a reading must not be
   lower than the floor the node knew when it sent the reading (replies of concurrent enqueues
@@ -36,7 +37,14 @@ canary tells a loss and every check starts a new life.
 On either sign the node declares data loss: its `epoch` advances, so every call in flight fails
 with DataLoss, every request it holds is cancelled with reason `data_loss`, and the next check
 writes a fresh canary and learns the counters anew (a declaration keeps the lives: prq.taken
-still refuses what the rolled-back Redis hands out again). Pure, and thread-safe (the blocking
+still refuses what the rolled-back Redis hands out again). What that Redis still queues from
+before the loss (*ghosts*: a stale replica misses the takes and answers of requests that ran)
+must not run again, on this node or any other: the first reading of an endpoint's counter
+sent after the declaration (a take's or a check's) is at least every ghost's sequence number,
+so takes refuse, and cancel with reason `data_loss`, the requests numbered up to it (a reading
+sent before it may show the counter before the loss, and mark requests queued since). Requests
+queued between the loss and that reading are refused with them (their callers get DataLoss,
+which is retryable). Pure, and thread-safe (the blocking
 facade takes from several threads): the facade's watch loop sends the calls and reports the
 replies.
 
@@ -77,6 +85,9 @@ Layout = dict[str, list[int]] | None
 CANARY_TTL_CHECKS = 3
 #: A check that refreshed an enqueue counter vouches for it this share of a list TTL.
 VOUCHED_SHARE = 0.5
+#: Checks in a row with canary replies that are not counts before the node warns that it
+#: cannot tell a loss.
+UNJUDGED_WARN = 3
 #: How many key names a search for a canary on a given master tries before giving up on it.
 CANARY_SEARCH_LIMIT = 200_000
 
@@ -105,11 +116,6 @@ class Check:
     #: When it was sent (monotonic): its refreshes vouch for the counters from then.
     sent_at: float
 
-    @property
-    def last(self) -> int | None:
-        """The last value seen of the first canary (the only one on one server)."""
-        return self.canaries[0][1]
-
 
 @dataclass(frozen=True, slots=True)
 class Loss:
@@ -129,6 +135,26 @@ class _Counter:
     floor: int = 0
     #: Until when (monotonic) the counter surely lives, but for a loss; None: not vouched for.
     vouched_until: float | None = None
+    #: Sequence numbers up to this one are ghosts (0: none): requests queued before a loss
+    #: that the Redis which lost data may hand out again, though they may have run already.
+    ghosts_up_to: int = 0
+    #: A loss was declared and no reading of the counter sent after it came back since: the
+    #: first one (a take's, a check's) sets `ghosts_up_to`, as everything queued then came
+    #: before it.
+    ghost_reading_due: bool = False
+    #: The node's epoch from that declaration on: a reading sent in an earlier epoch (before
+    #: the declaration) may show the counter before the loss, above what the Redis that lost
+    #: data numbered since, so it would count requests queued after the loss as ghosts.
+    ghost_epoch: int = 0
+
+
+def _learn_ghosts(counter: _Counter, value: int, sent_epoch: int) -> None:
+    """A reading of the counter sent in epoch `sent_epoch` came back: the first sent since a
+    declaration tells how far the ghosts go (the counter is then at least at every ghost's
+    number: the Redis that lost data numbered them all before the reading)."""
+    if counter.ghost_reading_due and sent_epoch >= counter.ghost_epoch:
+        counter.ghosts_up_to = max(counter.ghosts_up_to, value)
+        counter.ghost_reading_due = False
 
 
 def _int(reply: Reply) -> int:
@@ -161,6 +187,13 @@ class DataLossWatch:
         self._counters: dict[str, _Counter] = {}
         self._lives = itertools.count(1)
         self._lock = threading.Lock()
+        #: The check whose canary steps are on their way, if any. Each step moves a canary
+        #: on, and a check expects its own step alone: checks sent meanwhile (a call that
+        #: found its request gone asks for one at once) read the counters and step no canary.
+        #: Forgotten once settled, failed, or older than a canary lives.
+        self._stepping: Check | None = None
+        #: Checks in a row whose canary replies were not counts (none judged).
+        self.unjudged = 0
 
     def check_due(self, now: float) -> bool:
         return now >= self.next_check
@@ -246,7 +279,11 @@ class DataLossWatch:
             # Out of touch (this node or Redis paused, or Redis unreachable) for longer than a
             # canary lives: its expiry says nothing. Write fresh ones; the counters and the
             # requests' own hashes still tell a real loss.
-            canaries = [(key, None if stale else last) for key, last in self.canaries.items()]
+            stepping = self._stepping
+            if stepping is not None and now - stepping.sent_at < self.canary_ttl_s():
+                canaries: list[tuple[str, int | None]] = []
+            else:
+                canaries = [(key, None if stale else last) for key, last in self.canaries.items()]
             self.next_check = now + settings.data_loss_check_interval_s
             unused = now - settings.list_ttl_s
             for endpoint in [
@@ -261,7 +298,18 @@ class DataLossWatch:
         for endpoint in floors:
             key = self.ctx.keys.endpoint(endpoint).sequence
             calls += [Call(("GET", key)), Call(("PEXPIRE", key, ttl_ms))]
-        return Check(calls, canaries, floors, epoch, now)
+        check = Check(calls, canaries, floors, epoch, now)
+        if canaries:
+            with self._lock:
+                self._stepping = check
+        return check
+
+    def forget(self, check: Check) -> None:
+        """A check that got no reply (failed, or given up): its canary steps are no longer
+        on their way, as far as the next check is concerned."""
+        with self._lock:
+            if self._stepping is check:
+                self._stepping = None
 
     def settle(self, check: Check, replies: list[Reply], now: float) -> Loss | None:
         """Read one check's replies; return the sign of data loss they show, or None.
@@ -269,11 +317,19 @@ class DataLossWatch:
         A check is judged against what the node knew when it sent the check; a check that was
         overtaken by a declaration (another check, or a take, saw the loss first) says nothing.
         """
+        try:
+            return self._judge(check, replies, now)
+        finally:  # (once the canaries it read are booked: a check sent now expects the next)
+            self.forget(check)
+
+    def _judge(self, check: Check, replies: list[Reply], now: float) -> Loss | None:
         counted = len(check.canaries)
-        if check.epoch != self.epoch or not all(isinstance(r, int) for r in replies[:counted]):
+        if check.epoch != self.epoch:  # overtaken by a declaration: says nothing
             return None
-        stale = now - self.last_ok > self.canary_ttl_s()
-        self.last_ok = now
+        if not all(isinstance(r, int) for r in replies[:counted]):
+            self._unjudged(replies[:counted])
+            return None
+        stale = self._judged(now)
         for (key, last), canary in zip(check.canaries, replies[:counted], strict=True):
             assert isinstance(canary, int)
             with self._lock:
@@ -298,9 +354,40 @@ class DataLossWatch:
                 if reason:
                     return Loss(reason, self.scope_of(endpoint))
                 counter.floor = max(counter.floor, value)
+                _learn_ghosts(counter, value, check.epoch)
                 if replies[counted + 1 + 2 * i] == 1:  # it was there; lives a list TTL from now
                     counter.vouched_until = max(counter.vouched_until or 0.0, vouched_until)
         return None
+
+    def _judged(self, now: float) -> bool:
+        """A check is judged now; whether the node was out of touch for longer than a canary
+        lives (its canaries' expiry then says nothing: they are written afresh)."""
+        if self.unjudged >= UNJUDGED_WARN:
+            logger.info("data-loss checks judged again after %d that were not", self.unjudged)
+        self.unjudged = 0
+        stale = now - self.last_ok > self.canary_ttl_s()
+        if stale and self.last_ok:
+            logger.info(
+                "data-loss check after %.1f s out of touch: canaries written afresh (a loss "
+                "meanwhile shows in the enqueue counters only)",
+                now - self.last_ok,
+            )
+        self.last_ok = now
+        return stale
+
+    def _unjudged(self, canaries: list[Reply]) -> None:
+        """A check whose canary replies are not counts (errors in place): it tells nothing.
+        One now and then is a passing error; several in a row leave the node blind to a loss
+        its canaries would show, which an operator must hear of."""
+        self.unjudged += 1
+        logger.debug("data-loss check not judged canaries=%r", canaries)
+        if self.unjudged == UNJUDGED_WARN:
+            logger.warning(
+                "data-loss checks not judged: %d in a row got canary replies that are not "
+                "counts, last=%r",
+                self.unjudged,
+                canaries,
+            )
 
     def _scope_of_key(self, key: str) -> frozenset[int] | None:
         layout = self.layout()
@@ -318,19 +405,45 @@ class DataLossWatch:
         with self._lock:
             return self._floor(endpoint, self._counter(endpoint, now, used=True))
 
-    def read(self, endpoint: str, floor: Floor | None, value: int, now: float) -> str | None:
-        """A reading of the counter (a take's), sent when `floor` was had: why it shows data
-        loss, or None (the value is then learned)."""
+    def read(
+        self, endpoint: str, floor: Floor | None, value: int, now: float, sent_epoch: int
+    ) -> str | None:
+        """A reading of the counter (a take's), sent when `floor` was had and the node's epoch
+        was `sent_epoch`: why it shows data loss, or None (the value is then learned)."""
         with self._lock:
             counter = self._counter(endpoint, now, used=True)
             reason = self._went_back(endpoint, counter, floor, value)
             if not reason:
                 counter.floor = max(counter.floor, value)
+                _learn_ghosts(counter, value, sent_epoch)
             return reason
 
+    def ghosts_up_to(self, endpoint: str) -> int:
+        """Requests handed out with a sequence number up to this one (and above 0: a
+        hand-off's is not known) were queued before a loss this node declared, in this life of
+        the counter: the Redis that lost data may hand them out though they ran already, so
+        they must not run (at most once). 0: none."""
+        with self._lock:
+            counter = self._counters.get(endpoint)
+            return 0 if counter is None else counter.ghosts_up_to
+
+    def ghosts_for_take(self, endpoint: str, counter: int | None) -> int:
+        """ghosts_up_to for the items of a take whose reading of the counter was `counter`
+        (None: it read none): while no reading sent after a declaration has come back, that
+        take's own reading bounds the ghosts it may hold (kept for that take alone: sent
+        before the declaration, it may show the counter before the loss)."""
+        with self._lock:
+            known = self._counters.get(endpoint)
+            if known is None:
+                return 0
+            if known.ghost_reading_due and counter is not None:
+                return max(known.ghosts_up_to, counter)
+            return known.ghosts_up_to
+
     def observe(self, endpoint: str, value: int, now: float) -> None:
-        """Note an endpoint's counter as this node's own enqueue (or a take after a
-        declaration) reported it: the highest value seen is kept; a use of the endpoint."""
+        """Note an endpoint's counter as this node's own enqueue reported it: the highest
+        value seen is kept; a use of the endpoint. (An enqueue's reading sets no ghost mark:
+        the enqueue's own requests are numbered up to it.)"""
         with self._lock:
             counter = self._counter(endpoint, now, used=True)
             counter.floor = max(counter.floor, value)
@@ -356,6 +469,7 @@ class DataLossWatch:
             for endpoint, counter in self._counters.items():
                 if self.covers(endpoint, slots):
                     counter.floor = 0
+                    counter.ghost_reading_due, counter.ghost_epoch = True, epoch
             for key in self.canaries:
                 if slots is None or key_slot(key.encode()) in slots:
                     self.canaries[key] = None
@@ -378,6 +492,7 @@ class DataLossWatch:
             counter.life = next(self._lives)
             counter.floor = 0
             counter.vouched_until = None
+            counter.ghosts_up_to, counter.ghost_reading_due = 0, False  # (numbers start again)
         if used:
             counter.used = max(counter.used, now)
         return counter

@@ -70,6 +70,10 @@ def find_server_binary() -> str:
     )
 
 
+#: Ports an EmbeddedRedis tries when the ones it chose were taken before its server bound them.
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -98,6 +102,9 @@ class EmbeddedRedis:
     ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
+        #: Until it first starts, a port this object chose may go to another if it was taken
+        #: meanwhile (free_port only says it was free a moment ago).
+        self._port_movable = port is None
         self.extra_args = list(extra_args)
         #: Who `url` and the readiness check log in as (for a server started with an ACL file
         #: whose default user is off); None: the default user.
@@ -138,7 +145,30 @@ class EmbeddedRedis:
         ]  # fmt: skip
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> EmbeddedRedis:
-        """Start the server and wait (bounded) until it answers PING."""
+        """Start the server and wait (bounded) until it answers PING. A port this object
+        chose that was taken meanwhile is swapped for another free one (at most
+        PORT_ATTEMPTS tries); a port given, or one the server ran on before, is kept."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start(timeout_s)
+            except ConfigurationError:
+                if not (self._port_movable and attempt < PORT_ATTEMPTS and self._port_taken()):
+                    raise
+                logger.info(
+                    "embedded redis port taken meanwhile, trying another port=%d", self.port
+                )
+                self.port = free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _port_taken(self) -> bool:
+        """Whether the server's log says its port was in use."""
+        with contextlib.suppress(OSError):
+            log = (self.data_dir / "redis.log").read_text(errors="replace")
+            mark = f":{self.port}:"
+            return any(mark in line and "in use" in line for line in log.splitlines())
+        return False
+
+    def _start(self, timeout_s: float) -> EmbeddedRedis:
         if self.process is not None and self.process.poll() is None:
             return self
         # A session of its own: Ctrl-C in a terminal signals the whole foreground process group,
@@ -170,6 +200,7 @@ class EmbeddedRedis:
                 time.sleep(0.02)
         finally:
             client.close()
+        self._port_movable = False
         logger.info("embedded redis started port=%d pid=%d", self.port, self.process.pid)
         return self
 

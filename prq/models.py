@@ -77,6 +77,11 @@ def _unset(value: object) -> bool:
     return value is None
 
 
+#: The constraints a Request and its stored form (StoredRequest) share.
+Method = Annotated[str, Field(min_length=1, max_length=200)]
+Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+Producer = Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)]
+
 #: The name of a DataStream in a message.
 StreamName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 #: The delivery modes, as text.
@@ -133,14 +138,14 @@ class Request(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     endpoint: str
-    method: Annotated[str, Field(min_length=1, max_length=200)]
+    method: Method
     params: JsonValue = None
     service: str = ""
     id: Annotated[str, Field(default_factory=new_request_id, pattern=REQUEST_ID_PATTERN)]
     #: Higher is taken first; lower levels keep a share (README, "Scheduling").
-    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
+    priority: Priority = 0
     #: Who queued it: producers take turns within one priority (default: the sending node).
-    producer: Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)] | None = None
+    producer: Producer | None = None
     delivery: Delivery = "at_most_once"
     headers: dict[str, str] = Field(default_factory=dict)
     #: Binary payloads kept beside Redis, by name (prq.datastreams); left out of the JSON
@@ -243,11 +248,13 @@ class StoredRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    m: str
+    # (each field checked as Request checks it, with the same types: decode_stored_request
+    # builds the Request without checking them again)
+    m: Method
     p: JsonValue = None
     s: str = ""
-    q: int = 0
-    r: str | None = None
+    q: Priority = 0
+    r: Producer | None = None
     d: Delivery = "at_most_once"
     k: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     h: dict[str, str] = Field(default_factory=dict)
@@ -300,13 +307,18 @@ def decode_stored_request(raw: bytes | str, endpoint: str, request_id: str) -> R
         return request
     try:
         stored = StoredRequest.model_validate_json(raw)
-        return Request(
-            endpoint=endpoint, id=request_id, method=stored.m, params=stored.p,
-            service=stored.s, priority=stored.q, producer=stored.r, delivery=stored.d,
-            headers=stored.h, streams=stored.x, response_ttl_s=stored.k,
-        )  # fmt: skip
-    except (ValidationError, ValueError) as exc:
+        validate_endpoint(endpoint)
+    except (ValidationError, ValueError, InvalidEndpoint) as exc:
         raise SerializationError(f"stored request {request_id} is not valid: {exc}") from exc
+    if not _REQUEST_ID_RE.match(request_id):
+        raise SerializationError(f"stored request id {request_id!r} is not a valid request id")
+    # Every field was checked as Request checks it (StoredRequest's fields, the endpoint, the
+    # id): building it unchecked saves validating the params a second time.
+    return Request.model_construct(
+        endpoint=endpoint, id=request_id, method=stored.m, params=stored.p,
+        service=stored.s, priority=stored.q, producer=stored.r, delivery=stored.d,
+        headers=stored.h, streams=stored.x, response_ttl_s=stored.k,
+    )  # fmt: skip
 
 
 def decode_response(raw: bytes | str) -> Response:
@@ -315,6 +327,11 @@ def decode_response(raw: bytes | str) -> Response:
         return Response.model_validate_json(raw)
     except (ValidationError, ValueError) as exc:
         raise SerializationError(f"stored response is not valid: {exc}") from exc
+
+
+#: Guards the making of a PendingRequest's cancellation event against its setting (rare,
+#: brief: one lock for all of them costs less than one per request).
+_CANCEL_LOCK = threading.Lock()
 
 
 class PendingRequest:
@@ -330,7 +347,8 @@ class PendingRequest:
         self.request = request
         self.delivery = delivery
         self.owner_token = owner_token
-        self._cancelled = threading.Event()
+        # made by the first wait_cancelled (most requests are never waited on that way)
+        self._cancelled: threading.Event | None = None
         self._cancel_reason: str | None = None
 
     @property
@@ -340,7 +358,7 @@ class PendingRequest:
     @property
     def cancelled(self) -> bool:
         """True once the request was cancelled (by its caller, or because a node was lost)."""
-        return self._cancelled.is_set()
+        return self._cancel_reason is not None
 
     @property
     def cancel_reason(self) -> str | None:
@@ -349,13 +367,23 @@ class PendingRequest:
 
     def mark_cancelled(self, reason: str) -> None:
         """Signal cancellation; the first reason sticks."""
-        if not self._cancelled.is_set():
+        with _CANCEL_LOCK:
+            if self._cancel_reason is not None:
+                return
             self._cancel_reason = reason
-            self._cancelled.set()
+            event = self._cancelled
+        if event is not None:
+            event.set()
 
     def wait_cancelled(self, timeout_s: float | None = None) -> bool:
         """Block until cancelled or `timeout_s` passes; True if cancelled."""
-        return self._cancelled.wait(timeout_s)
+        with _CANCEL_LOCK:
+            event = self._cancelled
+            if event is None:
+                event = self._cancelled = threading.Event()
+                if self._cancel_reason is not None:
+                    event.set()
+        return event.wait(timeout_s)
 
     def __repr__(self) -> str:
         return (

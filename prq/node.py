@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
@@ -23,7 +23,7 @@ from prq import metrics
 from prq._types import Call, Exec, Flow, Offload, Reply
 from prq.bodies import is_spilled
 from prq.bodies import parse as parse_body
-from prq.config import QueueSettings, RedisSettings
+from prq.config import MAX_ATTEMPTS_LIMIT, QueueSettings, RedisSettings
 from prq.data_loss import Floor
 from prq.dead import dead_letter_call
 from prq.dedup import delivery_hash
@@ -116,6 +116,17 @@ class QueueStats:
     held_requests: int
     heartbeats_sent: int = 0
     data_loss_events: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """An answer on its way: the request it answers, its body, its flow and the step the flow
+    asks for next (`_start_answers`, `_settle_answers`)."""
+
+    request_id: str
+    body: bytes
+    flow: Flow[str]
+    effect: Exec
 
 
 class QueueBase:
@@ -354,7 +365,7 @@ class QueueBase:
             if request.delivery == "at_least_once" and not self._first_run(endpoint, item, life):
                 ran.append(item)
                 continue
-            delivery = DeliveryInfo(
+            delivery = DeliveryInfo.model_construct(  # (an int, a hex digest: nothing to check)
                 attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
             )
             pending = PendingRequest(request, delivery, token)
@@ -441,6 +452,7 @@ class QueueBase:
                 self._watch.wake()
             token = self._take_token(endpoint)
             floor = self._watch.data_loss.floor(endpoint, time.monotonic())
+            sent_epoch = self._watch.data_loss.epoch
             self._taking[token] = endpoint
             current[:] = [token]
             try:
@@ -456,15 +468,16 @@ class QueueBase:
             if result.redelivered:
                 metrics.REDELIVERED.labels(endpoint).inc(result.redelivered)
             good: list[PendingRequest] = []
-            if self._rolled_back(endpoint, floor, result):
+            if self._rolled_back(endpoint, floor, sent_epoch, result):
                 refused = [item.request_id for item in result.items]
             else:
-                opened, markers = yield from self._open_items(endpoint, result.items)
-                adopted = self._adopt(endpoint, result.token, result.items, opened)
+                items, ghosts = self._without_ghosts(endpoint, result.items, result.counter)
+                opened, markers = yield from self._open_items(endpoint, items)
+                adopted = self._adopt(endpoint, result.token, items, opened)
                 for pending in adopted.good:
                     if pending.id in markers:
                         self._held_bodies[pending.id] = markers[pending.id]
-                good, refused = adopted.good, adopted.refused
+                good, refused = adopted.good, adopted.refused + ghosts
                 for item in adopted.ran:
                     yield from self._ran_again(endpoint, result.token, item)
                 for item, exc in adopted.bad:
@@ -485,6 +498,30 @@ class QueueBase:
             if good or not result.items:
                 return good
 
+    def _without_ghosts(
+        self, endpoint: str, items: list[TakenItem], counter: int | None
+    ) -> tuple[list[TakenItem], list[str]]:
+        """Set apart the taken items queued before a loss this node declared (their ids): the
+        Redis that lost data may hand them out though they ran already (data_loss: ghosts), so
+        they are cancelled, not run; their callers, if any still wait, get DataLoss. `counter`:
+        the take's reading of the enqueue counter."""
+        up_to = self._watch.data_loss.ghosts_for_take(endpoint, counter)
+        if not up_to:
+            return items, []
+        kept: list[TakenItem] = []
+        ghosts: list[str] = []
+        for item in items:
+            if 0 < item.sequence <= up_to:
+                ghosts.append(item.request_id)
+            else:
+                kept.append(item)
+        if ghosts:
+            logger.warning(
+                "requests queued before a data loss refused endpoint=%r count=%d",
+                endpoint, len(ghosts),
+            )  # fmt: skip
+        return kept, ghosts
+
     def _check_layout_flow(self, endpoint: str) -> Flow[None]:
         """Once per endpoint (until it passes): refuse one that holds the previous scheduling
         layout (flows.layout_flow; ConfigurationError)."""
@@ -499,17 +536,21 @@ class QueueBase:
     def _take_failed(self, endpoint: str, token: str) -> None:
         self._spare_tokens.setdefault(endpoint, []).append(token)
 
-    def _rolled_back(self, endpoint: str, floor: Floor | None, result: TakeResult) -> bool:
+    def _rolled_back(
+        self, endpoint: str, floor: Floor | None, sent_epoch: int, result: TakeResult
+    ) -> bool:
         """A take saw the enqueue counter lower than known (and vouched for) before it was
-        sent: Redis went back in time, and what it handed out may have run already. Declare
-        data loss (True)."""
+        sent (in epoch `sent_epoch`): Redis went back in time, and what it handed out may have
+        run already. Declare data loss (True)."""
         if result.counter is None:
             return False
         now = time.monotonic()
-        reason = self._watch.data_loss.read(endpoint, floor, result.counter, now)
+        watch = self._watch.data_loss
+        reason = watch.read(endpoint, floor, result.counter, now, sent_epoch)
         if reason:
-            self._watch.declare_data_loss(reason, self._watch.data_loss.scope_of(endpoint))
-            self._watch.data_loss.observe(endpoint, result.counter, now)
+            self._watch.declare_data_loss(reason, watch.scope_of(endpoint))
+            # (the first reading after it: it was taken after the loss, which it showed)
+            watch.read(endpoint, None, result.counter, now, watch.epoch)
             return True
         return False
 
@@ -562,6 +603,50 @@ class QueueBase:
         self._watch.liveness.release(request_id)
         logger.error("answer not written, request let go request_id=%s error=%s", request_id, exc)
 
+    def _start_answers(self, answers: Sequence[tuple[str, bytes]]) -> list[Answering]:
+        """The first step of answering held requests, one answer each (`_write_answers` of
+        either facade sends them in one round trip); answers to requests no longer held are
+        left out."""
+        started: list[Answering] = []
+        for request_id, body in answers:
+            flow = self._respond_flow(request_id, body)
+            if flow is None:
+                continue
+            effect = flow.send(None)
+            assert isinstance(effect, Exec)  # (respond_flow only sends)
+            started.append(Answering(request_id, body, flow, effect))
+        return started
+
+    def _settle_answers(
+        self,
+        answering: list[Answering],
+        results: Sequence[list[Reply] | PrqError],
+        failed: dict[str, PrqError],
+    ) -> tuple[list[Answering], list[Callable[[], None]]]:
+        """Book one round trip's results of answers: the answers that go again (under a new
+        owner token: _answer_flow), and the clean-ups to run (_after_respond). An answer that
+        could not be written lets its request go (_unanswered) and joins `failed`."""
+        again: list[Answering] = []
+        clean_ups: list[Callable[[], None]] = []
+        for answer, result in zip(answering, results, strict=True):
+            flow = answer.flow
+            try:
+                effect = flow.throw(result) if isinstance(result, PrqError) else flow.send(result)
+            except StopIteration as done:
+                outcome: str = done.value
+            except PrqError as exc:
+                self._unanswered(answer.request_id, exc)
+                failed[answer.request_id] = exc
+                continue
+            else:
+                assert isinstance(effect, Exec)
+                again.append(Answering(answer.request_id, answer.body, flow, effect))
+                continue
+            clean_up = self._after_respond(answer.request_id, outcome, answer.body)
+            if clean_up is not None:
+                clean_ups.append(clean_up)
+        return again, clean_ups
+
     def _respond_flow(self, request_id: str, body: bytes) -> Flow[str] | None:
         """The flow that answers a held request with `body`, or None if this node no longer
         holds it."""
@@ -570,10 +655,28 @@ class QueueBase:
             return None
         if pending.request.delivery == "at_least_once":
             self._ran.remember(request_id, body)
-        return respond_flow(
-            self.ctx, pending.request.endpoint, request_id, pending.owner_token, body,
-            self.settings.response_ttl_for(pending.request.response_ttl_s),
-        )  # fmt: skip
+        return self._answer_flow(pending, body)
+
+    def _answer_flow(self, pending: PendingRequest, body: bytes) -> Flow[str]:
+        """Answer a held request under its owner token; its outcome. An answer refused while
+        a redelivery of the request reached this node (_ran_again: the run now answers under
+        the redelivery's owner token) goes again under the new token: the refusal meant the
+        hand-out it was sent for, not this run. Each new token is another hand-out, so the
+        answer goes at most once per attempt."""
+        ttl_s = self.settings.response_ttl_for(pending.request.response_ttl_s)
+        outcome = "stale"
+        for _ in range(MAX_ATTEMPTS_LIMIT):
+            token = pending.owner_token
+            outcome = yield from respond_flow(
+                self.ctx, pending.request.endpoint, pending.id, token, body, ttl_s
+            )
+            if outcome in ("ok", "replay") or pending.owner_token == token:
+                return outcome
+            logger.info(
+                "answer sent again under an adopted redelivery's owner token request_id=%s",
+                pending.id,
+            )
+        return outcome
 
     def _answer_ttl_s(self, request_id: str) -> float:
         """How long the answer to a held request is kept: what it asked for, within this

@@ -21,12 +21,12 @@ import asyncio
 import contextlib
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from prq.jitter import jitter
 from prq.links import send_packed
 from prq.redis_io import RedisUnavailable, translate_errors
 
@@ -288,8 +288,7 @@ class _Subscriber(Generic[S]):
         self.router.wake_all()  # pulses may have been lost: every wait polls now
         self._last_seen = time.monotonic()
         self.on_lost()
-        jitter = random.random()  # noqa: S311 (backoff jitter, not a secret)
-        return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * jitter)
+        return float(min(DEFAULT_RECONNECT_MAX_S, 0.05 * 2 ** min(failures, 10)) * jitter())
 
 
 class PulsesBase:

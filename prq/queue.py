@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
 from prq import metrics
-from prq._types import Exec, Flow, Handler, Offload
+from prq._types import Exec, Flow, Handler, Offload, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
     DeadLetter,
@@ -228,6 +228,7 @@ class AsyncQueue(QueueBase):
             self._watch.settle(plan, await self._io.execute_many(plan.steps), time.monotonic())
         except PrqError as exc:
             logger.debug("data-loss check failed error=%s", exc)
+            self._watch.forget(plan)
 
     async def _watch_loop(self) -> None:
         """Beat, look for cancellations, check for data loss, renew the signatures and extend
@@ -239,6 +240,7 @@ class AsyncQueue(QueueBase):
                     results = await self._io.execute_many(plan.steps)
                 except PrqError as exc:
                     logger.debug("watch turn failed error=%s", exc)
+                    self._watch.forget(plan)
                 else:
                     self._watch.settle(plan, results, time.monotonic())
             if self._streams.sweep_due(time.monotonic()):
@@ -556,16 +558,26 @@ class AsyncQueue(QueueBase):
         (PayloadTooLarge, ...). An answer Redis does not take within the retry budget raises
         QueueUnavailable, and the request is let go: nothing beats for it any more, so its
         caller's receiver check decides."""
+        body, error = await self._answer_body(response)
+        if body is not None:
+            failed = await self._write_answers([(response.id, body)])
+            if failed:
+                raise failed[response.id]
+        if error is not None:
+            raise error
+
+    async def _answer_body(self, response: Response) -> tuple[bytes | None, PrqError | None]:
+        """apply_response's first half: the body that answers a held request (None when this
+        node does not hold it), and the error to report when the service's answer could not
+        be sent and the body says so instead. The body goes out through `_write_answers`."""
         await self._ready(closing_ok=True)
         if not self._holds(response.id):
-            return
+            return None, None
         try:
-            body = await self._encoded_answer(response)
+            return await self._encoded_answer(response), None
         except Exception as exc:
             error, body = self._answer_instead(response.id, exc)
-            await self._write_answer(response.id, body)
-            raise error  # noqa: B904 (its cause is set)
-        await self._write_answer(response.id, body)
+            return body, error
 
     async def _encoded_answer(self, response: Response) -> bytes:
         """The body that answers a held request: its streams stored, its size checked, kept
@@ -578,18 +590,35 @@ class AsyncQueue(QueueBase):
             body = await asyncio.to_thread(self._streams.spill_response, response, body, ttl_s)
         return body
 
-    async def _write_answer(self, request_id: str, body: bytes) -> None:
-        flow = self._respond_flow(request_id, body)
-        if flow is None:
-            return
-        try:
-            outcome = await self._run(flow, closing_ok=True)
-        except PrqError as exc:
-            self._unanswered(request_id, exc)
-            raise
-        clean_up = self._after_respond(request_id, outcome, body)
-        if clean_up is not None:
-            await asyncio.to_thread(clean_up)
+    async def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> dict[str, PrqError]:
+        """apply_response's second half, for one held request or many, as Queue._write_answers
+        does it; here the answers are one step of the node's link (they share a round trip and
+        its fate), so that many cost the event loop about what one does."""
+        answering = self._start_answers(answers)
+        failed: dict[str, PrqError] = {}
+        while answering:  # (an answer goes again only under a new owner token: _answer_flow)
+            # one step for all of them: they share the round trip, and its fate
+            results: list[list[Reply] | PrqError]
+            if self._closed:
+                results = [self._shutdown_error(False)] * len(answering)
+            else:
+                try:
+                    replies = await self._io.execute(
+                        [call for answer in answering for call in answer.effect.calls]
+                    )
+                except QueueShutdown:  # closed while the calls were on their way
+                    results = [self._shutdown_error(True)] * len(answering)
+                except PrqError as exc:
+                    results = [exc] * len(answering)
+                else:
+                    results, at = [], 0
+                    for answer in answering:
+                        results.append(replies[at : at + len(answer.effect.calls)])
+                        at += len(answer.effect.calls)
+            answering, clean_ups = self._settle_answers(answering, results, failed)
+            for clean_up in clean_ups:
+                await asyncio.to_thread(clean_up)
+        return failed
 
     async def serve(
         self,

@@ -49,15 +49,15 @@ from tenacity import (
     RetryCallState,
     before_sleep_log,
     retry_if_exception_type,
-    wait_random_exponential,
 )
 
 from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, QueueUnavailable
+from prq.jitter import wait_jittered_exponential
 from prq.links import AsyncClusterLink, async_link
-from prq.scripts import merge_answers, script_load_calls
+from prq.scripts import merge_calls, script_load_calls
 from prq.topology import aclose_client, async_client, locate
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,13 @@ def translate_errors() -> Iterator[None]:
         raise ConfigurationError(
             f"the Redis user lacks a permission prq needs: {exc}; see redis-conf/users.acl"
         ) from exc
-    except (redis.ConnectionError, redis.TimeoutError, BusyLoadingError, ReadOnlyError) as exc:
+    # (TRYAGAIN, MOVED, ASK: a cluster node did not run the command, its slot moving or served
+    # elsewhere; raised rather than answered in place, a redirection redis-py followed in vain,
+    # it is retried like a node that could not be reached, never taken for a refusal)
+    except (
+        redis.ConnectionError, redis.TimeoutError, BusyLoadingError, ReadOnlyError,
+        TryAgainError, MovedError, AskError,
+    ) as exc:  # fmt: skip
         tls = tls_failure(exc)
         if tls is not None:
             raise tls_configuration_error(tls) from exc
@@ -354,7 +360,7 @@ class StepBudgets:
         #: True once whoever sends the attempts must stop (the steps still live are left
         #: unsettled, for that sender to pass on); None: never.
         self._hand_over = hand_over
-        self._backoff = wait_random_exponential(
+        self._backoff = wait_jittered_exponential(
             multiplier=DEFAULT_RETRY_INITIAL_S, max=DEFAULT_RETRY_MAX_S
         )
 
@@ -656,7 +662,8 @@ class AsyncRedisIO(IOCounters):
             )
 
     async def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
-        sent, spread = merge_answers(calls)  # answers to one endpoint: one script call
+        # answers to one endpoint, and enqueues to one endpoint: one script call each
+        sent, spread = merge_calls(calls)
         self.count(sent)
         replies = await self._raw(sent)
         if _needs_scripts(replies):

@@ -219,6 +219,7 @@ class Queue(QueueBase):
             self._watch.settle(plan, self._io.execute_many(plan.steps), time.monotonic())
         except PrqError as exc:
             logger.debug("data-loss check failed error=%s", exc)
+            self._watch.forget(plan)
 
     def _watch_loop(self) -> None:
         """Beat, look for cancellations, check for data loss, renew the signatures and extend
@@ -230,6 +231,7 @@ class Queue(QueueBase):
                     results = self._io.execute_many(plan.steps)
                 except PrqError as exc:
                     logger.debug("watch turn failed error=%s", exc)
+                    self._watch.forget(plan)
                 else:
                     self._watch.settle(plan, results, time.monotonic())
             if self._streams.sweep_due(time.monotonic()):
@@ -522,37 +524,20 @@ class Queue(QueueBase):
     def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> dict[str, PrqError]:
         """apply_response's second half, for one held request or many: their answers in one
         round trip (answers to one endpoint go as one script call, merge_answers), each
-        booked (_after_respond). An answer that cannot be written lets its request go
+        booked (_after_respond); one more round trip for answers that go again under a new
+        owner token (_answer_flow). An answer that cannot be written lets its request go
         (_unanswered); returns those answers' errors, by request id."""
-        flows: list[tuple[str, bytes, Flow[str], Exec]] = []
-        for request_id, body in answers:
-            flow = self._respond_flow(request_id, body)
-            if flow is None:
-                continue
-            effect = flow.send(None)
-            assert isinstance(effect, Exec)  # one round trip (respond_flow)
-            flows.append((request_id, body, flow, effect))
-        if not flows:
-            return {}
-        if self._closed:
-            results: list[list[Reply] | PrqError] = [self._shutdown_error(False)] * len(flows)
-        else:
-            results = self._io.execute_many([effect.calls for *_, effect in flows])
+        answering = self._start_answers(answers)
         failed: dict[str, PrqError] = {}
-        for (request_id, body, flow, _), result in zip(flows, results, strict=True):
-            try:
-                if isinstance(result, PrqError):
-                    flow.throw(result)
-                flow.send(result)
-                raise AssertionError("respond_flow takes one round trip")  # pragma: no cover
-            except StopIteration as done:
-                outcome: str = done.value
-            except PrqError as exc:
-                self._unanswered(request_id, exc)
-                failed[request_id] = exc
-                continue
-            clean_up = self._after_respond(request_id, outcome, body)
-            if clean_up is not None:
+        while answering:  # (an answer goes again only under a new owner token: _answer_flow)
+            if self._closed:
+                results: list[list[Reply] | PrqError] = [self._shutdown_error(False)] * len(
+                    answering
+                )
+            else:
+                results = self._io.execute_many([answer.effect.calls for answer in answering])
+            answering, clean_ups = self._settle_answers(answering, results, failed)
+            for clean_up in clean_ups:
                 clean_up()
         return failed
 

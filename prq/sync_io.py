@@ -36,7 +36,7 @@ from prq.redis_io import (
     tls_probe,
     translate_errors,
 )
-from prq.scripts import merge_answers, script_load_calls
+from prq.scripts import merge_calls, script_load_calls
 from prq.topology import close_client, sync_client
 
 logger = logging.getLogger(__name__)
@@ -256,7 +256,8 @@ class SyncRedisIO(IOCounters):
             assert not budgets.live or budgets.handing_over()
 
     def _attempt(self, calls: Sequence[Call]) -> list[Reply]:
-        sent, spread = merge_answers(calls)  # answers to one endpoint: one script call
+        # answers to one endpoint, and enqueues to one endpoint: one script call each
+        sent, spread = merge_calls(calls)
         self.count(sent)
         replies = self._raw(sent)
         if _needs_scripts(replies):

@@ -109,10 +109,16 @@ class NodeWatch:
             check = results[len(plan.beats)]
             if isinstance(check, PrqError):
                 logger.debug("data-loss check failed error=%s", check)
+                self.data_loss.forget(plan.check)
                 return
             loss = self.data_loss.settle(plan.check, check, now)
             if loss:
                 self.declare_data_loss(loss.reason, loss.slots)
+
+    def forget(self, plan: WatchPlan) -> None:
+        """A plan whose steps got no reply at all (the round trip failed)."""
+        if plan.check is not None:
+            self.data_loss.forget(plan.check)
 
     def server_checked(self, info: list[Reply] | PrqError) -> None:
         """Judge an INFO reading; log each warning once, when it first appears (loudly: a

@@ -17,8 +17,8 @@ import collections
 import contextvars
 import inspect
 import logging
-import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
@@ -27,7 +27,9 @@ from pydantic import JsonValue, ValidationError
 
 from prq._types import Handler
 from prq.errors import PrqError, QueueShutdown
+from prq.jitter import jitter
 from prq.models import PendingRequest, Request, Response, ServerError, validate_endpoint
+from prq.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from prq.queue import AsyncQueue
@@ -39,6 +41,14 @@ __all__ = ["build_response", "current_request", "serve_async", "serve_sync"]
 
 #: Largest pause after a failed dequeue before the loop tries again.
 DEFAULT_ERROR_BACKOFF_MAX_S = 5.0
+#: Requests an asyncio serve loop may hold per handler slot, counting those whose answers are
+#: being written (the slot itself is free once the handler returns), besides those it takes
+#: ahead.
+ANSWER_BACKLOG = 2
+#: An asyncio serve loop takes ahead of its handlers only while their runs take less than this
+#: on average (see _Pace), and weighs each new run so much in that average.
+TAKE_AHEAD_BELOW_S = 0.005
+PACE_WEIGHT = 0.1
 #: How often a main thread waiting for its serve threads wakes (so that signals are handled).
 JOIN_WAKE_S = 0.2
 
@@ -87,8 +97,7 @@ def _is_async(handler: Handler) -> bool:
 
 
 def _backoff_s(failures: int) -> float:
-    jitter = random.random()  # noqa: S311 (backoff jitter, not a secret)
-    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * jitter)
+    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * jitter())
 
 
 def _run_sync_handler(handler: Handler, pending: PendingRequest) -> object:
@@ -117,37 +126,29 @@ async def serve_async(
     concurrency: int = 1,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve `endpoint` with `handler` until `stop` is set or the queue closes."""
+    """Serve `endpoint` with `handler` until `stop` is set or the queue closes.
+
+    At most `concurrency` handlers run at once. A handler's slot is free as soon as it returns:
+    its answer is written apart (batched with the others' by the node's link), the request
+    held (beaten for, counted as serving) until it is. While the handlers are quick (_Pace)
+    and work is waiting, the loop takes ahead: the next take goes out before the requests just
+    taken are run, so Redis hands out the next batch while this process runs the last one
+    (up to `concurrency` requests more are held, waiting for a slot)."""
     validate_endpoint(endpoint)
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    run = _async_runner(handler, concurrency)
-    running: set[asyncio.Task[None]] = set()
+    held = _AsyncHeld(queue, _async_runner(handler, concurrency), concurrency)
 
     def stopped() -> bool:
         return (stop is not None and stop.is_set()) or queue.closed
-
-    async def handle(pending: PendingRequest) -> None:
-        queue._serving.add(pending.id)
-        try:
-            try:
-                response = build_response(pending.id, await run(pending))
-            except Exception as exc:
-                response = build_response(pending.id, exc=exc)
-            try:
-                await queue.apply_response(response)
-            except PrqError as exc:
-                logger.error("could not answer request_id=%s error=%s", pending.id, exc)
-        finally:
-            queue._serving.discard(pending.id)
 
     failures = 0
     logger.info("serving endpoint=%r concurrency=%d", endpoint, concurrency)
     try:
         while not stopped():
-            free = concurrency - len(running)
+            free = held.room()
             if free <= 0:
-                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                await held.wait_for_room()
                 continue
             try:
                 taken = await queue._take(endpoint, free, queue.settings.dequeue_timeout_s, stopped)
@@ -159,16 +160,188 @@ async def serve_async(
                 await asyncio.sleep(_backoff_s(failures))
                 continue
             for pending in taken:
-                task = asyncio.create_task(handle(pending))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            # Let the new handlers start before the next take: a quick handler's response
-            # then goes out first, instead of queueing behind the take that parks this loop.
-            await asyncio.sleep(0)
+                held.start(pending)
+            if not held.taking_ahead or len(taken) < free:
+                # Let the new handlers start before the next take: a quick handler's response
+                # then goes out first, instead of queueing behind the take that parks this
+                # loop. (A full batch of quick ones: the next take goes first, see above.)
+                await asyncio.sleep(0)
     finally:
-        if running:
-            await asyncio.wait(running)
+        await held.finish()
         logger.info("stopped serving endpoint=%r", endpoint)
+
+
+class _AsyncHeld:
+    """The requests one asyncio serve loop holds: each in a task that waits for a handler
+    slot, runs the handler, and answers (the slot is free once the handler returns)."""
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        run: Callable[[PendingRequest], Awaitable[object]],
+        concurrency: int,
+    ) -> None:
+        self.queue = queue
+        self.run = run
+        self.concurrency = concurrency
+        self.slots = asyncio.Semaphore(concurrency)
+        self.pace = _Pace()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.unhandled = 0  # held requests whose handler has not returned yet
+        self.handler_done = asyncio.Event()
+        self.answers = _AsyncAnswers(queue)
+
+    @property
+    def taking_ahead(self) -> bool:
+        return self.pace.quick
+
+    def room(self) -> int:
+        """How many requests the loop may take now: up to `concurrency` not yet handled (twice
+        that when taking ahead), and no more than ANSWER_BACKLOG times `concurrency` held
+        besides those taken ahead."""
+        ahead = self.concurrency if self.pace.quick else 0
+        return min(
+            self.concurrency + ahead - self.unhandled,
+            ANSWER_BACKLOG * self.concurrency + ahead - len(self.tasks),
+        )
+
+    async def wait_for_room(self) -> None:
+        if self.unhandled >= self.concurrency:
+            self.handler_done.clear()
+            await self.handler_done.wait()
+        else:
+            await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+
+    def start(self, pending: PendingRequest) -> None:
+        self.unhandled += 1
+        task = asyncio.create_task(self._handle(pending))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _handle(self, pending: PendingRequest) -> None:
+        queue = self.queue
+        queue._serving.add(pending.id)
+        try:
+            try:
+                async with self.slots:
+                    started = time.monotonic()
+                    try:
+                        response = build_response(pending.id, await self.run(pending))
+                    except Exception as exc:
+                        response = build_response(pending.id, exc=exc)
+                    self.pace.ran(time.monotonic() - started)
+            finally:
+                self.unhandled -= 1
+                self.handler_done.set()
+            try:
+                body, error = await queue._answer_body(response)
+            except PrqError as exc:
+                body, error = None, exc
+            if error is not None:
+                logger.error("could not answer request_id=%s error=%s", pending.id, error)
+            if body is not None:
+                await self.answers.answer(pending.id, body)
+        finally:
+            queue._serving.discard(pending.id)
+
+    async def finish(self) -> None:
+        """Wait until every held request is handled and answered."""
+        if self.tasks:
+            await asyncio.wait(self.tasks)
+
+
+class _Answer:
+    """One answer left with _AsyncAnswers."""
+
+    __slots__ = ("body", "request_id", "sending", "settled", "written")
+
+    def __init__(self, request_id: str, body: bytes, written: asyncio.Event) -> None:
+        self.request_id = request_id
+        self.body = body
+        #: Set when the write that carries it ends (while it waits: the next write's).
+        self.written = written
+        self.sending = False  # in a write
+        self.settled = False  # that write ended: written, or given up and logged
+
+
+class _AsyncAnswers:
+    """The answers of one asyncio serve loop. An answer that finds fewer writes in flight than
+    the node's link carries at once (MAX_ROUND_TRIPS_IN_FLIGHT) is written at once, with every
+    answer left meanwhile; one that finds them all busy waits for the next write, which
+    carries it with all the others left meanwhile. So a lone answer goes out at once, and
+    under load one round trip and one pass through the node's answer steps
+    (AsyncQueue._write_answers) carry many answers. Each answer's task waits until its
+    answer is written: the request stays held, and counted by the loop's backlog, till then."""
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        self.queue = queue
+        self.queued: list[_Answer] = []
+        self.writers = 0
+        #: Set when the next write ends: every answer queued holds it.
+        self.next_written: asyncio.Event | None = None
+
+    def _next_written(self) -> asyncio.Event:
+        if self.next_written is None:
+            self.next_written = asyncio.Event()
+        return self.next_written
+
+    async def answer(self, request_id: str, body: bytes) -> None:
+        answer = _Answer(request_id, body, self._next_written())
+        self.queued.append(answer)
+        while not answer.settled:
+            if not answer.sending and self.writers < MAX_ROUND_TRIPS_IN_FLIGHT:
+                await self._write()
+            else:
+                await answer.written.wait()
+
+    async def _write(self) -> None:
+        """Write what is queued, batch after batch, until nothing is; each batch's waiters
+        are woken once it is written. A writer that fails (cancelled, say) wakes the waiters
+        of what is still queued, and the first of them writes it."""
+        self.writers += 1
+        try:
+            while self.queued:
+                batch, self.queued = self.queued, []
+                written = self._next_written()
+                self.next_written = None
+                for answer in batch:
+                    answer.sending = True
+                try:
+                    failed = await self.queue._write_answers(
+                        [(answer.request_id, answer.body) for answer in batch]
+                    )
+                finally:
+                    for answer in batch:
+                        answer.settled = True
+                    written.set()
+                for request_id, error in failed.items():
+                    logger.error("could not answer request_id=%s error=%s", request_id, error)
+        finally:
+            self.writers -= 1
+            if self.queued:  # left behind by a failed write
+                left, self.next_written = self._next_written(), None
+                for answer in self.queued:
+                    answer.written = self._next_written()
+                left.set()
+
+
+class _Pace:
+    """How long a serve loop's handlers have been taking: an exponentially weighted mean of
+    their runs. Taking ahead pays only while they are quick; a slow handler must not sit on
+    requests that another receiver could run."""
+
+    __slots__ = ("mean_s",)
+
+    def __init__(self) -> None:
+        self.mean_s: float | None = None
+
+    def ran(self, seconds: float) -> None:
+        mean = self.mean_s
+        self.mean_s = seconds if mean is None else mean + PACE_WEIGHT * (seconds - mean)
+
+    @property
+    def quick(self) -> bool:
+        return self.mean_s is not None and self.mean_s < TAKE_AHEAD_BELOW_S
 
 
 def _async_runner(

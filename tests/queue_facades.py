@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
 
-from prq import AsyncQueue, Queue, QueueSettings, RedisSettings, Request, RequestState
+from prq import AsyncQueue, DataLoss, Queue, QueueSettings, RedisSettings, Request, RequestState
 from prq.datastreams import DataStreamStore
 from prq.send import BlockingSendHandle
 from tests.redis_servers import async_wait_until
@@ -343,6 +343,21 @@ async def wait_for_state(
         return (await queue.status(request_id)).state == state
 
     await async_wait_until(reached, timeout_s, 0.01, f"request {request_id} {state}")
+
+
+async def call_after_loss(
+    caller: Any, endpoint: str, method: str, params: object, timeout_s: float = 30.0
+) -> object:
+    """A call made right after a data loss, retried as its caller would: one enqueued before
+    the receiver's first counter reading since the loss came back is refused with the requests
+    queued before it (DataLoss, retryable; README "Redis loses data"). At most 3 tries."""
+    for attempt in range(3):
+        try:
+            return await asyncio.wait_for(caller.call(endpoint, method, params), timeout_s)
+        except DataLoss:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def run_all(coros: Iterable[Coroutine[Any, Any, T]], timeout_s: float) -> list[T]:

@@ -46,6 +46,8 @@ __all__ = [
     "for_cluster",
     "hand_back_call",
     "merge_answers",
+    "merge_calls",
+    "merge_enqueues",
     "parse_apply_response",
     "parse_beat",
     "parse_canary",
@@ -214,6 +216,80 @@ def enqueue_call(
          keys.pulse_channel, keys.node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
          receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms),
     )  # fmt: skip
+
+
+#: Values per request in an enqueue call; the keys shared by a merged call's requests.
+ENQUEUE_ARGS: Final = 16
+_ENQUEUE_KEYS: Final = 11
+#: Most requests one merged enqueue call carries (merge_enqueues).
+MAX_MERGED_ENQUEUES: Final = 64
+
+
+def _enqueues(call: Call) -> int:
+    return (len(call.args) - 3 - int(call.args[2])) // ENQUEUE_ARGS
+
+
+def merge_enqueues(
+    calls: Sequence[Call],
+) -> tuple[list[Call], Callable[[list[Reply]], list[Reply]]]:
+    """Merge the enqueue calls of `calls` for one endpoint into one call each (at most
+    MAX_MERGED_ENQUEUES requests), where the first of them stood: Redis then runs one script
+    for many requests, judged in order as if each came alone (enqueue.lua), and shares what
+    they read alike (the limits, the clock, the parks, the pulse). Returns the calls to send
+    and the function that turns their replies back into one reply per call of `calls` (a
+    merged call's error reply goes to each call it merged). As in merge_answers, the calls
+    are independent steps, so a request may go earlier than a call queued before it."""
+    if sum(1 for call in calls if call.script is ENQUEUE) < 2:
+        return list(calls), _same
+    sent: list[Call] = []
+    carries: list[list[int]] = []
+    #: For each merged call (by its place in `sent`): its requests' keys and values so far.
+    keys_of: dict[int, list[str | int | bytes]] = {}
+    args_of: dict[int, list[str | int | bytes]] = {}
+    open_for: dict[tuple[object, ...], int] = {}  # the endpoint's keys -> the call to join
+    for i, call in enumerate(calls):
+        if call.script is ENQUEUE and _enqueues(call) == 1:
+            shared = call.args[4 : 3 + _ENQUEUE_KEYS]
+            at = open_for.get(shared)
+            if at is not None and len(carries[at]) < MAX_MERGED_ENQUEUES:
+                keys_of[at].append(call.args[3])
+                args_of[at].extend(call.args[3 + _ENQUEUE_KEYS :])
+                carries[at].append(i)
+                continue
+            open_for[shared] = len(sent)
+            keys_of[len(sent)], args_of[len(sent)] = [], []
+        sent.append(call)
+        carries.append([i])
+    for at, more_keys in keys_of.items():
+        if more_keys:
+            first = sent[at].args
+            keys = (*first[3 : 3 + _ENQUEUE_KEYS], *more_keys)
+            values = (*first[3 + _ENQUEUE_KEYS :], *args_of[at])
+            sent[at] = Call(("EVALSHA", first[1], len(keys), *keys, *values), ENQUEUE)
+    return sent, partial(_spread_enqueues, len(calls), carries)
+
+
+def _spread_enqueues(count: int, carries: list[list[int]], replies: list[Reply]) -> list[Reply]:
+    """One reply per call merged (see merge_enqueues): a merged call answers a list of them."""
+    out: list[Reply] = [None] * count
+    for members, reply in zip(carries, replies, strict=True):
+        if len(members) == 1:
+            out[members[0]] = reply
+        elif isinstance(reply, list) and len(reply) == len(members):
+            for member, one in zip(members, reply, strict=True):
+                out[member] = one
+        else:  # an error reply (or one not shaped as merged): each merged call gets it
+            for member in members:
+                out[member] = reply
+    return out
+
+
+def merge_calls(calls: Sequence[Call]) -> tuple[list[Call], Callable[[list[Reply]], list[Reply]]]:
+    """merge_answers, then merge_enqueues: the calls to send for `calls`, and the function that
+    turns their replies back into one per call of `calls`."""
+    answered, spread_answers = merge_answers(calls)
+    sent, spread_enqueues = merge_enqueues(answered)
+    return sent, lambda replies: spread_answers(spread_enqueues(replies))
 
 
 def parse_enqueue(reply: Reply, endpoint: str = "") -> EnqueueOutcome:

@@ -124,6 +124,9 @@ the same forms in Python.
 ]]
 local QUEUED_TAG = 'Q1'
 local QUEUED_MAX_FIELDS = 16
+-- the Q2 shared heads read during this call, by key: a batch's records share one, which does
+-- not change once written, so a take of many of them reads it once
+local shared_heads = {}
 
 -- the key of the shared head `token`, beside the record `key` or the records' prefix (same
 -- endpoint)
@@ -160,7 +163,11 @@ local function queued_fields(key, s)
   if not out.b then return nil end
   if ix and out.bh then
     local head = shared_head_key(key, out.bh)
-    local shared = head and redis.call('GET', head)
+    local shared = head and shared_heads[head]
+    if head and not shared then
+      shared = redis.call('GET', head)
+      shared_heads[head] = shared or nil  -- (one missing may be written later in this call)
+    end
     local deadline, first, nonce = string.match(shared or '', '^(%d+),(%d+),(.*)$')
     if deadline then
       out.pd, out.bn = deadline, nonce

@@ -49,9 +49,10 @@ The rules:
   time, and does not park while LEVELS says work is queued).
 - TTL: a push refreshes every key of its level (t remembers the TTL, r when: server ms) when the
   level was empty, when its TTL changes, or once 1/REFRESH_SHARE of it has passed since the last
-  refresh; in between it lists nothing new but a lane, which gets its TTL when created. So the
-  keys of a level live at least (1 - 1/REFRESH_SHARE) of the TTL after its last push, and a busy
-  level costs a push 4 commands, not 9. A take refreshes the lane it popped.
+  refresh; in between it lists nothing new but a lane, which gets its TTL when created (and
+  joins the lanes set: a lane that held ids already is in it). So the keys of a level live at
+  least (1 - 1/REFRESH_SHARE) of the TTL after its last push, and a busy level costs a push 3
+  commands, not 9. A take refreshes the lane it popped.
 ]]
 local SHARE = 10
 local POP_STEPS = 256
@@ -91,12 +92,18 @@ local function queue_push(levels, prefix, p, producer, ids, ttl, now)
   local lane = level .. ':' .. member
   local g, n, x, t, r = unpack(redis.call('HMGET', level, 'g', 'n', 'x', 't', 'r'))
   n, r = tonumber(n) or 0, tonumber(r)
-  redis.call('ZADD', level .. ':o', 'NX', (tonumber(g) or 0) + 1, member)
   local length = 0
   for i = 1, #ids, PUSH_BATCH do
     length = redis.call('RPUSH', lane, unpack(ids, i, math.min(i + PUSH_BATCH - 1, #ids)))
   end
-  if n <= 0 or t ~= tostring(ttl) or not r or now - r >= tonumber(ttl) / REFRESH_SHARE then
+  local refresh = n <= 0 or t ~= tostring(ttl) or not r
+    or now - r >= tonumber(ttl) / REFRESH_SHARE
+  -- a lane that held ids already is listed (a lane leaves the lanes set only once empty), so
+  -- only a new lane is added, and any lane at a refresh (should the set have lost it)
+  if length == #ids or refresh then
+    redis.call('ZADD', level .. ':o', 'NX', (tonumber(g) or 0) + 1, member)
+  end
+  if refresh then
     redis.call('HSET', level, 'n', n + #ids, 't', ttl, 'r', now)
     touch_level(levels, level, p, lane, ttl, x)
   else  -- listed, and refreshed lately: only a new lane needs its TTL

@@ -212,6 +212,10 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
     )
+    # What a node's watch loop did when a check failed or said nothing: the lines that tell
+    # why a node did not declare a loss (they come only then, so they stay few).
+    for name in ("prq.data_loss", "prq.watch", "prq.queue", "prq.sync"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
     start_watchdog(config)
     from tests.fault import node_roles  # after the watchdog: importing prq takes a while
 

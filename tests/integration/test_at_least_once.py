@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
 
 from prq import (
+    AsyncQueue,
     QueueSettings,
     ReceiverLost,
     Request,
@@ -19,8 +21,11 @@ from prq import (
     Response,
     current_request,
 )
+from prq._types import Call, Reply
 from prq.bulk import BulkClient
+from prq.errors import PrqError
 from prq.keys import KeySchema
+from prq.scripts import APPLY_RESPONSE
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
@@ -186,4 +191,63 @@ async def test_a_receiver_never_runs_a_redelivery_of_what_it_runs_or_ran(
     # Then the handler ran once, and its one answer is the caller's result
     assert (await asyncio.wait_for(call, 10)).result == "ran 1 time(s)"
     assert len(runs) == 1
+    assert redis_client.hget(stored, "att") == b"2"
+
+
+def answers(calls: Sequence[Call]) -> bool:
+    return any(call.script is APPLY_RESPONSE for call in calls)
+
+
+async def test_an_answer_refused_while_its_redelivery_is_adopted_goes_again_under_the_new_owner(
+    make_queue: QueueFactory,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a receiver that holds an at_least_once request its caller has handed out again (the
+    # receiver's first beat comes late; the caller judges receivers silent after 1 s)
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    receiver = make_queue(receiver_timeout_s=6, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
+    endpoint = "poll://alo-answer-races-adoption"
+    request = Request(endpoint=endpoint, method="m", delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request))
+    pending = await receiver.dequeue(endpoint, timeout_s=10)
+    assert pending is not None and pending.delivery.attempt == 1
+    stored = KeySchema(key_prefix).endpoint(endpoint).request(request.id)
+
+    def requeued() -> bool:
+        return redis_client.hmget(stored, ["st", "att"]) == [b"queued", b"1"]
+
+    await async_wait_until(requeued, 10, 0.02, "handed out again")
+
+    # When its answer reaches Redis too late (refused: queued again), and before the receiver
+    # reads that refusal it takes the redelivery, which it adopts (it still runs the request:
+    # the run now answers under the redelivery's owner token)
+    taken_between: list[object] = []
+    if isinstance(receiver, AsyncQueue):
+        execute = receiver._io.execute
+
+        async def answer_then_take(calls: Sequence[Call]) -> list[Reply]:
+            replies = await execute(calls)
+            if answers(calls) and not taken_between:
+                taken_between.append(await receiver.dequeue(endpoint, timeout_s=0.2))
+            return replies
+
+        monkeypatch.setattr(receiver._io, "execute", answer_then_take)
+    else:
+        sync_receiver = receiver.raw
+        execute_many = sync_receiver._io.execute_many
+
+        def answer_then_take_sync(steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
+            results = execute_many(steps)
+            if any(answers(calls) for calls in steps) and not taken_between:
+                taken_between.append(sync_receiver.dequeue(endpoint, timeout_s=0.2))
+            return results
+
+        monkeypatch.setattr(sync_receiver._io, "execute_many", answer_then_take_sync)
+    await receiver.apply_response(Response(id=request.id, result="ran once"))
+
+    # Then the answer went again under the new owner: the caller has it, after two hand-outs
+    assert taken_between == [None]  # (the redelivery was adopted, not handed to the caller)
+    assert (await asyncio.wait_for(call, 10)).result == "ran once"
     assert redis_client.hget(stored, "att") == b"2"

@@ -120,6 +120,36 @@ async def test_a_fast_round_trip_stays_within_its_command_budget(
     assert evalsha_1 - evalsha_0 == sent.get("EVALSHA", 0)
 
 
+#: Calls made at once in the merged-enqueue test.
+MERGED_CALLS = 64
+
+
+async def test_calls_made_at_once_share_enqueue_script_calls(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given a sender and a receiver, warmed up, and a receiver that holds its answers until
+    # every call is queued (so that the sender's enqueues meet in its round trips)
+    sender = make_own_queue()
+    receiver = make_own_queue()
+    endpoint = "poll://merged"
+    make_own_queue.serve(receiver, endpoint, echo, concurrency=8)
+    assert await asyncio.wait_for(sender.call(endpoint, "m", -1), 10) == -1
+    await settled(sender)
+    evalsha_0 = own_redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    sender_0 = sender.stats.redis_commands
+
+    # When 64 calls are made at once
+    results = await run_all((sender.call(endpoint, "m", i) for i in range(MERGED_CALLS)), 30)
+
+    # Then each caller got its own answer
+    assert results == list(range(MERGED_CALLS))
+    # And the sender sent fewer script calls than it made calls: enqueues to one endpoint that
+    # went out together were one script call (prq.scripts.merge_enqueues)
+    sent = sender.stats.redis_commands - sender_0
+    assert sent < MERGED_CALLS, sent
+    assert own_redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] > evalsha_0
+
+
 def ignore(*_: object) -> None:
     """An outcome callback that keeps nothing."""
 

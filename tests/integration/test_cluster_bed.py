@@ -26,6 +26,7 @@ from prq.embedded import EmbeddedRedis
 from prq.embedded_cluster import node_args
 from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
+from tests.queue_facades import call_after_loss
 from tests.redis_servers import (
     PRQ_USER,
     USERS_ACL,
@@ -355,7 +356,7 @@ async def test_a_flushed_shard_fails_exactly_the_calls_whose_requests_lived_ther
                 assert await asyncio.wait_for(blocking_calls[endpoint], 10) == f"b:{endpoint}"
         # And the shard works again: a new call there is answered
         serving = asyncio.create_task(receiver.serve(flushed, lambda r: r.params))
-        assert await asyncio.wait_for(caller.call(flushed, "m", 7), 10) == 7
+        assert await call_after_loss(caller, flushed, "m", 7, 10) == 7
         assert await asyncio.to_thread(blocking.call, flushed, "m", 8, timeout_s=10) == 8
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)

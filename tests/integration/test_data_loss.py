@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from prq import AsyncQueue, DataLoss, Queue, Request, RequestState
+from prq import AsyncQueue, DataLoss, Queue, Request, RequestState, Response
 from prq.embedded import EmbeddedRedis
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
 from tests.redis_servers import async_wait_until
@@ -187,3 +187,70 @@ async def test_an_endpoint_left_idle_past_its_list_ttl_is_no_data_loss(
     # Then no node declared data loss, and every call on the busy endpoint was answered
     assert await asyncio.wait_for(calls, 10) > 0
     assert events(sender) == events(receiver) == 0
+
+
+def snapshot(client: redis.Redis) -> list[tuple[bytes, bytes, int]]:
+    """Every key of the server as DUMP has it, with its remaining TTL (ms; 0: none)."""
+    taken = []
+    for key in client.scan_iter(count=1000):
+        dumped = client.dump(key)
+        if dumped is not None:
+            taken.append((key, dumped, max(0, client.pttl(key))))
+    return taken
+
+
+def roll_back(client: redis.Redis, taken: list[tuple[bytes, bytes, int]]) -> None:
+    """The server goes back to `taken`, as after a failover to a replica that missed every
+    write since (or a restore from that snapshot)."""
+    client.flushall()
+    for key, value, ttl_ms in taken:
+        client.restore(key, ttl_ms, value)
+
+
+async def test_a_request_that_ran_before_a_rollback_is_not_run_again_by_another_receiver(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given two receivers that both took from an endpoint, and a request queued there
+    sender = make_own_queue(**WATCHED)
+    first, second = make_own_queue(**WATCHED), make_own_queue(**WATCHED)
+    endpoint = "poll://ghosts"
+    for receiver in (second, first):
+        call = asyncio.create_task(sender.call(endpoint, "m"))
+        pending = await receiver.dequeue(endpoint, timeout_s=5)
+        assert pending is not None
+        await receiver.apply_response(Response(id=pending.id, result="warm-up"))
+        assert await asyncio.wait_for(call, 5) == "warm-up"
+    request = Request(endpoint=endpoint, method="m")
+    ran = asyncio.create_task(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    raws = [q.raw if isinstance(q, SyncQueueAdapter) else q for q in (sender, first, second)]
+    await async_wait_until(
+        lambda: all(known_floor(raw, endpoint) == 3 for raw in raws[1:]), 5, 0.02, "vouched for"
+    )
+    before = snapshot(own_redis_client)
+    # ... and that one receiver ran and answered, and the other checked its canary since
+    pending = await first.dequeue(endpoint, timeout_s=5)
+    assert pending is not None and pending.id == request.id
+    await first.apply_response(Response(id=request.id, result="ran once"))
+    assert (await asyncio.wait_for(ran, 5)).result == "ran once"
+    canary = raws[2].keys.canary(raws[2].node_id)
+    stepped = int(own_redis_client.get(canary) or 0) + 1
+    await async_wait_until(
+        lambda: int(own_redis_client.get(canary) or 0) > stepped, 5, 0.02, "checked since"
+    )
+
+    # When Redis goes back to before that request was taken (its canaries with it), and the
+    # other receiver has noticed
+    roll_back(own_redis_client, before)
+    await async_wait_until(lambda: events(second) == 1, DETECTED_WITHIN_S + 2, 0.02, "declared")
+
+    # Then that receiver does not run the request the rolled-back Redis hands out again: it is
+    # cancelled, for the data loss
+    assert await second.dequeue(endpoint, timeout_s=0.5) is None
+    assert (await second.status(request.id)).reason == "data_loss"
+    # And a request queued after that runs
+    after = asyncio.create_task(sender.call(endpoint, "m", 1))
+    pending = await second.dequeue(endpoint, timeout_s=5)
+    assert pending is not None and pending.request.params == 1
+    await second.apply_response(Response(id=pending.id, result="after"))
+    assert await asyncio.wait_for(after, 5) == "after"

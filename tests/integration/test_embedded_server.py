@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
 import redis
 
-from prq import AsyncQueue, Request, Response
+from prq import AsyncQueue, ConfigurationError, Request, Response
 from prq.embedded import EmbeddedRedis, find_server_binary
 
 pytestmark = pytest.mark.integration
@@ -65,3 +66,31 @@ def test_stop_ends_the_process_and_restart_comes_back_empty() -> None:
     finally:
         server.cleanup()
     assert server.process is not None and server.process.poll() is not None
+
+
+def test_a_port_taken_before_the_server_binds_it_is_swapped_for_another() -> None:
+    # Given a port that was free when the server chose it, and that a listener took since
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = EmbeddedRedis()
+        server.port = taken  # (as if free_port had said it)
+        # When it starts, it starts on another port, and keeps that one for good
+        with server:
+            assert server.port != taken
+            with redis.Redis.from_url(server.url) as client:
+                assert client.ping()
+            moved_to = server.port
+            server.kill()
+            server.start()
+            assert server.port == moved_to
+
+    # And a port given is never swapped: a taken one is the error it always was
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        given = EmbeddedRedis(port=squatter.getsockname()[1])
+        with pytest.raises(ConfigurationError, match="exited"):
+            given.start()
+        given.cleanup()

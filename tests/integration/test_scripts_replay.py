@@ -14,7 +14,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from prq import QueueSettings, Request
+from prq import QueueFull, QueueSettings, Request
 from prq._types import Call, Exec, Flow, Reply
 from prq.dead import dead_letter_call, replay_dead_letter_flow
 from prq.flows import Context
@@ -25,6 +25,7 @@ from prq.scripts import (
     apply_response_call,
     enqueue_call,
     merge_answers,
+    merge_enqueues,
     parse_apply_response,
     parse_enqueue,
     parse_take,
@@ -217,6 +218,114 @@ def test_answers_merged_into_one_call_are_each_judged_alone_and_replay_safely(
     # ... and only the answered ones left the in-flight set
     running = {str(member, "utf-8") for member in client.zrange(endpoint.running, 0, -1)}  # type: ignore[arg-type]
     assert running == {second}
+
+
+def test_enqueues_merged_into_one_call_are_each_judged_in_order_and_replay_safely(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an endpoint limited to 3 queued requests that holds 1, and a receiver parked on it
+    keys = KeySchema(key_prefix)
+    endpoint = keys.endpoint(ENDPOINT)
+    now_ms = int(time.time() * 1000)
+    client.hset(endpoint.limits, "mp", 4)
+    waiting = Request(endpoint=ENDPOINT, method="m")
+    assert parse_enqueue(send(client, enqueue(keys, waiting, now_ms))).counter == 1
+    a, b, c = (Request(endpoint=ENDPOINT, method="m", params=i) for i in range(3))
+    batch = [a, a, b, c, Request(endpoint=ENDPOINT, method="m", params=4)]
+
+    # When five enqueues go as one merged call (the second a duplicate of the first), and that
+    # call is sent again (a lost reply)
+    (merged,), spread = merge_enqueues([enqueue(keys, r, now_ms) for r in batch])
+    outcomes = [parse_enqueue_or_full(reply) for reply in spread([send(client, merged)])]
+    again = [parse_enqueue_or_full(reply) for reply in spread([send(client, merged)])]
+
+    # Then each was judged as if it came alone, in order: new ones numbered in turn, the
+    # duplicate known, and the one past max_pending refused
+    assert outcomes == [("new", 2), ("known", "queued"), ("new", 3), ("new", 4), ("full", 4)]
+    # And the replay enqueued nothing more
+    assert again == [("known", "queued")] * 4 + [("full", 4)]
+    assert queue_depth(client, endpoint) == 4
+    assert queued_ids(client, endpoint) == [r.id.encode() for r in (waiting, a, b, c)]
+
+
+def test_merged_enqueues_queue_as_the_same_enqueues_sent_one_by_one(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given the same requests of two producers at two priorities, interleaved
+    keys = KeySchema(key_prefix)
+    now_ms = int(time.time() * 1000)
+    shape = [("a", 0), ("a", 0), ("b", 0), ("a", 1), ("a", 0), ("b", 1), ("b", 0), ("a", 0)]
+
+    def requests(endpoint: str) -> list[Request]:
+        return [
+            Request(endpoint=endpoint, method="m", params=i, producer=producer, priority=priority)
+            for i, (producer, priority) in enumerate(shape)
+        ]
+
+    def call(request: Request) -> Call:
+        return enqueue_call(
+            keys.endpoint(request.endpoint), request.id, request.model_dump_json().encode(),
+            "sender-node", now_ms, TTL_MS, TTL_MS, TTL_MS, TTL_MS, TTL_MS, 2000, TTL_MS,
+            priority=request.priority, producer=request.producer or "",
+        )  # fmt: skip
+
+    # When they are sent one by one to one endpoint, and as one merged call to another
+    for request in requests("poll://alone"):
+        send(client, call(request))
+    (merged,), _ = merge_enqueues([call(request) for request in requests("poll://merged")])
+    send(client, merged)
+
+    # Then a receiver takes them from both in the same order
+    def taken(endpoint: str) -> list[object]:
+        out: list[object] = []
+        for n in range(len(shape)):
+            take = take_call(
+                keys.endpoint(endpoint), f"tok-{n}", "receiver-node", 2000, 1, 100, TTL_MS,
+                TTL_MS, 0, TTL_MS, TTL_MS, Redelivery.of(QueueSettings()),
+            )  # fmt: skip
+            (item,) = parse_take(send(client, take)).items
+            out.append(Request.model_validate_json(item.body).params)
+        return out
+
+    alone = taken("poll://alone")
+    assert alone == taken("poll://merged")
+    assert sorted(int(str(i)) for i in alone) == list(range(len(shape)))
+
+
+def parse_enqueue_or_full(reply: Reply) -> tuple[str, object]:
+    """An enqueue reply as (what happened, its counter or state or depth)."""
+    try:
+        outcome = parse_enqueue(reply)
+    except QueueFull:
+        assert isinstance(reply, list)
+        return ("full", reply[1])
+    if outcome.known is not None:
+        return ("known", outcome.known.state)
+    return ("handed" if outcome.handed else "new", outcome.counter)
+
+
+def test_merged_enqueues_go_to_parked_receivers_first_then_queue(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given two receivers parked on an empty endpoint
+    keys = KeySchema(key_prefix)
+    endpoint = keys.endpoint(ENDPOINT)
+    now_ms = int(time.time() * 1000)
+    for token in ("park-1", "park-2"):
+        parked = take_call(
+            endpoint, token, "receiver-node", 2000, 10, 100, TTL_MS, TTL_MS, 30_000, TTL_MS,
+            TTL_MS, Redelivery.of(QueueSettings()),
+        )  # fmt: skip
+        assert parse_take(send(client, parked)).items == []
+
+    # When three enqueues go as one merged call
+    requests = [Request(endpoint=ENDPOINT, method="m", params=i) for i in range(3)]
+    (merged,), spread = merge_enqueues([enqueue(keys, r, now_ms) for r in requests])
+    outcomes = [parse_enqueue_or_full(reply) for reply in spread([send(client, merged)])]
+
+    # Then the first two were handed to the parked receivers, in order, and the third queued
+    assert outcomes == [("handed", 1), ("handed", 2), ("new", 3)]
+    assert queued_ids(client, endpoint) == [requests[2].id.encode()]
 
 
 def test_withdraw_replay_is_still_this_calls_withdrawal(

@@ -18,7 +18,7 @@ from prq import DataLoss, QueueSettings, Request
 from prq.bulk import BulkClient
 from prq.embedded import find_server_binary, free_port
 from tests.integration.test_cli import PrqRunner
-from tests.queue_facades import FAST_SETTINGS, QueueFactory
+from tests.queue_facades import FAST_SETTINGS, QueueFactory, call_after_loss
 from tests.redis_servers import PRQ_USER, acl_password, async_wait_until, wait_until
 from tests.sentinel_servers import SentinelSet
 
@@ -140,7 +140,7 @@ async def test_a_failover_to_a_replica_that_missed_writes_fails_calls_in_flight_
         await async_wait_until(lambda: pending.cancelled, 20, 0.05, "the held one cancelled")
         assert pending.cancel_reason == "data_loss"
         # And calls work again on the new primary
-        assert await asyncio.wait_for(caller.call("poll://warm", "echo", 2), 30) == 2
+        assert await call_after_loss(caller, "poll://warm", "echo", 2, 30) == 2
     finally:
         await factory.aclose()
         servers.close()

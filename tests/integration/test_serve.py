@@ -1,4 +1,5 @@
-"""serve(): errors and non-JSON results reach the caller, current_request(), async handlers."""
+"""serve(): errors and non-JSON results reach the caller, current_request(), async handlers;
+at most `concurrency` handlers at once, and no request taken ahead of a slow handler."""
 
 from __future__ import annotations
 
@@ -6,14 +7,20 @@ import asyncio
 import threading
 
 import pytest
+import redis
 
 import prq
 from prq import RemoteError, Request
-from tests.queue_facades import QueueFactory, run_all
+from prq.worker import ANSWER_BACKLOG
+from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
+from tests.queued import queue_depth
+from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://service"
+#: Calls waiting at once in the take-ahead test (the sync facade spends a thread on each).
+CALLS = 200
 
 
 class PaymentDeclined(Exception):
@@ -130,3 +137,77 @@ async def test_a_blocked_plain_handler_does_not_stall_the_server(make_queue: Que
     finally:
         release.set()
     assert await asyncio.wait_for(blocked, 10) == "block"
+
+
+async def test_a_receiver_whose_handler_is_slow_takes_nothing_ahead_of_it(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given a receiver with one slot, running a request whose handler blocks, and five more
+    # requests of priority 0 queued behind it
+    sender, receiver = make_queue(pickup_timeout_s=30), make_queue()
+    endpoint = "poll://slow-no-take-ahead"
+    entered, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def handler(request: Request) -> object:
+        ran.append(request.method)
+        if request.method == "first":
+            entered.set()
+            assert release.wait(20), "never released"
+        return request.method
+
+    first = asyncio.ensure_future(sender.call(endpoint, "first"))
+    make_queue.serve(receiver, endpoint, handler, concurrency=1)
+    assert await asyncio.to_thread(entered.wait, 10)
+    lows = [
+        asyncio.ensure_future(sender.queue_and_wait(Request(endpoint=endpoint, method=f"low{i}")))
+        for i in range(5)
+    ]
+    keys = sender.keys.endpoint(endpoint)
+    await async_wait_until(lambda: queue_depth(redis_client, keys) == 5, 10)
+
+    # When a request of a higher priority comes while the handler still runs
+    urgent = Request(endpoint=endpoint, method="urgent", priority=5)
+    urgent_call = asyncio.ensure_future(sender.queue_and_wait(urgent))
+    await async_wait_until(lambda: queue_depth(redis_client, keys) == 6, 10)
+    release.set()
+
+    # Then it runs next: the receiver held no request beyond the one it was running
+    await asyncio.wait_for(asyncio.gather(first, urgent_call, *lows), 20)
+    assert ran[:2] == ["first", "urgent"], ran
+
+
+async def test_quick_handlers_taken_ahead_never_run_more_than_concurrency_at_once(
+    make_queue: QueueFactory, facade: str, redis_client: redis.Redis
+) -> None:
+    # Given 200 requests waiting, and a receiver with 8 slots whose handler is quick
+    sender, receiver = make_queue(pickup_timeout_s=60), make_queue()
+    endpoint = "poll://quick-take-ahead"
+    calls = [asyncio.ensure_future(sender.call(endpoint, "m", i)) for i in range(CALLS)]
+    keys = sender.keys.endpoint(endpoint)
+    await async_wait_until(lambda: queue_depth(redis_client, keys) == CALLS, 20)
+    raw = receiver.raw if isinstance(receiver, SyncQueueAdapter) else receiver
+    lock = threading.Lock()
+    now = most = most_held = 0
+
+    async def handler(request: Request) -> object:
+        nonlocal now, most, most_held
+        with lock:
+            now += 1
+            most = max(most, now)
+            most_held = max(most_held, len(raw._held))
+        await asyncio.sleep(0)
+        with lock:
+            now -= 1
+        return request.params
+
+    # When it serves them
+    make_queue.serve(receiver, endpoint, handler, concurrency=8)
+
+    # Then every call is answered, no more than 8 handlers ever ran at once, and the node held
+    # no more than its bound (8 running, 8 taken ahead, 8 more waiting for their answers)
+    assert await asyncio.wait_for(asyncio.gather(*calls), 60) == list(range(CALLS))
+    assert most <= 8
+    if facade == "async":
+        assert most_held <= (ANSWER_BACKLOG + 1) * 8
+    print(f"handlers at once: {most}, requests held at most: {most_held}")

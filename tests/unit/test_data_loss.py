@@ -3,11 +3,15 @@ a new life when the vouching lapsed, and no longer watched once unused for a lis
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
 from prq._types import Reply
 from prq.config import QueueSettings
-from prq.data_loss import Check, DataLossWatch, Layout, Loss
+from prq.data_loss import UNJUDGED_WARN, Check, DataLossWatch, Layout, Loss
 from prq.flows import Context
 from prq.keys import KeySchema
 
@@ -84,7 +88,9 @@ def test_a_counter_below_a_vouched_floor_is_data_loss() -> None:
     )
     # and a take's reading, the same
     floor = dl.floor(E, 2.0)
-    assert dl.read(E, floor, 1, 2.0) == "enqueue counter of 'poll://e' went back from 5 to 1"
+    assert (
+        dl.read(E, floor, 1, 2.0, dl.epoch) == "enqueue counter of 'poll://e' went back from 5 to 1"
+    )
 
 
 def test_a_counter_gone_once_the_vouching_lapsed_is_no_loss_and_starts_a_new_life() -> None:
@@ -110,7 +116,7 @@ def test_a_take_sent_while_vouched_is_not_judged_once_the_vouching_lapsed() -> N
     vouched(dl, 5, 0.0)
     floor = dl.floor(E, VOUCHED_S - 1)
     assert floor is not None
-    assert dl.read(E, floor, 1, VOUCHED_S + 1) is None
+    assert dl.read(E, floor, 1, VOUCHED_S + 1, dl.epoch) is None
     assert dl.epoch == 0
 
 
@@ -146,9 +152,60 @@ def test_a_declaration_forgets_the_floors_and_keeps_the_lives() -> None:
     before = dl.floor(E, 1.0)
     assert dl.declare("test") == 1
     # a reading sent before the declaration says nothing more
-    assert dl.read(E, before, 1, 1.0) is None
+    assert dl.read(E, before, 1, 1.0, 0) is None
     floor = dl.floor(E, 1.0)
     assert floor is not None and (floor.value, floor.life, floor.epoch) == (1, life, 1)
+
+
+@pytest.mark.parametrize("first_reading", ["take", "check"])
+def test_the_first_reading_after_a_declaration_marks_the_ghosts(first_reading: str) -> None:
+    # Given a counter at 5, then a declaration (a stale replica keeps requests 1-3 queued)
+    dl = watch()
+    dl.observe(E, 5, 0.0)
+    vouched(dl, 5, 0.0)
+    assert dl.ghosts_up_to(E) == 0
+    dl.declare("test")
+    # When the first reading after it finds the counter at 4 (one request queued since)
+    if first_reading == "take":
+        assert dl.read(E, None, 4, 1.0, dl.epoch) is None
+    else:
+        check = dl.check(1.0)
+        assert dl.settle(check, answer(check, (4, True)), 1.0) is None
+    # Then requests numbered up to 4 are ghosts, and later readings move that no more
+    assert dl.ghosts_up_to(E) == 4
+    assert dl.read(E, None, 9, 2.0, dl.epoch) is None
+    vouched(dl, 9, 2.0)
+    assert dl.ghosts_up_to(E) == 4
+    # And a new life of the counter (its numbers start again) has none
+    dl.floor(E, 2.0 + VOUCHED_S)
+    assert dl.ghosts_up_to(E) == 0
+
+
+@pytest.mark.parametrize("stale_reading", ["take", "check"])
+def test_a_reading_sent_before_the_declaration_marks_no_ghosts(stale_reading: str) -> None:
+    # Given a counter at 5, a check sent then (it reads 5), and a declaration (the shard was
+    # flushed: its counter starts again)
+    dl = watch()
+    dl.observe(E, 5, 0.0)
+    vouched(dl, 5, 0.0)
+    sent_before = dl.check(1.0)
+    epoch_before = dl.epoch
+    dl.declare("test")
+
+    # When the reading sent before the declaration comes back after it, showing 5
+    if stale_reading == "take":
+        assert dl.read(E, None, 5, 1.0, epoch_before) is None
+        # (that take's own items are judged by its own reading: ghosts up to 5)
+        assert dl.ghosts_for_take(E, 5) == 5
+    else:
+        assert dl.settle(sent_before, answer(sent_before, (5, True)), 1.0) is None
+
+    # Then it marks nothing: requests queued after the loss (numbered from 1 again) are no
+    # ghosts, once a reading sent after the declaration finds the counter at 1
+    assert dl.ghosts_up_to(E) == 0
+    assert dl.read(E, None, 1, 2.0, dl.epoch) is None
+    assert dl.ghosts_up_to(E) == 1  # (what the flushed shard numbered before that reading)
+    assert dl.ghosts_for_take(E, 3) == 1  # a later take's items above it run
 
 
 # On a cluster: a canary on every master, and a loss scoped to the master that lost it.
@@ -274,3 +331,57 @@ def test_a_master_that_lost_its_canarys_slot_gets_a_new_canary() -> None:
     assert placed["m2"][1] is None and placed["m2"][0] != on_m2
     assert placed["m3"][1] == 1 and placed["m3"][0] != on_m2
     assert dl.settle(check, answer(check), 1.0) is None
+
+
+def test_checks_asked_for_while_one_steps_the_canary_step_none_and_see_no_loss() -> None:
+    # Given a node whose canary reads 1
+    dl = watch()
+    first = dl.check(0.0)
+    assert dl.settle(first, answer(first), 0.0) is None
+    # When a check is on its way and another is asked for meanwhile (a call found its
+    # request gone, say)
+    on_its_way = dl.check(1.0)
+    meanwhile = dl.check(1.1)
+    # Then only the first steps the canary, and neither sees a loss, whichever comes back
+    # first (Redis steps it from 1 to 2 once)
+    assert on_its_way.canaries == [(dl.canary_key, 1)]
+    assert meanwhile.canaries == []
+    assert dl.settle(meanwhile, answer(meanwhile), 1.2) is None
+    assert dl.settle(on_its_way, [2], 1.2) is None
+    # And the next check steps it again, expecting 3
+    after = dl.check(2.0)
+    assert after.canaries == [(dl.canary_key, 2)]
+    assert dl.settle(after, [3], 2.0) is None
+
+
+def test_a_check_that_got_no_reply_keeps_no_later_one_from_stepping_the_canary() -> None:
+    dl = watch()
+    failed = dl.check(0.0)
+    dl.forget(failed)  # its round trip failed
+    never_back = dl.check(0.1)  # stepping, though an earlier check did not come back
+    assert never_back.canaries
+    # (its reply never comes, and nothing says so)
+    assert dl.check(0.2).canaries == []
+    assert dl.check(0.1 + dl.canary_ttl_s()).canaries  # no longer waited for
+
+
+def test_checks_whose_canary_replies_are_not_counts_warn_once_they_come_in_a_row(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dl = watch()
+    first = dl.check(0.0)
+    assert dl.settle(first, answer(first), 0.0) is None
+    caplog.set_level(logging.INFO, logger="prq.data_loss")
+    # When checks come back with an error in place of a canary's count, several in a row
+    for n in range(1, UNJUDGED_WARN + 1):
+        check = dl.check(float(n))
+        assert dl.settle(check, [ResponseError("CLUSTERDOWN")], float(n)) is None
+        warned = [r for r in caplog.records if "not judged" in r.getMessage()]
+        # Then the node warns once they are UNJUDGED_WARN in a row, not before
+        assert len(warned) == (1 if n == UNJUDGED_WARN else 0)
+        assert all(r.levelno == logging.WARNING for r in warned)
+    # And says so when a check is judged again
+    check = dl.check(10.0)
+    assert dl.settle(check, [2], 10.0) is None
+    assert any("judged again" in r.getMessage() for r in caplog.records)
+    assert dl.unjudged == 0

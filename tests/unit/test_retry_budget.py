@@ -8,11 +8,12 @@ import pytest
 import redis
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.exceptions import AskError, MovedError, TryAgainError
 from tenacity import Retrying
 
 from prq._types import Call, Reply
 from prq.errors import PrqError, QueueUnavailable
-from prq.redis_io import DEFAULT_RETRY_MAX_S, RedisUnavailable, StepBudgets
+from prq.redis_io import DEFAULT_RETRY_MAX_S, RedisUnavailable, StepBudgets, translate_errors
 
 #: What one attempt costs on the fake clock (a refused connection, say), unless a test says.
 ATTEMPT_S = 0.001
@@ -180,3 +181,24 @@ def test_a_step_whose_node_was_not_reached_is_retried_alone_the_others_settle() 
     # And when it is sent again and answered, it ends with its replies
     run.budgets.answered([b"w"])
     assert run.settled[1][1] == [b"w"] and run.budgets.live == []
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        MovedError("6978 127.0.0.1:7001"),
+        AskError("6978 127.0.0.1:7001"),
+    ],
+)
+def test_a_redirection_raised_by_the_client_is_retried_not_taken_for_a_refusal(
+    raised: Exception,
+) -> None:
+    # A cluster node that did not run a command (TRYAGAIN while its slot moves, MOVED, ASK)
+    # and whose redirection redis-py gave up following raises: the command never ran, so the
+    # retry policy tries it again rather than failing the call as refused (prq.PrqError)
+    with pytest.raises(RedisUnavailable), translate_errors():
+        raise raised
+    # ...while a refusal stays one
+    with pytest.raises(PrqError, match="refused"), translate_errors():
+        raise redis.ResponseError("ERR unknown command")

@@ -46,6 +46,8 @@ def test_a_request_round_trips_through_its_stored_form(request_: Request) -> Non
     whole = request_.model_dump_json()  # (a DataStream compares by identity: compare JSON)
     assert decode_stored_request(stored, E, request_.id).model_dump_json() == whole
     assert decode_stored_request(stored.decode(), E, request_.id).model_dump_json() == whole
+    if not request_.streams:  # (built unchecked, it equals the Request it was made from)
+        assert decode_stored_request(stored, E, request_.id) == request_
     # Neither the endpoint nor the id is stored: the record's key says them
     fields = json.loads(stored)
     assert request_.id not in stored.decode() and E not in stored.decode()
@@ -86,7 +88,8 @@ def test_the_whole_json_of_an_earlier_prq_is_read_when_it_names_this_record() ->
     "raw",
     [
         b"", b"\xff\xfe", b"null", b"[]", b"{}", b'{"p":1}', b'{"m":""}', b'{"m":1}',
-        b'{"m":"x","z":1}', b'{"m":"x","q":2147483648}', b'{"m":"x","d":"twice"}',
+        b'{"m":"x","z":1}', b'{"m":"x","q":2147483648}', b'{"m":"x","q":-2147483649}',
+        b'{"m":"' + b"x" * 201 + b'"}', b'{"m":"x","d":"twice"}',
         b'{"m":"x","r":"' + b"p" * 201 + b'"}', b'{"m":"x","h":{"a":1}}', b'{"endpoint":"poll:',
         b'{"m":"x","x":{"bad name":{"id":"' + b"0" * 32 + b'","length":1,"ref":"r"}}}',
         b'{"m":"x","x":{"f":{"id":"0","length":1,"ref":"r"}}}',
@@ -95,3 +98,14 @@ def test_the_whole_json_of_an_earlier_prq_is_read_when_it_names_this_record() ->
 def test_anything_else_is_a_serialization_error(raw: bytes) -> None:
     with pytest.raises(SerializationError):
         decode_stored_request(raw, E, "id-1")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_id"), [(E, "bad id"), (E, "a|b"), (E, ""), ("", "id-1"), ("e\n", "id-1")]
+)
+def test_a_record_under_a_key_no_request_could_have_is_a_serialization_error(
+    endpoint: str, request_id: str
+) -> None:
+    # (the endpoint and the id come from the record's key, not from its JSON)
+    with pytest.raises(SerializationError):
+        decode_stored_request(b'{"m":"x"}', endpoint, request_id)

@@ -1,8 +1,20 @@
-"""build_response: handler outcomes become responses."""
+"""build_response: handler outcomes become responses; _Pace: when a serve loop may take ahead;
+_AsyncAnswers: which answers of an asyncio serve loop go out together."""
 
 from __future__ import annotations
 
-from prq.worker import build_response
+import asyncio
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+
+from prq.errors import PrqError
+from prq.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
+from prq.worker import PACE_WEIGHT, TAKE_AHEAD_BELOW_S, _AsyncAnswers, _Pace, build_response
+
+#: Bound of every wait in the _AsyncAnswers tests.
+WAIT_S = 5.0
 
 
 class Flaky(Exception):
@@ -24,3 +36,119 @@ def test_non_json_result_becomes_serialization_error() -> None:
     response = build_response("a", object())
     assert response.error is not None
     assert response.error.type == "SerializationError"
+
+
+def test_a_serve_loop_takes_ahead_only_once_its_handlers_have_proven_quick() -> None:
+    pace = _Pace()
+    assert not pace.quick  # nothing ran yet: no taking ahead
+    pace.ran(TAKE_AHEAD_BELOW_S / 10)
+    assert pace.quick
+
+
+def test_one_slow_run_among_quick_ones_moves_the_pace_by_its_weight() -> None:
+    pace = _Pace()
+    for _ in range(50):
+        pace.ran(0.001)
+    pace.ran(0.5)
+    assert pace.mean_s is not None
+    assert abs(pace.mean_s - (0.001 + PACE_WEIGHT * 0.499)) < 1e-9
+    assert not pace.quick  # a handler that slow stops taking ahead at once
+    for _ in range(100):
+        pace.ran(0.001)
+    assert pace.quick  # and quick runs bring it back
+
+
+class Writes:
+    """Stands in for the queue behind _AsyncAnswers: records each write's answers, and holds
+    every write until the test lets it end (`finish`)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gates: list[asyncio.Event] = []
+        self.fail_next: BaseException | None = None
+
+    async def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> dict[str, PrqError]:
+        self.batches.append([request_id for request_id, _ in answers])
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        return {}
+
+    def finish(self, write: int) -> None:
+        self.gates[write].set()
+
+    async def started(self, writes: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while len(self.batches) < writes:
+                await asyncio.sleep(0)
+
+
+def answers_to(writes: Writes) -> _AsyncAnswers:
+    return _AsyncAnswers(cast(Any, writes))
+
+
+async def link_busy(answers: _AsyncAnswers, writes: Writes) -> list[asyncio.Task[None]]:
+    """Answer w0, w1, ... until as many writes are in flight as the link carries at once; the
+    tasks of those answers."""
+    tasks = [
+        asyncio.create_task(answers.answer(f"w{i}", b"1")) for i in range(MAX_ROUND_TRIPS_IN_FLIGHT)
+    ]
+    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT)
+    return tasks
+
+
+async def test_a_lone_answer_is_written_at_once_and_alone() -> None:
+    writes = Writes()
+    answers = answers_to(writes)
+    task = asyncio.create_task(answers.answer("a", b"1"))
+    await writes.started(1)
+    assert writes.batches == [["a"]]
+    writes.finish(0)
+    await asyncio.wait_for(task, WAIT_S)
+
+
+async def test_answers_left_while_the_link_is_busy_go_out_together_in_the_next_write() -> None:
+    # Given as many writes in flight as the link carries at once
+    writes = Writes()
+    answers = answers_to(writes)
+    first = await link_busy(answers, writes)
+    # When ten more answers are left meanwhile
+    later = [asyncio.create_task(answers.answer(f"a{i}", b"1")) for i in range(10)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT  # they wait: no write of their own
+    assert not any(task.done() for task in later)
+    # Then, once a write ends, they go out together in one write, and each returns once
+    # that write has ended
+    writes.finish(0)
+    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
+    assert writes.batches[-1] == [f"a{i}" for i in range(10)]
+    assert not any(task.done() for task in later)
+    for write in range(1, len(writes.gates)):
+        writes.finish(write)
+    await asyncio.wait_for(asyncio.gather(*first, *later), WAIT_S)
+    assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT + 1
+
+
+async def test_answers_left_behind_a_failed_write_are_written_by_one_of_their_own() -> None:
+    # Given a write in flight for every round trip the link carries, and answers waiting
+    writes = Writes()
+    answers = answers_to(writes)
+    first = await link_busy(answers, writes)
+    waiting = [asyncio.create_task(answers.answer(f"a{i}", b"1")) for i in range(3)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    # When every write in flight fails (its task cancelled, say)
+    for write in range(MAX_ROUND_TRIPS_IN_FLIGHT):
+        writes.fail_next = RuntimeError("writer gone")
+        writes.finish(write)
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(first[write], WAIT_S)
+    # Then the waiting answers are written all the same, by one of their tasks
+    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
+    assert writes.batches[-1] == ["a0", "a1", "a2"]
+    writes.finish(len(writes.gates) - 1)
+    await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
