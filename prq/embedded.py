@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -70,6 +71,10 @@ def find_server_binary() -> str:
     )
 
 
+#: How redis-server logs a port it could not listen on because another socket holds it
+#: ("Could not create server TCP listening socket 127.0.0.1:6379: bind: Address already in use").
+_IN_USE = re.compile(r"listening socket \S*:(\d+): bind: Address already in use")
+
 #: Ports an EmbeddedRedis tries when the ones it chose were taken before its server bound them.
 PORT_ATTEMPTS = 3
 
@@ -99,11 +104,17 @@ class EmbeddedRedis:
         data_dir: str | Path | None = None,
         username: str | None = None,
         password: str | None = None,
+        cluster_bus: bool = False,
     ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
-        #: Until it first starts, a port this object chose may go to another if it was taken
-        #: meanwhile (free_port only says it was free a moment ago).
+        #: With `cluster_bus`, the cluster bus's port (chosen as `port` is; a cluster node
+        #: also needs `--cluster-enabled yes` among `extra_args`).
+        self.bus_port = free_port() if cluster_bus else None
+        #: Until it first starts, the ports this object chose may go to others if they were
+        #: taken meanwhile (free_port only says a port was free a moment ago; a client's
+        #: outgoing connection may take it from the same ephemeral range before the server
+        #: binds it).
         self._port_movable = port is None
         self.extra_args = list(extra_args)
         #: Who `url` and the readiness check log in as (for a server started with an ACL file
@@ -141,32 +152,36 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             "--maxmemory-policy", "noeviction",
             "--protected-mode", "yes",
+            *([] if self.bus_port is None else ["--cluster-port", str(self.bus_port)]),
             *self.extra_args,
         ]  # fmt: skip
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> EmbeddedRedis:
         """Start the server and wait (bounded) until it answers PING. A port this object
-        chose that was taken meanwhile is swapped for another free one (at most
-        PORT_ATTEMPTS tries); a port given, or one the server ran on before, is kept."""
+        chose (the server's or its cluster bus's) that was taken meanwhile is swapped for
+        another free one (at most PORT_ATTEMPTS tries); a port given, or one the server ran on
+        before, is kept."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start(timeout_s)
             except ConfigurationError:
-                if not (self._port_movable and attempt < PORT_ATTEMPTS and self._port_taken()):
+                taken = self._ports_in_use() if self._port_movable else set()
+                if attempt == PORT_ATTEMPTS or not taken & {self.port, self.bus_port}:
                     raise
-                logger.info(
-                    "embedded redis port taken meanwhile, trying another port=%d", self.port
-                )
-                self.port = free_port()
+                logger.info("embedded redis ports taken meanwhile, trying others taken=%s",
+                            sorted(taken))  # fmt: skip
+                if self.port in taken:
+                    self.port = free_port()
+                if self.bus_port in taken:
+                    self.bus_port = free_port()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _port_taken(self) -> bool:
-        """Whether the server's log says its port was in use."""
+    def _ports_in_use(self) -> set[int]:
+        """The ports the server's log says it could not bind because they were in use."""
         with contextlib.suppress(OSError):
             log = (self.data_dir / "redis.log").read_text(errors="replace")
-            mark = f":{self.port}:"
-            return any(mark in line and "in use" in line for line in log.splitlines())
-        return False
+            return {int(port) for port in _IN_USE.findall(log)}
+        return set()
 
     def _start(self, timeout_s: float) -> EmbeddedRedis:
         if self.process is not None and self.process.poll() is None:

@@ -19,7 +19,7 @@ from types import TracebackType
 
 import redis
 
-from prq.embedded import EmbeddedRedis, find_server_binary, free_port
+from prq.embedded import EmbeddedRedis, find_server_binary
 from prq.errors import ConfigurationError
 
 __all__ = ["EmbeddedCluster", "form_cluster", "node_args", "server_version"]
@@ -41,19 +41,21 @@ def server_version(binary: str) -> tuple[int, int]:
 
 
 def node_args(node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> list[str]:
-    """redis-server arguments of one cluster node (its bus on a free port of its own)."""
+    """redis-server arguments of one cluster node, for an EmbeddedRedis made with
+    `cluster_bus=True` (which chooses the bus's port)."""
     return [
         "--cluster-enabled", "yes",
         "--cluster-config-file", "nodes.conf",
         "--cluster-node-timeout", str(node_timeout_ms),
-        "--cluster-port", str(free_port()),
         # a replica's first full sync starts at once (not after the 5 s default wait)
         "--repl-diskless-sync-delay", "0",
     ]  # fmt: skip
 
 
 def _bus_port(node: EmbeddedRedis) -> int:
-    return int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
+    if node.bus_port is None:
+        raise ConfigurationError(f"the node on port {node.port} was made without cluster_bus")
+    return node.bus_port
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = FORM_TIMEOUT_S) -> None:
@@ -169,7 +171,9 @@ class EmbeddedCluster:
         self.replicas = [self._node(node_timeout_ms) for _ in range(masters * replicas)]
 
     def _node(self, node_timeout_ms: int) -> EmbeddedRedis:
-        return EmbeddedRedis(binary=self.binary, extra_args=node_args(node_timeout_ms))
+        return EmbeddedRedis(
+            binary=self.binary, extra_args=node_args(node_timeout_ms), cluster_bus=True
+        )
 
     @property
     def nodes(self) -> list[EmbeddedRedis]:

@@ -53,10 +53,12 @@ class ClusterSet:
     def _node(acl_folder: Path | None, name: str) -> EmbeddedRedis:
         if acl_folder is None:
             # (a bus port of its own, ADDSLOTSRANGE: Redis 7)
-            return EmbeddedRedis(binary=redis7_binary()[0], extra_args=node_args(NODE_TIMEOUT_MS))
+            return EmbeddedRedis(
+                binary=redis7_binary()[0], extra_args=node_args(NODE_TIMEOUT_MS), cluster_bus=True
+            )
         folder = acl_folder / name
         folder.mkdir(parents=True, exist_ok=True)
-        node = acl_server(folder)
+        node = acl_server(folder, cluster_bus=True)
         node.extra_args += [
             *node_args(NODE_TIMEOUT_MS),
             "--masteruser", REPLICA_USER, "--masterauth", acl_password(REPLICA_USER),
@@ -102,7 +104,7 @@ class ClusterSet:
         node = self._node(None, f"master-{len(self.masters)}")
         node.start()
         self.masters.append(node)
-        bus = node.extra_args[node.extra_args.index("--cluster-port") + 1]
+        bus = node.bus_port
         with self.client(self.masters[0]) as c:
             c.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
 

@@ -96,7 +96,7 @@ def acl_password(user: str) -> str:
     raise AssertionError(f"{USERS_ACL} gives {user!r} no password")
 
 
-def acl_server(folder: Path) -> EmbeddedRedis:
+def acl_server(folder: Path, *, cluster_bus: bool = False) -> EmbeddedRedis:
     """A server that loads the shipped users.acl (its lines untouched) plus the tests' own
     superuser, written to `folder`; its `url` logs in as that superuser, and
     `url_for(PRQ_USER, acl_password(PRQ_USER))` as the least-privilege user."""
@@ -112,6 +112,7 @@ def acl_server(folder: Path) -> EmbeddedRedis:
         data_dir=folder,
         username=TEST_ROOT_USER,
         password=TEST_ROOT_PASSWORD,
+        cluster_bus=cluster_bus,
     )
 
 

@@ -329,6 +329,7 @@ class FaultProxy:
                     task.cancel()
                 if tasks:
                     await asyncio.wait(tasks, timeout=CONTROL_TIMEOUT_S)
+                self._reset_all()  # links accepted meanwhile
 
             with contextlib.suppress(Exception):
                 self._await(shutdown())
@@ -350,12 +351,16 @@ class FaultProxy:
         link = _Link(self, writer)
         self._links.add(link)
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(LOOPBACK, self.upstream_port), CONTROL_TIMEOUT_S
-            )
+            # (asyncio.timeout, not wait_for: Python 3.11's wait_for drops the result of a
+            # connect that completes as it is cancelled, leaking the connection)
+            async with asyncio.timeout(CONTROL_TIMEOUT_S):
+                up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
         except (OSError, TimeoutError):
             link.reset()  # upstream down: the client sees a reset, as with a dead server
             return
+        except asyncio.CancelledError:  # the proxy closing: nothing of the link left open
+            link.reset()
+            raise
         if link.closed:  # reset while connecting
             _rst(up_writer)
             return

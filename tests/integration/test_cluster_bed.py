@@ -248,6 +248,7 @@ def test_the_compose_profile_forms_its_cluster_as_the_shipped_users(tmp_path: Pa
             extra_args=["--aclfile", str(acl), *node_args(), *replication],
             username=PRQ_USER,
             password=acl_password(PRQ_USER),
+            cluster_bus=True,
         )
         for _ in range(6)
     ]

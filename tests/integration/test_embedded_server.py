@@ -12,6 +12,8 @@ import redis
 
 from prq import AsyncQueue, ConfigurationError, Request, Response
 from prq.embedded import EmbeddedRedis, find_server_binary
+from prq.embedded_cluster import node_args
+from tests.redis_servers import redis7_binary
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +96,20 @@ def test_a_port_taken_before_the_server_binds_it_is_swapped_for_another() -> Non
         with pytest.raises(ConfigurationError, match="exited"):
             given.start()
         given.cleanup()
+
+
+def test_a_cluster_bus_port_taken_before_the_server_binds_it_is_swapped_for_another() -> None:
+    # Given a cluster node whose bus port was free when it chose it, and that a listener took
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = EmbeddedRedis(binary=redis7_binary()[0], extra_args=node_args(), cluster_bus=True)
+        server.bus_port = taken  # (as if free_port had said it)
+        port = server.port
+        # When it starts, its bus listens on another port, and the server keeps its own
+        with server:
+            assert server.bus_port not in (None, taken)
+            assert server.port == port
+            with redis.Redis.from_url(server.url, decode_responses=True) as client:
+                assert client.execute_command("CLUSTER", "MYID")

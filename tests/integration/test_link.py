@@ -15,6 +15,7 @@ import redis.asyncio
 from prq._types import Call
 from prq.embedded import EmbeddedRedis
 from prq.links import AsyncLink
+from tests.fault.proxy import FaultProxy
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -147,3 +148,30 @@ async def test_round_trips_sent_while_the_link_connects_wait_for_the_handshake(
 
     # Then each reads its own reply, none the handshake's
     assert replies == [[f"m{i}".encode()] for i in range(200)]
+
+
+async def test_a_round_trip_cancelled_during_the_handshake_leaves_no_greeting_unread(
+    own_redis: EmbeddedRedis,
+) -> None:
+    # Given a link that reaches Redis through a proxy that holds every byte for now
+    with FaultProxy(own_redis.port) as proxy:
+        pool = redis.asyncio.ConnectionPool.from_url(proxy.url, protocol=3, socket_timeout=20)
+        link = AsyncLink(pool)
+        try:
+            proxy.blackhole()
+            # When its first round trip is cancelled while it waits for the greeting's replies
+            first = asyncio.ensure_future(link.round_trip([Call(("ECHO", "one"))]))
+            await async_wait_until(
+                lambda: link._conn is not None and link._conn.is_connected, 5, 0.01, "greeting"
+            )
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            # and the held greeting then reaches Redis, and its replies come back
+            proxy.restore()
+
+            # Then the next round trip reads its own reply, not the greeting's
+            assert await asyncio.wait_for(link.round_trip([Call(("ECHO", "two"))]), 10) == [b"two"]
+        finally:
+            await link.close()
+            await pool.aclose()
