@@ -104,6 +104,9 @@ class Context:
     signer: Signer | None = None
     #: Reads back bodies kept beside Redis (prq.bodies); None: such a body is an error.
     bodies: StreamKeeper | None = None
+    #: The endpoints this node's last take found without a max_in_flight limit: its answers
+    #: there skip looking for receivers that wait for a free slot (take_flow keeps it).
+    unlimited: set[str] = field(default_factory=set)
 
 
 def new_token() -> str:
@@ -553,6 +556,10 @@ def take_flow(
         )
         taken = parse_take(_first(replies))
         redelivered += taken.redelivered
+        if taken.limited:
+            ctx.unlimited.discard(endpoint)
+        elif taken.limited is not None:
+            ctx.unlimited.add(endpoint)
         if taken.items or final:
             return TakeResult(token, taken.items, taken.counter, redelivered)
         if taken.skipped >= DEFAULT_TAKE_SCAN:
@@ -594,6 +601,7 @@ def respond_flow(
             keep_ms,
             ctx.wall_ms(),
             ctx.settings.pulse_inline_limit_bytes,
+            unlimited=endpoint in ctx.unlimited,
         )
     )
     return parse_apply_response(_first(replies))

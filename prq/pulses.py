@@ -9,7 +9,8 @@ reconnect every signal fires so that all waits poll at once.
 States of the reader: connected → (error) → backing off → reconnected → every signal fired.
 
 Node channel messages are `r|<request id>|<response JSON or empty>`; an empty response means
-"it is stored, read it".
+"it is stored, read it". Several of them for one node, answered in one step, travel as one
+message `m|<len>|<message><len>|<message>...` (each with its length in bytes before it).
 
 On a Redis Cluster the channels are shard channels, one reader per master: prq.shard_pulses
 runs these readers (SSUBSCRIBE) and routes each channel to the master that serves its slot.
@@ -138,11 +139,36 @@ class ThreadSignal(Signal):
 S = TypeVar("S", bound=Signal)
 
 
+#: Most messages one framed pulse may carry (a bound on the parse of a hostile message).
+MAX_FRAMED = 100_000
+
+
+def unframe(data: bytes) -> Iterator[bytes]:
+    """The messages of a framed pulse's body (`<len>|<message><len>|<message>...`); a damaged
+    frame ends the iteration (what came before it is kept: pulses are hints, polls find the
+    rest)."""
+    at, end = 0, len(data)
+    for _ in range(MAX_FRAMED):
+        if at >= end:
+            return
+        bar = data.find(b"|", at, at + 12)
+        if bar < 0:
+            return
+        size = data[at:bar]
+        if not size.isdigit():
+            return
+        at = bar + 1 + int(size)
+        if at > end:
+            return
+        yield data[bar + 1 : at]
+
+
 class PulseRouter(Generic[S]):
     """Maps channels, request ids and take tokens to signals; pure, shared by both readers.
 
     Node channel messages: `r|<id>|<response or empty>` (a response), `t|<token>|<id>` (a
-    hand-off), `c|<id>|<reason>` (a held request was cancelled). Each waiting take has its own
+    hand-off), `c|<id>|<reason>` (a held request was cancelled), `m|...` (several of those,
+    framed: `unframe`). Each waiting take has its own
     signal: an endpoint pulse fires the signals of every take waiting on that endpoint; a
     hand-off fires only the signal of its token (the take then collects and so confirms it).
     """
@@ -194,6 +220,14 @@ class PulseRouter(Generic[S]):
             for signal in list(self._takes.get(channel, {}).values()):
                 signal.fire()
             return
+        kind, _, rest = data.partition(b"|")
+        if kind == b"m":
+            for message in unframe(rest):
+                self._dispatch_node(message)
+            return
+        self._dispatch_node(data)
+
+    def _dispatch_node(self, data: bytes) -> None:
         kind, _, rest = data.partition(b"|")
         key, _, payload = rest.partition(b"|")
         name = key.decode("ascii", errors="replace")

@@ -65,8 +65,9 @@ def rest_fields(count: bytes | str | int | None) -> list[str]:
 
 
 def join_body(first: bytes | None, rest: Sequence[bytes | None]) -> bytes | None:
-    """The body from its pieces; None when the first or any piece is missing."""
-    if first is None or any(part is None for part in rest):
+    """The body from its pieces; None when the first or any piece is missing, or empty (an
+    answered request's body fields are kept empty: scripts/_body.lua blank_body)."""
+    if not first or any(part is None for part in rest):
         return None
     return first + b"".join(part for part in rest if part is not None)
 

@@ -453,6 +453,8 @@ class TakeReply:
     counter: int
     redelivered: int
     items: list[TakenItem]
+    #: Whether the endpoint has a max_in_flight limit (None: this take did not look).
+    limited: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,12 +510,19 @@ def take_call(
     )  # fmt: skip
 
 
+#: Values before the first item of a take reply: skipped, counter, redelivered, limited.
+_TAKE_HEAD: Final = 4
+
+
 def parse_take(reply: Reply) -> TakeReply:
     items = _array(reply, "take")
-    if len(items) < 3 or not all(isinstance(v, int) for v in items[:3]) or (len(items) - 3) % 5:
+    head = _TAKE_HEAD
+    if len(items) < head or not all(isinstance(v, int) for v in items[:head]):
+        raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
+    if (len(items) - head) % 5:
         raise SerializationError(f"unexpected take reply from Redis: {reply!r:.200}")
     taken = []
-    for i in range(3, len(items), 5):
+    for i in range(head, len(items), 5):
         body = items[i + 1]
         created, sequence = _text(items[i + 3]), _text(items[i + 4])
         taken.append(
@@ -525,10 +534,10 @@ def parse_take(reply: Reply) -> TakeReply:
                 sequence=int(sequence) if sequence.isdigit() else 0,
             )
         )
-    skipped, counter, redelivered = items[:3]
+    skipped, counter, redelivered, limited = items[:head]
     assert isinstance(skipped, int) and isinstance(counter, int)
-    assert isinstance(redelivered, int)
-    return TakeReply(skipped, counter, redelivered, taken)
+    assert isinstance(redelivered, int) and isinstance(limited, int)
+    return TakeReply(skipped, counter, redelivered, taken, None if limited < 0 else limited > 0)
 
 
 # -- apply_response -----------------------------------------------------------------------------
@@ -544,8 +553,8 @@ MAX_MERGED_ANSWERS: Final = 256
 #: Most request ids one read_response call reads (bounds the time Redis spends in one script).
 MAX_READ_IDS: Final = 256
 _ANSWER_KEYS: Final = 5
-#: EVALSHA, sha, numkeys, the keys, the three values every answer of a call shares.
-_ANSWER_HEAD: Final = 3 + _ANSWER_KEYS + 3
+#: EVALSHA, sha, numkeys, the keys, the four values every answer of a call shares.
+_ANSWER_HEAD: Final = 3 + _ANSWER_KEYS + 4
 
 
 def apply_response_call(
@@ -556,14 +565,18 @@ def apply_response_call(
     response_ttl_ms: int,
     now_ms: int,
     pulse_inline_limit_bytes: int,
+    unlimited: bool = False,
 ) -> Call:
-    """One answer; answers to one endpoint sent together go as one call (merge_answers)."""
+    """One answer; answers to one endpoint sent together go as one call (merge_answers).
+    `unlimited`: the receiver's last take found no max_in_flight limit on the endpoint, so the
+    answer need not look for receivers waiting for the slot it frees."""
     return APPLY_RESPONSE.call(
         (keys.running, keys.limits, keys.levels, keys.lease, keys.request_prefix),
         (
             keys.node_channel_prefix,
             pulse_inline_limit_bytes,
             keys.pulse_channel,
+            0 if unlimited else 1,
             request_id,
             owner_token,
             response,

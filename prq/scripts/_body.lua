@@ -97,6 +97,24 @@ local function drop_body(key, also, pieces)
   redis.call('HDEL', key, unpack(names))
 end
 
+-- append to `out` the field/value pairs that empty the body fields of a record whose 'bk' is
+-- `pieces` (false when absent): a body dropped in the write that changes the record, not by a
+-- command of its own (readers take an empty 'b' for no body: prq/records.py join_body)
+local function blank_body(out, pieces)
+  out[#out + 1] = 'b'
+  out[#out + 1] = ''
+  pieces = tonumber(pieces)
+  if pieces then
+    for i = 1, math.min(pieces, MAX_PIECES) - 1 do
+      out[#out + 1] = 'b' .. i
+      out[#out + 1] = ''
+    end
+    out[#out + 1] = 'bk'
+    out[#out + 1] = ''
+  end
+  return out
+end
+
 --[[ The queued form. A request queued by enqueue_many is kept as one string rather than a hash
 until something changes it: `SET key value PX ttl NX` checks the id, writes the record and its
 TTL in one command, and a string costs Redis less memory and CPU than a hash. It comes in two

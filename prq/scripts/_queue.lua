@@ -232,6 +232,12 @@ local function pop_run(levels, prefix, p, want)
   local ids = redis.call('LPOP', lane, k)
   if not ids then return false end
   local m = #ids
+  if n - m <= 0 then
+    -- the level is empty now: it is forgotten at once (its lanes, this one still listed among
+    -- them, go with it), without first writing what it is about to lose
+    forget_level(levels, prefix, p, 0)
+    return ids
+  end
   local more = redis.call('PEXPIRE', lane, t or DEFAULT_TTL) == 1
   if member ~= 'f' then
     if more then redis.call('ZADD', lanes, score + m, member) else redis.call('ZREM', lanes, member) end
@@ -240,7 +246,6 @@ local function pop_run(levels, prefix, p, want)
     if not more then redis.call('ZREM', lanes, member) end
     redis.call('HSET', level, 'n', n - m)
   end
-  if n - m <= 0 then forget_level(levels, prefix, p, 0) end
   return ids
 end
 

@@ -65,9 +65,11 @@ Invariants:
 - capacity: no new request while max_pending ids are queued; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 - a queued request joins its priority level, in its producer's turn (_queue.lua)
-- the request's sequence number "sq" is the counter's value: unique per endpoint while Redis
-  keeps its data and the counter lives (receivers track what they took and ran by it, per life
-  of the counter)
+- the request's sequence number "sq" is a value the counter took: unique per endpoint while
+  Redis keeps its data and the counter lives (receivers track what they took and ran by it, per
+  life of the counter); the first new request of a call raises the counter once for itself and
+  every request after it in the call, so numbers of requests found known or refused after it
+  go unused (gaps are harmless: nothing counts on consecutive numbers)
 ]]
 -- include: _body
 -- include: _queue
@@ -76,7 +78,10 @@ local GROUP = 16
 -- what every request of the call shares, read once: the limits, the server's clock, whether a
 -- receiver is parked (read again after a hand-off, which takes or drops parks)
 local limits, now, parked = nil, nil, nil
-local counted, queued = false, false
+local queued = false
+-- sequence numbers: the first new request of a call reserves one for itself and each request
+-- after it (one INCRBY); `numbered` is the last handed out, `reserved` the last reserved
+local numbered, reserved = 0, 0
 -- ids to push to one lane (priority, producer) not pushed yet: consecutive requests of one
 -- lane go in one push, made before anything reads the queue and at the end of the call
 local lane = {ids = {}}
@@ -86,6 +91,17 @@ local function flush()
     queue_push(KEYS[2], KEYS[9], lane.p, lane.producer, lane.ids, lane.ttl, now)
     lane = {ids = {}}
   end
+end
+
+-- the sequence number of the new request whose values start after ARGV[a]
+local function next_number(a)
+  if numbered == reserved then
+    reserved = redis.call('INCRBY', KEYS[3], (#ARGV - a) / GROUP)
+    numbered = reserved - (#ARGV - a) / GROUP
+    redis.call('PEXPIRE', KEYS[3], ARGV[a + 7])
+  end
+  numbered = numbered + 1
+  return numbered
 end
 
 -- enqueue the request whose record is `key` and whose values start after ARGV[a]
@@ -121,11 +137,7 @@ local function enqueue_one(key, a)
     if depth >= max_pending then return {'full', depth, max_pending} end
   end
 
-  local counter = redis.call('INCR', KEYS[3])
-  if not counted then
-    redis.call('PEXPIRE', KEYS[3], ARGV[a + 7])
-    counted = true
-  end
+  local counter = next_number(a)
 
   now = now or server_ms()
   -- the record, queued (a hand-off below makes it 'handed', adding that state's fields)

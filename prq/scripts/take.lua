@@ -31,7 +31,8 @@ ARGV[13] most dead letters kept
 ARGV[14] the endpoint's pulse channel
 ARGV[15] node channel prefix   prq:node:
 
-Reply: {skipped, counter, redelivered, id1, body1, attempt1, created1, sequence1, id2, ...}
+Reply: {skipped, counter, redelivered, limited, id1, body1, attempt1, created1, sequence1, id2,
+        ...}
   created = when the sender enqueued the request (its clock, ms since the epoch)
   sequence = the request's sequence number on the endpoint (enqueue.lua)
   redelivered = at_least_once requests of silent receivers this take queued again or, with
@@ -39,6 +40,9 @@ Reply: {skipped, counter, redelivered, id1, body1, attempt1, created1, sequence1
   skipped = ids popped and dropped because their request was gone, final or past its deadline
   counter = the endpoint's enqueue counter now (a receiver that saw a higher one before sending
             this take knows Redis went back in time, and must not run what this take returns)
+  limited = 1 when the endpoint has a max_in_flight limit, 0 when it has none, -1 when this
+            take did not look (it answered from its receipt): the receiver's answers skip the
+            check for freed slots while it knows the endpoint unlimited (apply_response.lua)
 
 Invariants:
 - a request is handed out only while it is queued and before its pickup deadline by server time
@@ -81,7 +85,8 @@ if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
 
-local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0}
+local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0, -1}
+local HEAD = #out
 local now_server = server_ms()
 
 -- a request picked up now joins the in-flight set (and the lease set, if at_least_once)
@@ -120,7 +125,7 @@ if #receipt > 0 then
       hand_out(id, body, att, ct, sq)
     end
   end
-  if #out > 3 then return out end
+  if #out > HEAD then return out end
   redis.call('DEL', KEYS[3])
 end
 
@@ -132,15 +137,21 @@ local kh = {parked = KEYS[4], parks = KEYS[5], receipt_prefix = KEYS[3]:sub(1, -
   prefix = KEYS[9]}
 local oh = {confirm_ms = ARGV[3], in_flight_ttl = ARGV[6], receipt_ttl = ARGV[7],
   list_ttl = ARGV[9], extra_ttl = ARGV[11], pulse = ARGV[14], node_prefix = ARGV[15]}
-reclaim_overdue(kh, now_server, oh)
+-- (one EXISTS for the two sets scanned below: an endpoint with neither hand-offs nor
+-- at_least_once requests in flight, the common case, scans neither)
+local scans = redis.call('EXISTS', KEYS[14], KEYS[10]) > 0
+if scans then reclaim_overdue(kh, now_server, oh) end
 
 -- at_least_once requests whose receiver went silent go back to the queue (or to dead letters)
 local k = {run = KEYS[7], lease = KEYS[10], levels = KEYS[1], prefix = KEYS[9],
   dead = {KEYS[11], KEYS[12], KEYS[13]}}
 local o = {extra_ttl = ARGV[11], list_ttl = ARGV[9], dead_ttl = ARGV[12], dead_cap = ARGV[13],
   pulse = ARGV[14], node_prefix = ARGV[15]}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[10], '-inf', now_server - timeout, 'BYSCORE',
-    'LIMIT', 0, 16)) do
+local silent = {}
+if scans then
+  silent = redis.call('ZRANGE', KEYS[10], '-inf', now_server - timeout, 'BYSCORE', 'LIMIT', 0, 16)
+end
+for _, id in ipairs(silent) do
   k.hash = KEYS[2] .. id
   local st, hr, tk = unpack(record_get(k.hash, {'st', 'hr', 'tk'}))
   local last = math.max(tonumber(hr) or 0, tonumber(tk) or 0)
@@ -157,6 +168,7 @@ local want = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 local capped = false
 local max_in_flight = limit(redis.call('HGET', KEYS[8], 'mif'))
+out[4] = max_in_flight and 1 or 0
 if max_in_flight then
   local live = redis.call('ZCOUNT', KEYS[7], now_server - tonumber(ARGV[10]), '+inf')
   if live + want > max_in_flight then

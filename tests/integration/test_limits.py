@@ -18,6 +18,7 @@ from prq import (
     QueueFull,
     Request,
     RequestState,
+    Response,
 )
 from prq.bulk import BatchRefused, BulkClient
 from tests.queue_facades import QueueFactory, RunningCount, wait_for_state
@@ -112,6 +113,62 @@ async def test_max_in_flight_caps_what_all_receivers_hold_at_once(
     # Then every call is answered, and never more than 3 ran at the same time, across both
     assert sorted(results) == list(range(30))
     assert work.most == 3
+
+
+async def test_an_answer_wakes_a_receiver_waiting_for_the_slot_it_frees(
+    make_queue: QueueFactory,
+) -> None:
+    # Given an endpoint limited to 1 request in flight, two receivers that poll only every 30 s,
+    # one holding the slot and the other waiting for it (its take got nothing: capped)
+    endpoint = "poll://limited-wake"
+    quiet: dict[str, Any] = {"poll_interval_s": 30, "dequeue_timeout_s": 30}
+    sender, holder, waiter = make_queue(), make_queue(**quiet), make_queue(**quiet)
+    await sender.set_limits(endpoint, max_in_flight=1)
+    first = await sender.notify(endpoint, "m")
+    held = await holder.dequeue(endpoint, timeout_s=10)
+    assert held is not None and held.id == first
+    assert await waiter.dequeue(endpoint, timeout_s=0) is None  # (ready and subscribed)
+    second = await sender.notify(endpoint, "m")
+    sent = waiter.stats.round_trips
+    waiting = asyncio.ensure_future(waiter.dequeue(endpoint, timeout_s=25))
+    await async_wait_until(lambda: waiter.stats.round_trips > sent, 10)  # (its take)
+    assert not waiting.done()
+
+    # When the holder answers (its take saw the limit, so its answer looks for waiters)
+    assert endpoint not in holder.ctx.unlimited
+    await holder.apply_response(Response(id=first, result=1))
+
+    # Then the waiter is woken at once and takes the second request, long before its next poll
+    taken = await asyncio.wait_for(waiting, 10)
+    assert taken is not None and taken.id == second
+    await waiter.apply_response(Response(id=second, result=2))
+
+
+async def test_answers_on_an_unlimited_endpoint_skip_the_freed_slot_check(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a receiver whose take found the endpoint unlimited
+    endpoint = "poll://unlimited"
+    sender, receiver = make_queue(), make_queue(poll_interval_s=0.5)
+    first = await sender.notify(endpoint, "m")
+    taken = await receiver.dequeue(endpoint, timeout_s=10)
+    assert taken is not None
+    assert endpoint in receiver.ctx.unlimited
+
+    # When a limit is set after that take, and a second receiver waits for the slot
+    await sender.set_limits(endpoint, max_in_flight=1)
+    waiter = make_queue(poll_interval_s=0.5)
+    second = await sender.notify(endpoint, "m")
+    waiting = asyncio.ensure_future(waiter.dequeue(endpoint, timeout_s=20))
+
+    # Then the answer (sent without the check) still frees the slot: the waiter's next poll
+    # takes the request; and the receiver's next take learns of the limit
+    await receiver.apply_response(Response(id=first, result=1))
+    got = await asyncio.wait_for(waiting, 15)
+    assert got is not None and got.id == second
+    await waiter.apply_response(Response(id=second, result=2))
+    assert await receiver.dequeue(endpoint, timeout_s=0) is None
+    assert endpoint not in receiver.ctx.unlimited
 
 
 async def test_a_dead_receivers_slot_frees_after_the_receiver_timeout(

@@ -69,3 +69,38 @@ def test_thread_signal_wait_returns_on_fire_and_on_timeout() -> None:
     signal.wait(1, 0.01)  # nothing fires: returns after the timeout
     assert signal.generation == 1
     fired.join()
+
+
+def framed(*messages: bytes) -> bytes:
+    return b"m|" + b"".join(str(len(m)).encode() + b"|" + m for m in messages)
+
+
+def test_a_framed_pulse_fires_each_message_it_carries() -> None:
+    router = make_router()
+    # (a response holding the separator and digits, an empty one, a cancel, a hand-off)
+    cancels: list[tuple[str, str]] = []
+    router.on_cancel = lambda request_id, reason: cancels.append((request_id, reason))
+    with (
+        router.watch_response("a") as a,
+        router.watch_response("b") as b,
+        router.watch_take("prq:{e}:pulse", "t1") as take,
+    ):
+        data = framed(b'r|a|{"x":"1|2"}', b"r|b|", b"c|a|timeout", b"t|t1|a")
+        router.dispatch(b"prq:node:n1", data)
+        assert (a.generation, a.payload) == (1, b'{"x":"1|2"}')
+        assert (b.generation, b.payload) == (1, None)
+        assert take.generation == 1
+        assert cancels == [("a", "timeout")]
+        assert router.messages == 1
+
+
+def test_a_damaged_framed_pulse_keeps_what_came_before_the_damage() -> None:
+    router = make_router()
+    with router.watch_response("a") as a, router.watch_response("b") as b:
+        good = framed(b"r|a|1")
+        for tail in (b"x|r|b|1", b"99|r|b|1", b"5r|b|1", b"|r|b|", b"-1|r|b|1"):
+            router.dispatch(b"prq:node:n1", good + tail)
+        # a framed message inside a framed one is not unpacked
+        router.dispatch(b"prq:node:n1", framed(framed(b"r|b|1")))
+        assert a.generation == 5
+        assert b.generation == 0

@@ -68,6 +68,7 @@ def test_pieces_join_back_into_the_body(size: int) -> None:
     body = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
     fields = body_fields(body)
     rest = [fields[name] for name in rest_fields(fields.get("bk"))]
-    assert join_body(fields["b"], rest) == body
+    # (an empty body reads as none: prq never stores one, and an answer empties the fields)
+    assert join_body(fields["b"], rest) == (body or None)
     if BODY_PIECE_BYTES < size <= CHUNKED_MAX_BYTES:
         assert all(len(piece) <= BODY_PIECE_BYTES for piece in fields.values())

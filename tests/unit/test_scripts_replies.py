@@ -59,14 +59,17 @@ def test_parse_enqueue_many_refuses_a_reply_of_another_shape(reply: object) -> N
 
 
 def test_parse_take() -> None:
-    reply = [2, 9, 1, b"id1", b"{}", b"1", b"1700000000000", b"41", b"id2", b"{}", b"3", b"0", b""]
+    reply = [2, 9, 1, 0, b"id1", b"{}", b"1", b"1700000000000", b"41", b"id2", b"{}", b"3", b"0"]
+    reply.append(b"")
     taken = parse_take(reply)  # type: ignore[arg-type]
-    assert (taken.skipped, taken.counter, taken.redelivered) == (2, 9, 1)
+    assert (taken.skipped, taken.counter, taken.redelivered, taken.limited) == (2, 9, 1, False)
     assert [(i.request_id, i.attempt, i.created_ms, i.sequence) for i in taken.items] == [
         ("id1", 1, 1_700_000_000_000, 41),
         ("id2", 3, 0, 0),
     ]
-    assert parse_take([0, 0, 0]) == TakeReply(0, 0, 0, [])
+    assert parse_take([0, 0, 0, 1]) == TakeReply(0, 0, 0, [], limited=True)
+    # (a take answered from its receipt did not look at the limits)
+    assert parse_take([0, 0, 0, -1]).limited is None
 
 
 def test_parse_withdraw() -> None:
@@ -84,9 +87,11 @@ def test_parse_withdraw() -> None:
         [],
         [0],
         [0, 0],
-        [b"0", 0, 0],
-        [0, 1, 0, b"id"],
-        [0, 1, 0, b"a", b"b", b"1", b"2"],
+        [0, 0, 0],
+        [b"0", 0, 0, 0],
+        [0, 0, 0, b"0"],
+        [0, 1, 0, 0, b"id"],
+        [0, 1, 0, 0, b"a", b"b", b"1", b"2"],
         ValueError("x"),
     ],
 )
