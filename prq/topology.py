@@ -30,6 +30,7 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from redis.maint_notifications import MaintNotificationsConfig
 
 from prq.errors import ConfigurationError
 
@@ -171,7 +172,15 @@ def _cluster_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
     chosen = _master_kwargs(where, kwargs)
     del chosen["db"]
     # Every failure reaches prq's one retry policy; redis-py follows redirections itself.
-    return chosen | {"require_full_coverage": False}
+    # No CLIENT MAINT_NOTIFICATIONS on connect (redis-py's default for a RESP3 cluster client):
+    # a server before Redis 8 refuses it, and that error reply, like CLIENT SETINFO's
+    # (redis_io.client_kwargs), can be read as the reply of a command on a connection the
+    # client opened while following a redirection (seen in fault scenario 20: a call failed
+    # with that refusal although its request ran).
+    return chosen | {
+        "require_full_coverage": False,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+    }
 
 
 def is_cluster_url(url: str) -> bool:

@@ -413,3 +413,42 @@ async def test_pulses_use_one_sharded_link_per_master_and_a_channel_per_endpoint
             task.cancel()
         await asyncio.gather(*serving, return_exceptions=True)
     admin.close()
+
+
+def _refusals(probes: list[redis.Redis]) -> list[int]:
+    """How many commands each master refused with ERR so far (INFO errorstats: a refused
+    subcommand is counted there; MONITOR never shows it, as it does not run)."""
+    out = []
+    for probe in probes:
+        stats = probe.info("errorstats")
+        out.append(int(stats.get("errorstat_ERR", {}).get("count", 0)))
+    return out
+
+
+async def test_prq_opens_cluster_connections_without_commands_redis_7_refuses(
+    cluster: ClusterSet,
+) -> None:
+    # Given a connection to every master that counts what the master refused (a Redis 7
+    # server refuses CLIENT MAINT_NOTIFICATIONS, and before 7.2 CLIENT SETINFO; sent on
+    # connect, such a refusal can be read as the reply of a command, and a call then fails
+    # although its request ran: seen in fault scenario 20)
+    probes = [cluster.client(master) for master in cluster.masters]
+    try:
+        before = _refusals(probes)
+        # When both facades connect and call an endpoint, and serve it
+        async with (
+            AsyncQueue.from_url(cluster.url, prefix=PREFIX) as receiver,
+            AsyncQueue.from_url(cluster.url, prefix=PREFIX) as caller,
+        ):
+            serving = asyncio.create_task(receiver.serve("poll://handshake", lambda r: r.params))
+            assert await caller.call("poll://handshake", "m", 1, timeout_s=20) == 1
+            with Queue.from_url(cluster.url, prefix=PREFIX) as blocking:
+                called = asyncio.to_thread(blocking.call, "poll://handshake", "m", 2, timeout_s=20)
+                assert await called == 2
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+        # Then no master refused anything they sent
+        assert _refusals(probes) == before
+    finally:
+        for probe in probes:
+            probe.close()
