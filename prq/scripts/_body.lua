@@ -198,11 +198,26 @@ end
 -- like HMGET key names..., for a record in either form (a string not in the queued form reads
 -- as a queued record whose body is that string: whoever decodes the body finds it bad); and,
 -- for a string, all its fields (name -> value), else nil. A hash (or no key) costs the HMGET
--- alone; only a string's answer is an error, caught
-local function record_read(key, names)
-  local reply = redis.pcall('HMGET', key, unpack(names))
-  if not reply.err then return reply, nil end
-  local raw = redis.call('GET', key)
+-- alone; only a string's answer is an error, caught. With `string_first` (the caller expects
+-- the queued form: the record before it was one) it asks GET first, and a string (or no key)
+-- costs the GET alone, a hash a failed GET and the HMGET
+local function record_read(key, names, string_first)
+  local raw
+  if string_first then
+    raw = redis.pcall('GET', key)
+    if type(raw) == 'table' and raw.err then
+      return redis.call('HMGET', key, unpack(names)), nil
+    end
+    if not raw then
+      local out = {}
+      for i = 1, #names do out[i] = false end
+      return out, nil
+    end
+  else
+    local reply = redis.pcall('HMGET', key, unpack(names))
+    if not reply.err then return reply, nil end
+    raw = redis.call('GET', key)
+  end
   local fields = queued_fields(key, raw) or {st = 'queued', b = raw}
   local out = {}
   for i, name in ipairs(names) do out[i] = fields[name] or false end

@@ -183,10 +183,13 @@ local fields_taken = {st = true, own = true, rcv = true, tk = true, att = true}
 local names = {'st', 'pd', 'att', 'ct', 'sq', 'ma', 'dd', 'b', 'bk', unpack(BODY_AHEAD)}
 
 -- take one popped id if its record is live; a record still in the queued form (a string,
--- enqueue_many.lua) becomes a hash here, written once with the taken fields
+-- enqueue_many.lua) becomes a hash here, written once with the taken fields. Records queued
+-- together tend to be in one form: each read first tries the form the one before it had
+local strings = false
 local function take_one(id)
   local key = KEYS[2] .. id
-  local read, opened = record_read(key, names)
+  local read, opened = record_read(key, names, strings)
+  strings = opened ~= nil
   local st, deadline, att, ct, sq, ma, dd = unpack(read, 1, 7)
   local body = body_read(key, read, 8)
   deadline = tonumber(deadline)

@@ -197,6 +197,48 @@ async def test_a_reused_id_meets_either_form_without_an_error(
     assert (await other.status("r1")).state == RequestState.DONE
 
 
+def ignore(*_: object) -> None:
+    """An outcome callback that keeps nothing."""
+
+
+async def test_one_take_hands_out_a_lane_whose_records_change_form_along_it(
+    make_queue: QueueFactory, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given one producer's lane holding, in this order, two requests in the queued form
+    # (BulkClient), one in the hash form (send), three times over; and a record of each form
+    # gone meanwhile (as their TTL would take them)
+    sender = make_queue()
+    keys = sender.keys.endpoint(ENDPOINT)
+    order: list[str] = []
+    with bulk_client(redis_url, key_prefix) as bulk:
+        for turn in range(3):
+            batch = [
+                Request(endpoint=ENDPOINT, method="m", params=f"b{turn}{i}", producer="p")
+                for i in range(2)
+            ]
+            assert bulk.enqueue_many(batch).accepted == 2
+            sent = Request(endpoint=ENDPOINT, method="m", params=f"s{turn}", producer="p")
+            await sender.send(sent, on_response=ignore, on_failure=ignore)
+            order += [batch[0].id, batch[1].id, sent.id]
+    forms = [redis_client.type(keys.request(request_id)) for request_id in order]
+    assert forms == [b"string", b"string", b"hash"] * 3
+    gone = {order[4], order[5]}  # a string after a string, a hash after a string
+    redis_client.delete(*(keys.request(request_id) for request_id in gone))
+
+    # When a receiver takes them all in one take
+    receiver = make_queue()
+    taken = await receiver.dequeue_many(ENDPOINT, len(order), timeout_s=10)
+
+    # Then it gets each live request whole, in the lane's order, whichever form it was in
+    live = [request_id for request_id in order if request_id not in gone]
+    assert [pending.id for pending in taken] == live
+    params = [pending.request.params for pending in taken]
+    assert params == ["b00", "b01", "s0", "b10", "b20", "b21", "s2"]
+    for pending in taken:
+        assert redis_client.type(keys.request(pending.id)) == b"hash"
+        await receiver.apply_response(Response(id=pending.id, result=None))
+
+
 def test_a_bulk_enqueue_replaces_a_record_without_a_state(
     redis_url: str, redis_client: redis.Redis, key_prefix: str
 ) -> None:
