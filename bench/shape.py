@@ -49,6 +49,8 @@ from bench.rpc import (
     ENDPOINT,
     REPLY_TIMEOUT_S,
     SERVER_START_TIMEOUT_S,
+    _cleanup,
+    _request_json,
     percentile,
     server_process,
 )
@@ -147,10 +149,9 @@ async def _raw_calls(url: str, prefix: str, warmup: int, calls: int) -> list[flo
     client = redis.asyncio.Redis.from_url(url)
 
     async def call(i: int) -> None:
-        rid = uuid.uuid4().hex
+        rid, body = _request_json(i)
         reply_key = f"{prefix}:raw:reply:{rid}"
-        body = json.dumps({"id": rid, "method": "echo", "params": {"i": i}})
-        await client.lpush(f"{prefix}:raw:req", f"{reply_key}|{body}")
+        await client.lpush(f"{prefix}:raw:req", reply_key.encode() + b"|" + body)
         if await client.blpop([reply_key], timeout=REPLY_TIMEOUT_S) is None:
             raise TimeoutError(f"no raw reply in {REPLY_TIMEOUT_S} s")
 
@@ -224,9 +225,7 @@ def measure(shape: str, url: str, warmup: int, calls: int) -> list[float]:
                 process.kill()
                 process.join(SERVER_START_TIMEOUT_S)
     finally:
-        keys = list(control.scan_iter(match=f"{prefix}:*", count=1000))
-        for first in range(0, len(keys), 1000):
-            control.delete(*keys[first : first + 1000])
+        _cleanup(control, prefix)
         control.close()
 
 
