@@ -23,8 +23,10 @@ from redis.crc import key_slot
 from prq import AsyncQueue, DataLoss, Queue, QueueSettings, Request, Response
 from prq.bulk import BulkClient
 from prq.embedded import EmbeddedRedis
-from prq.embedded_cluster import node_args
+from prq.embedded_cluster import form_cluster, node_args
+from prq.errors import ConfigurationError
 from prq.keys import KeySchema
+from tests import cluster_servers
 from tests.cluster_servers import ClusterSet
 from tests.queue_facades import call_after_loss
 from tests.redis_servers import (
@@ -452,3 +454,29 @@ async def test_prq_opens_cluster_connections_without_commands_redis_7_refuses(
     finally:
         for probe in probes:
             probe.close()
+
+
+def test_a_formation_that_fails_is_tried_again_on_fresh_nodes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a first formation that does not finish (as one did once on a loaded machine)
+    attempts: list[list[int]] = []
+
+    def once_too_slow(masters: list[EmbeddedRedis], *args: object) -> None:
+        attempts.append([m.port for m in masters])
+        if len(attempts) == 1:
+            raise ConfigurationError("the local cluster did not form in 60 s: (made up)")
+        form_cluster(masters, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster_servers, "form_cluster", once_too_slow)
+    # When the bed is made
+    servers = ClusterSet()
+    try:
+        # Then it formed on fresh nodes at the second attempt, and said why it tried again,
+        # with what each node of the first attempt said
+        assert len(attempts) == 2 and not set(attempts[0]) & set(attempts[1])
+        assert "attempt 1 failed" in caplog.text and "-- " in caplog.text
+        with servers.cluster_client() as client:
+            assert client.set("bed:retried", "1") and client.get("bed:retried") == b"1"
+    finally:
+        servers.close()
