@@ -136,7 +136,8 @@ class Liveness:
         calls: list[tuple[Lease, Call]] = []
         in_flight_ttl_ms = _ms(settings.in_flight_ttl_s())
         list_ttl_ms = _ms(settings.list_ttl_s)
-        for lease in self.sent.values():
+        # (snapshots: a blocking node's worker threads hold and release requests meanwhile)
+        for lease in list(self.sent.values()):
             if self._beat_due(lease, now):
                 lease.last_beat = now
                 call = beat_call(
@@ -146,7 +147,7 @@ class Liveness:
                 calls.append((lease, call))
         in_touch = now - self.last_contact <= 2 * settings.poll_interval_s + 1.0
         sender_timeout_ms = _ms(settings.sender_timeout_s) if in_touch else NO_JUDGMENT_MS
-        for lease in self.held.values():
+        for lease in list(self.held.values()):
             record = self._beat_due(lease, now)
             if not record and now - lease.last_look < settings.poll_interval_s:
                 continue
