@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,9 +74,9 @@ __all__ = [
     "TAKEN",
     "EndpointSeries",
     "call_ended",
-    "pickup_waited",
     "refresh_endpoint_gauges",
     "series",
+    "taken",
 ]
 
 #: Latency buckets, seconds: sub-millisecond round trips up to calls that run for minutes.
@@ -259,10 +259,17 @@ def call_ended(
             HEARTBEATS_MISSED.labels(endpoint, "receiver").inc()
 
 
-def pickup_waited(endpoint: str, created_ms: int) -> None:
-    """A receiver took a request enqueued at `created_ms` (0: handed off, no wait)."""
-    wait_s = max(0.0, time.time() - created_ms / 1000.0) if created_ms else 0.0
-    series(endpoint).pickup_wait.observe(wait_s)
+def taken(endpoint: str, created_ms: Sequence[int]) -> None:
+    """A receiver took requests enqueued at `created_ms` (0: handed off, no wait): counted,
+    and each one's wait for pickup observed (one clock reading for a take's batch)."""
+    if not created_ms:
+        return
+    endpoint_series = series(endpoint)
+    endpoint_series.taken.inc(len(created_ms))
+    now_ms = time.time() * 1000.0
+    observe = endpoint_series.pickup_wait.observe
+    for created in created_ms:
+        observe(max(0.0, now_ms - created) / 1000.0 if created else 0.0)
 
 
 async def refresh_endpoint_gauges(inspector: Inspector) -> None:

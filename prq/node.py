@@ -59,6 +59,7 @@ from prq.models import (
     Response,
     ServerError,
     check_body_size,
+    checked_model,
     decode_stored_request,
     encode_stored_request,
     validate_endpoint,
@@ -342,7 +343,9 @@ class QueueBase:
         bad: list[tuple[TakenItem, SerializationError]] = []
         refused: list[str] = []
         ran: list[TakenItem] = []
-        life = self._watch.data_loss.life(endpoint, time.monotonic())
+        created: list[int] = []
+        now = time.monotonic()  # (a take's items arrived together)
+        life = self._watch.data_loss.life(endpoint, now)
         for item in items:
             try:
                 data = opened[item.request_id]
@@ -365,17 +368,18 @@ class QueueBase:
             if request.delivery == "at_least_once" and not self._first_run(endpoint, item, life):
                 ran.append(item)
                 continue
-            delivery = DeliveryInfo.model_construct(  # (an int, a hex digest: nothing to check)
-                attempt=item.attempt, delivery_hash=delivery_hash(endpoint, request.id)
+            delivery = checked_model(  # (an int, a hex digest: nothing to check)
+                DeliveryInfo,
+                {"attempt": item.attempt, "delivery_hash": delivery_hash(endpoint, request.id)},
             )
             pending = PendingRequest(request, delivery, token)
             self._held[request.id] = pending
             if self.ctx.signer is not None and request.delivery == "at_least_once":
-                self._renewals.hold(request.id, endpoint, item.body, time.monotonic())
-            self._watch.hold(pending, time.monotonic())
+                self._renewals.hold(request.id, endpoint, item.body, now)
+            self._watch.hold(pending, now)
             good.append(pending)
-            metrics.series(endpoint).taken.inc()
-            metrics.pickup_waited(endpoint, item.created_ms)
+            created.append(item.created_ms)
+        metrics.taken(endpoint, created)
         return Adopted(good, bad, refused, ran)
 
     def _first_delivery(self, endpoint: str, item: TakenItem, life: int) -> bool:

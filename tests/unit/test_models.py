@@ -6,11 +6,14 @@ import pickle
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
 
 from prq import InvalidEndpoint, Request, Response, SerializationError, ServerError
 from prq.models import (
     COMPACT_ID_LENGTH,
+    DeliveryInfo,
     StoredRequest,
+    checked_model,
     decode_request,
     decode_response,
     decode_stored_request,
@@ -113,3 +116,31 @@ def test_a_stored_request_is_written_as_its_model_would_write_it(request_: Reque
     assert encode_stored_request(request_) == through_model
     decoded = decode_stored_request(encode_stored_request(request_), "poll://a", request_.id)
     assert decoded == request_
+
+
+def test_a_model_built_from_checked_values_is_the_model_validation_builds() -> None:
+    values = {
+        "endpoint": "poll://a", "method": "m", "params": {"x": [1, 2.5]}, "service": "svc",
+        "id": "a" * 22, "priority": 3, "producer": "p", "delivery": "at_least_once",
+        "headers": {"h": "v"}, "streams": {}, "response_ttl_s": 2.5,
+    }  # fmt: skip
+    built = checked_model(Request, dict(values))
+    validated = Request(**values)
+    assert built == validated
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert built.model_fields_set == validated.model_fields_set
+    assert repr(built) == repr(validated)
+    assert pickle.loads(pickle.dumps(built)) == validated
+    assert built.model_copy(update={"priority": 9}).priority == 9
+    with pytest.raises(ValidationError):  # frozen, as the model is
+        built.priority = 1  # type: ignore[misc]
+    delivery = checked_model(DeliveryInfo, {"attempt": 2, "delivery_hash": "ab"})
+    assert delivery == DeliveryInfo(attempt=2, delivery_hash="ab")
+    with pytest.raises(ValidationError):
+        delivery.attempt = 3  # type: ignore[misc]
+
+
+def test_a_model_missing_values_gets_its_defaults_as_model_construct_gives_them() -> None:
+    built = checked_model(DeliveryInfo, {"delivery_hash": "ab"})
+    assert built.attempt == 1
+    assert built == DeliveryInfo.model_construct(delivery_hash="ab")
