@@ -414,7 +414,7 @@ class DataLossWatch:
             counter = self._counter(endpoint, now, used=True)
             reason = self._went_back(endpoint, counter, floor, value)
             if not reason:
-                counter.floor = max(counter.floor, value)
+                self._raise_floor(endpoint, counter, value, sent_epoch)
                 _learn_ghosts(counter, value, sent_epoch)
             return reason
 
@@ -440,12 +440,21 @@ class DataLossWatch:
                 return max(known.ghosts_up_to, counter)
             return known.ghosts_up_to
 
-    def observe(self, endpoint: str, value: int, now: float) -> None:
-        """Note an endpoint's counter as this node's own enqueue reported it: the highest
-        value seen is kept; a use of the endpoint. (An enqueue's reading sets no ghost mark:
-        the enqueue's own requests are numbered up to it.)"""
+    def observe(self, endpoint: str, value: int, now: float, sent_epoch: int) -> None:
+        """Note an endpoint's counter as this node's own enqueue, sent when the node's epoch was
+        `sent_epoch`, reported it: the highest value seen is kept; a use of the endpoint. (An
+        enqueue's reading sets no ghost mark: the enqueue's own requests are numbered up to
+        it.)"""
         with self._lock:
             counter = self._counter(endpoint, now, used=True)
+            self._raise_floor(endpoint, counter, value, sent_epoch)
+
+    def _raise_floor(self, endpoint: str, counter: _Counter, value: int, sent_epoch: int) -> None:
+        """Learn a reading sent in epoch `sent_epoch` as the floor, unless a declaration that
+        covers the endpoint came since it was sent: it may show the Redis from before the
+        loss (a counter since started again), and a floor from it would make the next check
+        declare the same loss a second time. Call with the lock held."""
+        if sent_epoch >= self.epoch_of(endpoint):
             counter.floor = max(counter.floor, value)
 
     def life(self, endpoint: str, now: float) -> int:

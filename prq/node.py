@@ -913,13 +913,18 @@ class QueueBase:
         metrics.CANCELLED.labels(endpoint).inc()
 
     def _enqueued(
-        self, endpoint: str, counter: int | None, then: Callable[[], None] | None = None
+        self,
+        endpoint: str,
+        sent_epoch: int,
+        counter: int | None,
+        then: Callable[[], None] | None = None,
     ) -> None:
-        """An enqueue step of this node answered: `counter` is the endpoint's enqueue counter,
-        None when the id was known already (nothing enqueued); then `then` is called."""
+        """An enqueue step of this node, sent in epoch `sent_epoch` (or later), answered:
+        `counter` is the endpoint's enqueue counter, None when the id was known already
+        (nothing enqueued); then `then` is called."""
         if counter is not None:
             metrics.ENQUEUED.labels(endpoint).inc()
-            self._watch.observe_counter(endpoint, counter)
+            self._watch.observe_counter(endpoint, counter, sent_epoch)
         if then is not None:
             then()
 

@@ -306,7 +306,12 @@ class AsyncQueue(QueueBase):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(self._enqueued, request.endpoint, then=on_enqueued),
+                    partial(
+                        self._enqueued,
+                        request.endpoint,
+                        self._watch.data_loss.epoch,
+                        then=on_enqueued,
+                    ),
                     partial(self._redelivered, request.endpoint),
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),

@@ -148,10 +148,11 @@ class NodeWatch:
         if lease is not None:
             self._ended(lease, reason or "cancelled")
 
-    def observe_counter(self, endpoint: str, counter: int) -> None:
-        """An enqueue reported the endpoint's counter (the next check compares against it)."""
+    def observe_counter(self, endpoint: str, counter: int, sent_epoch: int) -> None:
+        """An enqueue sent in epoch `sent_epoch` reported the endpoint's counter (the next check
+        compares against it)."""
         now = time.monotonic()
-        self.data_loss.observe(endpoint, counter, now)
+        self.data_loss.observe(endpoint, counter, now, sent_epoch)
         if self.presence.sent(endpoint, now):
             self.wake()
 

@@ -21,6 +21,7 @@ from tests.fault.scenarios import (
     figures,
     ok_since,
     owner_port,
+    starts,
 )
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import new_prefix, wait_until
@@ -96,8 +97,10 @@ def test_a_shard_flushed_under_load_fails_only_its_own_calls(
             silent = [node for node in [*senders, *receivers] if not data_loss_declared(node)]
             tails = "\n".join(f"--- {node.name}:\n{node.log_tail()}" for node in silent)
             raise AssertionError(f"{exc}; silent: {[n.name for n in silent]}\n{tails}") from None
-        # (by now every node declared: its first counter reading since then marks the ghosts,
-        # and the calls queued before that reading are refused with them, by design)
+        # (by now every node declared; each receiver's first counter reading sent since its
+        # declaration marks the ghosts, and the calls queued before that reading are refused
+        # with them, by design (prq.data_loss): the window ends once that reading came back on
+        # every receiver of the shard, which can be later than this; see ghosts_marked below)
         all_declared_at = time.monotonic()
         declared_by = max(
             next(r["t_mono"] for r in ends(s) if r["outcome"] == "DataLoss") for s in victims
@@ -114,19 +117,33 @@ def test_a_shard_flushed_under_load_fails_only_its_own_calls(
         assert failed_elsewhere == []
         lost = [r for s in victims for r in ends(s) if r["outcome"] == "DataLoss"]
         assert lost, "the flush met no call in flight"
+        # Each receiver of the flushed endpoint has marked its ghosts by the time it runs a
+        # call that started after all_declared_at (so was taken after its declaration): until
+        # its mark, every request a take hands it is numbered up to that take's reading and
+        # refused. After its mark it refuses only requests queued before the marking reading,
+        # whose calls started before that run. So the window ends at each one's first such run.
+        fresh = {r["id"] for s in victims for r in starts(s) if r["t_mono"] >= all_declared_at}
+        ghosts_marked = [
+            min((r["t_mono"] for r in starts(rcv) if r["id"] in fresh), default=None)
+            for rcv in receivers[:2]
+        ]
+        idle = [rcv.name for rcv, t in zip(receivers[:2], ghosts_marked, strict=True) if t is None]
+        assert not idle, f"receivers of the flushed shard that ran no call again: {idle}"
+        window_end = max(declared_by, all_declared_at, *(t for t in ghosts_marked if t is not None))
 
         result = check_nodes(
             nodes.nodes,
             name="S21",
             redis_client=client,  # type: ignore[arg-type]
             prefix=prefix,
-            data_loss_windows=[(flushed_at - 0.1, max(declared_by, all_declared_at) + 0.1)],
+            data_loss_windows=[(flushed_at - 0.1, window_end + 0.1)],
         )
         print(result.report())
         figures(
             "S21",
             data_loss_failures=len(lost),
             declared_after_s=declared_by - flushed_at,
+            ghosts_marked_after_s=window_end - all_declared_at,
             ok_after=ok_since(victims, declared_by),
             ok_elsewhere_after=ok_since(others, flushed_at),
         )

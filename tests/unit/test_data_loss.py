@@ -49,7 +49,7 @@ def vouched(dl: DataLossWatch, value: int, now: float) -> None:
 
 def test_a_check_reads_and_refreshes_the_counter_of_every_endpoint_it_compares() -> None:
     dl = watch()
-    dl.observe(E, 3, 0.0)
+    dl.observe(E, 3, 0.0, dl.epoch)
     calls = [call.args for call in dl.check(0.0).calls[1:]]
     assert calls == [("GET", seq_key(dl)), ("PEXPIRE", seq_key(dl), int(LIST_TTL_S * 1000))]
 
@@ -60,16 +60,16 @@ def test_a_new_endpoint_brings_a_check_at_once() -> None:
     dl.wake = lambda: woken.append(True)
     dl.check(0.0)
     assert not dl.check_due(0.5)
-    dl.observe(E, 1, 0.5)
+    dl.observe(E, 1, 0.5, dl.epoch)
     assert dl.check_due(0.5)
     assert woken == [True]
-    dl.observe(E, 2, 0.6)  # known already: no more
+    dl.observe(E, 2, 0.6, dl.epoch)  # known already: no more
     assert woken == [True]
 
 
 def test_a_floor_is_compared_only_once_a_check_refreshed_its_counter() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     assert dl.floor(E, 0.0) is None
     first = dl.check(0.0)
     assert first.floors == {E: None}
@@ -80,7 +80,7 @@ def test_a_floor_is_compared_only_once_a_check_refreshed_its_counter() -> None:
 
 def test_a_counter_below_a_vouched_floor_is_data_loss() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     check = dl.check(1.0)
     assert dl.settle(check, answer(check, (2, True)), 1.0) == Loss(
@@ -96,7 +96,7 @@ def test_a_counter_below_a_vouched_floor_is_data_loss() -> None:
 def test_a_counter_gone_once_the_vouching_lapsed_is_no_loss_and_starts_a_new_life() -> None:
     # Given a counter vouched for until 50 s (a check sent at 0 s refreshed it)
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     life = dl.life(E, 1.0)
     # When no check refreshes it for as long (Redis away, the node paused) and it is gone
@@ -112,7 +112,7 @@ def test_a_counter_gone_once_the_vouching_lapsed_is_no_loss_and_starts_a_new_lif
 
 def test_a_take_sent_while_vouched_is_not_judged_once_the_vouching_lapsed() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     floor = dl.floor(E, VOUCHED_S - 1)
     assert floor is not None
@@ -122,7 +122,7 @@ def test_a_take_sent_while_vouched_is_not_judged_once_the_vouching_lapsed() -> N
 
 def test_each_check_keeps_the_counter_vouched_for() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     life = dl.life(E, 0.0)
     for now in (0.0, 30.0, 60.0, 90.0):  # each well within the 50 s the one before vouched
         vouched(dl, 5, now)
@@ -133,7 +133,7 @@ def test_each_check_keeps_the_counter_vouched_for() -> None:
 
 def test_an_endpoint_unused_for_a_list_ttl_is_no_longer_watched_unless_in_flight() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     for now in (30.0, 60.0, 90.0):
         vouched(dl, 5, now)
@@ -146,13 +146,17 @@ def test_an_endpoint_unused_for_a_list_ttl_is_no_longer_watched_unless_in_flight
 
 def test_a_declaration_forgets_the_floors_and_keeps_the_lives() -> None:
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     life = dl.life(E, 1.0)
     before = dl.floor(E, 1.0)
     assert dl.declare("test") == 1
-    # a reading sent before the declaration says nothing more
-    assert dl.read(E, before, 1, 1.0, 0) is None
+    # a reading sent before the declaration says nothing more, and sets no floor
+    assert dl.read(E, before, 9, 1.0, 0) is None
+    floor = dl.floor(E, 1.0)
+    assert floor is not None and (floor.value, floor.life, floor.epoch) == (0, life, 1)
+    # one sent after it does
+    assert dl.read(E, floor, 1, 1.0, 1) is None
     floor = dl.floor(E, 1.0)
     assert floor is not None and (floor.value, floor.life, floor.epoch) == (1, life, 1)
 
@@ -161,7 +165,7 @@ def test_a_declaration_forgets_the_floors_and_keeps_the_lives() -> None:
 def test_the_first_reading_after_a_declaration_marks_the_ghosts(first_reading: str) -> None:
     # Given a counter at 5, then a declaration (a stale replica keeps requests 1-3 queued)
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     assert dl.ghosts_up_to(E) == 0
     dl.declare("test")
@@ -186,7 +190,7 @@ def test_a_reading_sent_before_the_declaration_marks_no_ghosts(stale_reading: st
     # Given a counter at 5, a check sent then (it reads 5), and a declaration (the shard was
     # flushed: its counter starts again)
     dl = watch()
-    dl.observe(E, 5, 0.0)
+    dl.observe(E, 5, 0.0, dl.epoch)
     vouched(dl, 5, 0.0)
     sent_before = dl.check(1.0)
     epoch_before = dl.epoch
@@ -256,7 +260,7 @@ def test_a_canary_gone_on_one_master_is_a_loss_of_that_masters_slots_only() -> N
     dl = cluster_watch(layout)
     on_1, on_2 = endpoint_on(dl, "m1", THREE), endpoint_on(dl, "m2", THREE)
     for endpoint in (on_1, on_2):
-        dl.observe(endpoint, 5, 0.0)
+        dl.observe(endpoint, 5, 0.0, dl.epoch)
     first = dl.check(0.0)
     dl.settle(first, answer(first, (5, True), (5, True)), 0.0)
     before_1, before_2 = dl.epoch_of(on_1), dl.epoch_of(on_2)
@@ -282,7 +286,7 @@ def test_a_counter_that_went_back_is_a_loss_of_its_masters_slots() -> None:
     layout = [THREE]
     dl = cluster_watch(layout)
     on_3 = endpoint_on(dl, "m3", THREE)
-    dl.observe(on_3, 5, 0.0)
+    dl.observe(on_3, 5, 0.0, dl.epoch)
     first = dl.check(0.0)
     dl.settle(first, answer(first, (5, True)), 0.0)
     check = dl.check(1.0)
@@ -385,3 +389,29 @@ def test_checks_whose_canary_replies_are_not_counts_warn_once_they_come_in_a_row
     assert dl.settle(check, [2], 10.0) is None
     assert any("judged again" in r.getMessage() for r in caplog.records)
     assert dl.unjudged == 0
+
+
+@pytest.mark.parametrize("late_reading", ["take", "enqueue"])
+def test_a_reading_sent_before_the_declaration_sets_no_floor_after_it(late_reading: str) -> None:
+    # Given a counter at 5,000 vouched for, then data loss declared (the shard was flushed: the
+    # counter starts again from 0)
+    dl = watch()
+    dl.observe(E, 5_000, 0.0, dl.epoch)
+    vouched(dl, 5_000, 0.0)
+    epoch_before = dl.epoch
+    dl.declare("test")
+    # When a reading sent before the declaration comes back after it, showing 5,000 (a take
+    # or an enqueue that ran before the flush, its reply handled once the loss was declared)
+    if late_reading == "take":
+        assert dl.read(E, None, 5_000, 1.0, epoch_before) is None
+    else:
+        dl.observe(E, 5_000, 1.0, epoch_before)
+    # Then the next check, which finds the counter at 3 (three requests since the flush), sees
+    # no second loss: the old value belongs to the Redis before the loss
+    check = dl.check(2.0)
+    assert dl.settle(check, answer(check, (3, True)), 2.0) is None
+    assert dl.events == 1
+    # and readings sent after the declaration are compared as before
+    assert dl.read(E, dl.floor(E, 2.5), 4, 2.5, dl.epoch) is None
+    check = dl.check(3.0)
+    assert isinstance(dl.settle(check, answer(check, (2, True)), 3.0), Loss)
