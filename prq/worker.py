@@ -17,6 +17,7 @@ import collections
 import contextvars
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -49,8 +50,13 @@ ANSWER_BACKLOG = 2
 #: on average (see _Pace), and weighs each new run so much in that average.
 TAKE_AHEAD_BELOW_S = 0.005
 PACE_WEIGHT = 0.1
-#: How often a main thread waiting for its serve threads wakes (so that signals are handled).
+#: How often a main thread waiting for its serve threads wakes (so that signals are handled),
+#: and a serve thread waiting for a request looks whether one waits for it unannounced.
 JOIN_WAKE_S = 0.2
+#: A blocking serve loop wakes one worker thread per this much expected handler time of the
+#: requests a take brought beyond the taker's own (see _TakeTurns): a thread hand-off costs
+#: more CPU than a quick handler's whole run.
+SHARE_S = 0.002
 
 _current: contextvars.ContextVar[PendingRequest | None] = contextvars.ContextVar(
     "prq_current_request", default=None
@@ -413,7 +419,7 @@ def serve_sync(
         while True:
             pending, going = turns.next_request()
             if pending is not None:
-                _answer(queue, handler, pending, answers)
+                _answer(queue, handler, pending, answers, turns.pace)
             elif not going:
                 return
 
@@ -438,7 +444,15 @@ def serve_sync(
 class _TakeTurns:
     """The workers of one `serve_sync`: one idle worker at a time takes from Redis, for itself
     and for every worker waiting meanwhile; what it takes beyond its own first request waits
-    in a backlog for the others (held, so beaten for, and counted as serving at once)."""
+    in a backlog for the others (held, so beaten for, and counted as serving at once).
+
+    Only as many workers are woken for the backlog as the handlers' pace asks for (`helpers`):
+    one per SHARE_S of expected handler time, and one to take next. Quick handlers run one
+    after another on a few threads (a wake-up costs a thread more CPU than an echo handler's
+    whole run: waking one per request halved a drain's rate); slow ones get a thread each, as
+    before the pace is known. A worker that takes a request from the backlog wakes one more
+    while what is left is more than SHARE_S of work. A run far slower than the average holds
+    the requests behind it until a sleeping worker's timed wait (JOIN_WAKE_S) finds them."""
 
     def __init__(
         self, queue: Queue, endpoint: str, stopped: Callable[[], bool], pause: threading.Event
@@ -452,6 +466,16 @@ class _TakeTurns:
         self.taking = False  # a worker is taking from Redis
         self.waiting = 0  # workers waiting for a request while another one takes
         self.failures = 0
+        #: How long the handlers run (each worker adds its runs; a lost update is harmless).
+        self.pace = _Pace()
+
+    def helpers(self, left: int) -> int:
+        """How many more workers `left` requests waiting in the backlog need (call with the
+        turns held)."""
+        mean_s = self.pace.mean_s
+        if left <= 0 or mean_s is None:
+            return max(0, left)
+        return max(1, min(left, math.ceil(left * mean_s / SHARE_S)))
 
     def next_request(self) -> tuple[PendingRequest | None, bool]:
         """The next request for the calling worker (None: none this turn), taken for it and
@@ -462,7 +486,10 @@ class _TakeTurns:
                 self.turns.wait(JOIN_WAKE_S)
                 self.waiting -= 1
             if self.backlog:
-                return self.backlog.popleft(), True
+                pending = self.backlog.popleft()
+                if self.backlog and self.waiting and self.helpers(len(self.backlog)) > 1:
+                    self.turns.notify(1)  # (more work left than this worker does soon)
+                return pending, True
             if self.stopped():
                 return None, False
             self.taking = True
@@ -484,9 +511,9 @@ class _TakeTurns:
                 for pending in taken:  # running from now on, for the queue's closing
                     self.queue._serving.add(pending.id)
                 self.backlog.extend(taken[1:])
-                # one waiting worker per request left over, and one to take next (this one
-                # runs the first); not all of them: a wake-up costs each one CPU
-                self.turns.notify(len(taken))
+                # the workers the requests left over need (one each until the handlers' pace
+                # is known), and one to take next; this one runs the first
+                self.turns.notify(self.helpers(len(self.backlog)) + 1)
         return (taken[0] if taken else None), True
 
 
@@ -530,14 +557,18 @@ class _AnswerTurns:
             raise
 
 
-def _answer(queue: Queue, handler: Handler, pending: PendingRequest, answers: _AnswerTurns) -> None:
+def _answer(
+    queue: Queue, handler: Handler, pending: PendingRequest, answers: _AnswerTurns, pace: _Pace
+) -> None:
     queue._serving.add(pending.id)
     body: bytes | None = None
     try:
+        started = time.monotonic()
         try:
             response = build_response(pending.id, _run_sync_handler(handler, pending))
         except Exception as exc:
             response = build_response(pending.id, exc=exc)
+        pace.ran(time.monotonic() - started)
         try:
             body, error = queue._answer_body(response)
         except PrqError as exc:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import redis
 
 import prq
 from prq import RemoteError, Request
+from prq.bulk import BulkClient
 from prq.worker import ANSWER_BACKLOG
 from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
 from tests.queued import queue_depth
@@ -211,3 +213,47 @@ async def test_quick_handlers_taken_ahead_never_run_more_than_concurrency_at_onc
     if facade == "async":
         assert most_held <= (ANSWER_BACKLOG + 1) * 8
     print(f"handlers at once: {most}, requests held at most: {most_held}")
+
+
+async def test_slow_handlers_after_quick_ones_still_run_concurrency_at_once(
+    make_queue: QueueFactory,
+) -> None:
+    # Given a receiver with 8 slots whose handler has been quick so far (a blocking receiver
+    # then wakes only a few of its threads for a take's requests: prq.worker._TakeTurns)
+    sender, receiver = make_queue(pickup_timeout_s=60), make_queue()
+    endpoint = "poll://quick-then-slow"
+    lock = threading.Lock()
+    now = most = slow_done = 0
+
+    def handler(request: Request) -> object:  # (plain: a coroutine run in a thread is not quick)
+        nonlocal now, most, slow_done
+        params = request.params
+        assert isinstance(params, dict)
+        with lock:
+            now += 1
+            most = max(most, now)
+        if params["sleep_s"]:
+            time.sleep(float(params["sleep_s"]))  # type: ignore[arg-type]  # (the work)
+        with lock:
+            now -= 1
+            slow_done += params["sleep_s"] > 0  # type: ignore[operator]
+        return params["i"]
+
+    make_queue.serve(receiver, endpoint, handler, concurrency=8)
+    quick = [sender.call(endpoint, "m", {"i": i, "sleep_s": 0}) for i in range(60)]
+    assert await asyncio.wait_for(asyncio.gather(*quick), 30) == list(range(60))
+
+    # When 8 slow requests come at once, in one enqueue (one goes to the parked take, the other
+    # 7 are queued and come in the next take, together)
+    with lock:
+        most = 0
+    slow = [
+        Request(endpoint=endpoint, method="m", params={"i": i, "sleep_s": 1.0}) for i in range(8)
+    ]
+    with BulkClient.from_url(make_queue.url, prefix=make_queue.prefix) as bulk:
+        assert (await asyncio.to_thread(bulk.enqueue_many, slow)).accepted == 8
+
+    # Then all 8 run at once (the threads a take's wake-up did not announce find the ones
+    # waiting at their next timed look)
+    await async_wait_until(lambda: slow_done == 8, 30)
+    assert most == 8

@@ -1,9 +1,11 @@
 """build_response: handler outcomes become responses; _Pace: when a serve loop may take ahead;
-_AsyncAnswers: which answers of an asyncio serve loop go out together."""
+_AsyncAnswers: which answers of an asyncio serve loop go out together; _TakeTurns: how many
+threads a blocking serve loop wakes for a take's requests."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -11,7 +13,15 @@ import pytest
 
 from prq.errors import PrqError
 from prq.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
-from prq.worker import PACE_WEIGHT, TAKE_AHEAD_BELOW_S, _AsyncAnswers, _Pace, build_response
+from prq.worker import (
+    PACE_WEIGHT,
+    SHARE_S,
+    TAKE_AHEAD_BELOW_S,
+    _AsyncAnswers,
+    _Pace,
+    _TakeTurns,
+    build_response,
+)
 
 #: Bound of every wait in the _AsyncAnswers tests.
 WAIT_S = 5.0
@@ -152,3 +162,19 @@ async def test_answers_left_behind_a_failed_write_are_written_by_one_of_their_ow
     assert writes.batches[-1] == ["a0", "a1", "a2"]
     writes.finish(len(writes.gates) - 1)
     await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
+
+
+def test_a_blocking_serve_loop_wakes_threads_for_a_takes_requests_by_their_pace() -> None:
+    turns = _TakeTurns(cast(Any, None), "poll://e", lambda: False, threading.Event())
+    # the pace not known yet: a thread for each request left over
+    assert [turns.helpers(n) for n in (0, 1, 49)] == [0, 1, 49]
+    # quick handlers: one thread for what the taker leaves, whatever its number
+    turns.pace.ran(SHARE_S / 1000)
+    assert [turns.helpers(n) for n in (0, 1, 49)] == [0, 1, 1]
+    # one more thread per SHARE_S of expected handler time, at most one per request
+    turns.pace = _Pace()
+    turns.pace.ran(SHARE_S / 2)
+    assert [turns.helpers(n) for n in (1, 2, 3, 49)] == [1, 1, 2, 25]
+    turns.pace = _Pace()
+    turns.pace.ran(1.0)
+    assert turns.helpers(49) == 49
