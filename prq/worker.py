@@ -50,6 +50,9 @@ ANSWER_BACKLOG = 2
 #: on average (see _Pace), and weighs each new run so much in that average.
 TAKE_AHEAD_BELOW_S = 0.005
 PACE_WEIGHT = 0.1
+#: Bound on the writers an asyncio serve loop's closing waits for in turn (each writes until
+#: nothing is left, within its steps' retry budgets; a writer ends only when its write fails).
+FLUSH_ROUNDS = 1000
 #: How often a main thread waiting for its serve threads wakes (so that signals are handled),
 #: and a serve thread waiting for a request looks whether one waits for it unannounced.
 JOIN_WAKE_S = 0.2
@@ -179,7 +182,8 @@ async def serve_async(
 
 class _AsyncHeld:
     """The requests one asyncio serve loop holds: each in a task that waits for a handler
-    slot, runs the handler, and answers (the slot is free once the handler returns)."""
+    slot, runs the handler, and answers or leaves its answer to a write in flight (the slot is
+    free once the handler returns)."""
 
     def __init__(
         self,
@@ -208,15 +212,20 @@ class _AsyncHeld:
         ahead = self.concurrency if self.pace.quick else 0
         return min(
             self.concurrency + ahead - self.unhandled,
-            ANSWER_BACKLOG * self.concurrency + ahead - len(self.tasks),
+            ANSWER_BACKLOG * self.concurrency + ahead - len(self.tasks) - self.answers.unwritten,
         )
 
     async def wait_for_room(self) -> None:
         if self.unhandled >= self.concurrency:
             self.handler_done.clear()
             await self.handler_done.wait()
-        else:
-            await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+            return
+        self.answers.ensure_writing()
+        written = asyncio.ensure_future(self.answers.next_written().wait())
+        try:
+            await asyncio.wait({*self.tasks, written}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            written.cancel()
 
     def start(self, pending: PendingRequest) -> None:
         self.unhandled += 1
@@ -227,6 +236,7 @@ class _AsyncHeld:
     async def _handle(self, pending: PendingRequest) -> None:
         queue = self.queue
         queue._serving.add(pending.id)
+        left = False
         try:
             try:
                 async with self.slots:
@@ -246,89 +256,109 @@ class _AsyncHeld:
             if error is not None:
                 logger.error("could not answer request_id=%s error=%s", pending.id, error)
             if body is not None:
+                left = True  # (it leaves `_serving` once written)
                 await self.answers.answer(pending.id, body)
         finally:
-            queue._serving.discard(pending.id)
+            if not left:
+                queue._serving.discard(pending.id)
 
     async def finish(self) -> None:
         """Wait until every held request is handled and answered."""
         if self.tasks:
             await asyncio.wait(self.tasks)
-
-
-class _Answer:
-    """One answer left with _AsyncAnswers."""
-
-    __slots__ = ("body", "request_id", "sending", "settled", "written")
-
-    def __init__(self, request_id: str, body: bytes, written: asyncio.Event) -> None:
-        self.request_id = request_id
-        self.body = body
-        #: Set when the write that carries it ends (while it waits: the next write's).
-        self.written = written
-        self.sending = False  # in a write
-        self.settled = False  # that write ended: written, or given up and logged
+        await self.answers.flush()
 
 
 class _AsyncAnswers:
-    """The answers of one asyncio serve loop. An answer that finds fewer writes in flight than
-    the node's link carries at once (MAX_ROUND_TRIPS_IN_FLIGHT) is written at once, with every
-    answer left meanwhile; one that finds them all busy waits for the next write, which
-    carries it with all the others left meanwhile. So a lone answer goes out at once, and
-    under load one round trip and one pass through the node's answer steps
-    (AsyncQueue._write_answers) carry many answers. Each answer's task waits until its
-    answer is written: the request stays held, and counted by the loop's backlog, till then."""
+    """The answers of one asyncio serve loop. A handler's task that finds fewer writes in
+    flight than the node's link carries at once (MAX_ROUND_TRIPS_IN_FLIGHT) writes its answer
+    at once, with every answer left meanwhile, batch after batch until nothing is left; one
+    that finds them all busy leaves its answer and ends: a write in flight carries it next. So
+    a lone answer goes out at once, and under load one round trip and one pass through the
+    node's answer steps (AsyncQueue._write_answers) carry many answers, without a task waiting
+    on each. A request stays held, counted by the loop's backlog (`unwritten`) and serving
+    (AsyncQueue._serving), until the write that carries its answer ends."""
 
     def __init__(self, queue: AsyncQueue) -> None:
         self.queue = queue
-        self.queued: list[_Answer] = []
-        self.writers = 0
-        #: Set when the next write ends: every answer queued holds it.
-        self.next_written: asyncio.Event | None = None
+        self.queued: list[tuple[str, bytes]] = []
+        self.sending = 0  # answers in a write
+        self.writers: set[asyncio.Task[None]] = set()
+        self._written: asyncio.Event | None = None
 
-    def _next_written(self) -> asyncio.Event:
-        if self.next_written is None:
-            self.next_written = asyncio.Event()
-        return self.next_written
+    @property
+    def unwritten(self) -> int:
+        return len(self.queued) + self.sending
+
+    def next_written(self) -> asyncio.Event:
+        """Set when the next write ends."""
+        if self._written is None:
+            self._written = asyncio.Event()
+        return self._written
 
     async def answer(self, request_id: str, body: bytes) -> None:
-        answer = _Answer(request_id, body, self._next_written())
-        self.queued.append(answer)
-        while not answer.settled:
-            if not answer.sending and self.writers < MAX_ROUND_TRIPS_IN_FLIGHT:
-                await self._write()
-            else:
-                await answer.written.wait()
+        """Leave an answer; with the link's writes not all in flight, write it (and what is
+        left meanwhile) in this task at once, else return at once: a writer carries it."""
+        self.queued.append((request_id, body))
+        if len(self.writers) >= MAX_ROUND_TRIPS_IN_FLIGHT:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self.writers.add(task)
+        try:
+            await self._write()
+        finally:
+            self.writers.discard(task)
+            self.ensure_writing()  # (what a failed write left)
+
+    def leave(self, request_id: str, body: bytes) -> None:
+        """Leave an answer for a writer task."""
+        self.queued.append((request_id, body))
+        self.ensure_writing()
+
+    def ensure_writing(self) -> None:
+        """Start a writer if answers wait and the link has room for another write."""
+        if self.queued and len(self.writers) < MAX_ROUND_TRIPS_IN_FLIGHT:
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        writer = asyncio.ensure_future(self._write())
+        self.writers.add(writer)
+        writer.add_done_callback(self._writer_ended)
+
+    def _writer_ended(self, writer: asyncio.Task[None]) -> None:
+        self.writers.discard(writer)
+        if writer.cancelled():
+            return
+        error = writer.exception()
+        if error is not None:
+            logger.error("answer writer failed error=%r", error, exc_info=error)
+        self.ensure_writing()  # (what a failed writer left is written by another one)
 
     async def _write(self) -> None:
-        """Write what is queued, batch after batch, until nothing is; each batch's waiters
-        are woken once it is written. A writer that fails (cancelled, say) wakes the waiters
-        of what is still queued, and the first of them writes it."""
-        self.writers += 1
-        try:
-            while self.queued:
-                batch, self.queued = self.queued, []
-                written = self._next_written()
-                self.next_written = None
-                for answer in batch:
-                    answer.sending = True
-                try:
-                    failed = await self.queue._write_answers(
-                        [(answer.request_id, answer.body) for answer in batch]
-                    )
-                finally:
-                    for answer in batch:
-                        answer.settled = True
+        """Write what is queued, batch after batch, until nothing is."""
+        while self.queued:
+            batch, self.queued = self.queued, []
+            self.sending += len(batch)
+            try:
+                failed = await self.queue._write_answers(batch)
+            finally:
+                self.sending -= len(batch)
+                for request_id, _ in batch:
+                    self.queue._serving.discard(request_id)
+                written, self._written = self._written, None
+                if written is not None:
                     written.set()
-                for request_id, error in failed.items():
-                    logger.error("could not answer request_id=%s error=%s", request_id, error)
-        finally:
-            self.writers -= 1
-            if self.queued:  # left behind by a failed write
-                left, self.next_written = self._next_written(), None
-                for answer in self.queued:
-                    answer.written = self._next_written()
-                left.set()
+            for request_id, error in failed.items():
+                logger.error("could not answer request_id=%s error=%s", request_id, error)
+
+    async def flush(self) -> None:
+        """Wait until every answer left is written (or its write failed)."""
+        for _ in range(FLUSH_ROUNDS):
+            self.ensure_writing()
+            if not self.writers:
+                return
+            await asyncio.wait(set(self.writers))
 
 
 class _Pace:

@@ -76,6 +76,7 @@ class Writes:
         self.batches: list[list[str]] = []
         self.gates: list[asyncio.Event] = []
         self.fail_next: BaseException | None = None
+        self._serving: set[str] = set()
 
     async def _write_answers(self, answers: Sequence[tuple[str, bytes]]) -> dict[str, PrqError]:
         self.batches.append([request_id for request_id, _ in answers])
@@ -100,68 +101,102 @@ def answers_to(writes: Writes) -> _AsyncAnswers:
     return _AsyncAnswers(cast(Any, writes))
 
 
-async def link_busy(answers: _AsyncAnswers, writes: Writes) -> list[asyncio.Task[None]]:
-    """Answer w0, w1, ... until as many writes are in flight as the link carries at once; the
-    tasks of those answers."""
-    tasks = [
-        asyncio.create_task(answers.answer(f"w{i}", b"1")) for i in range(MAX_ROUND_TRIPS_IN_FLIGHT)
-    ]
-    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT)
-    return tasks
+def leave(answers: _AsyncAnswers, writes: Writes, request_id: str) -> None:
+    writes._serving.add(request_id)  # (as a serve loop's task does before its handler runs)
+    answers.leave(request_id, b"1")
 
 
-async def test_a_lone_answer_is_written_at_once_and_alone() -> None:
+async def link_busy(answers: _AsyncAnswers, writes: Writes) -> None:
+    """Leave w0, w1, ... until as many writes are in flight as the link carries at once (each
+    once the write before it began: answers left together go in one write)."""
+    for i in range(MAX_ROUND_TRIPS_IN_FLIGHT):
+        leave(answers, writes, f"w{i}")
+        await writes.started(i + 1)
+
+
+async def test_a_lone_answer_is_written_at_once_and_alone_by_its_own_task() -> None:
     writes = Writes()
     answers = answers_to(writes)
+    writes._serving.add("a")
     task = asyncio.create_task(answers.answer("a", b"1"))
     await writes.started(1)
     assert writes.batches == [["a"]]
+    assert answers.writers == {task}  # (no writer task of its own: no turn of the loop lost)
+    assert answers.unwritten == 1 and writes._serving == {"a"}  # held until written
     writes.finish(0)
     await asyncio.wait_for(task, WAIT_S)
+    assert answers.unwritten == 0 and writes._serving == set() and not answers.writers
 
 
 async def test_answers_left_while_the_link_is_busy_go_out_together_in_the_next_write() -> None:
     # Given as many writes in flight as the link carries at once
     writes = Writes()
     answers = answers_to(writes)
-    first = await link_busy(answers, writes)
+    await link_busy(answers, writes)
     # When ten more answers are left meanwhile
-    later = [asyncio.create_task(answers.answer(f"a{i}", b"1")) for i in range(10)]
+    for i in range(10):
+        leave(answers, writes, f"a{i}")
     for _ in range(3):
         await asyncio.sleep(0)
     assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT  # they wait: no write of their own
-    assert not any(task.done() for task in later)
-    # Then, once a write ends, they go out together in one write, and each returns once
-    # that write has ended
+    assert answers.unwritten == MAX_ROUND_TRIPS_IN_FLIGHT + 10
+    # (and a handler's task answering now returns at once, leaving its answer too)
+    writes._serving.add("a10")
+    await asyncio.wait_for(answers.answer("a10", b"1"), WAIT_S)
+    # Then, once a write ends, they go out together in one write, held until it ends
     writes.finish(0)
     await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
-    assert writes.batches[-1] == [f"a{i}" for i in range(10)]
-    assert not any(task.done() for task in later)
+    assert writes.batches[-1] == [f"a{i}" for i in range(11)]
+    assert {f"a{i}" for i in range(11)} <= writes._serving
     for write in range(1, len(writes.gates)):
         writes.finish(write)
-    await asyncio.wait_for(asyncio.gather(*first, *later), WAIT_S)
+    await asyncio.wait_for(answers.flush(), WAIT_S)
     assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT + 1
+    assert answers.unwritten == 0 and writes._serving == set()
 
 
-async def test_answers_left_behind_a_failed_write_are_written_by_one_of_their_own() -> None:
+async def test_answers_left_behind_a_failed_write_are_written_by_another_writer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Given a write in flight for every round trip the link carries, and answers waiting
     writes = Writes()
     answers = answers_to(writes)
-    first = await link_busy(answers, writes)
-    waiting = [asyncio.create_task(answers.answer(f"a{i}", b"1")) for i in range(3)]
-    for _ in range(3):
-        await asyncio.sleep(0)
-    # When every write in flight fails (its task cancelled, say)
+    await link_busy(answers, writes)
+    for i in range(3):
+        leave(answers, writes, f"a{i}")
+    # When every write in flight fails
     for write in range(MAX_ROUND_TRIPS_IN_FLIGHT):
         writes.fail_next = RuntimeError("writer gone")
         writes.finish(write)
-        with pytest.raises(RuntimeError):
-            await asyncio.wait_for(first[write], WAIT_S)
-    # Then the waiting answers are written all the same, by one of their tasks
+    # Then the waiting answers are written all the same, by a writer started in its place, and
+    # the failure is logged
     await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
     assert writes.batches[-1] == ["a0", "a1", "a2"]
     writes.finish(len(writes.gates) - 1)
-    await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
+    await asyncio.wait_for(answers.flush(), WAIT_S)
+    assert answers.unwritten == 0 and writes._serving == set()
+    assert "answer writer failed" in caplog.text
+
+
+async def test_closing_writes_what_a_cancelled_writer_left() -> None:
+    # Given answers waiting behind writes in flight
+    writes = Writes()
+    answers = answers_to(writes)
+    await link_busy(answers, writes)
+    leave(answers, writes, "late")
+    # When every writer is cancelled (the loop going away under them)
+    for writer in list(answers.writers):
+        writer.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not answers.writers and answers.queued == [("late", b"1")]
+    # Then flushing (what a serve loop does as it ends) writes what they left
+    flushing = asyncio.ensure_future(answers.flush())
+    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
+    assert writes.batches[-1] == ["late"]
+    writes.finish(len(writes.gates) - 1)
+    await asyncio.wait_for(flushing, WAIT_S)
+    assert answers.unwritten == 0
 
 
 def test_a_blocking_serve_loop_wakes_threads_for_a_takes_requests_by_their_pace() -> None:
