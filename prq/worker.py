@@ -311,11 +311,6 @@ class _AsyncAnswers:
             self.writers.discard(task)
             self.ensure_writing()  # (what a failed write left)
 
-    def leave(self, request_id: str, body: bytes) -> None:
-        """Leave an answer for a writer task."""
-        self.queued.append((request_id, body))
-        self.ensure_writing()
-
     def ensure_writing(self) -> None:
         """Start a writer if answers wait and the link has room for another write."""
         if self.queued and len(self.writers) < MAX_ROUND_TRIPS_IN_FLIGHT:

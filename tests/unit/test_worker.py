@@ -101,24 +101,26 @@ def answers_to(writes: Writes) -> _AsyncAnswers:
     return _AsyncAnswers(cast(Any, writes))
 
 
-def leave(answers: _AsyncAnswers, writes: Writes, request_id: str) -> None:
-    writes._serving.add(request_id)  # (as a serve loop's task does before its handler runs)
-    answers.leave(request_id, b"1")
+def answer(answers: _AsyncAnswers, writes: Writes, request_id: str) -> asyncio.Task[None]:
+    """A serve loop's task answering `request_id` (serving since before its handler ran)."""
+    writes._serving.add(request_id)
+    return asyncio.create_task(answers.answer(request_id, b"1"))
 
 
-async def link_busy(answers: _AsyncAnswers, writes: Writes) -> None:
-    """Leave w0, w1, ... until as many writes are in flight as the link carries at once (each
-    once the write before it began: answers left together go in one write)."""
+async def link_busy(answers: _AsyncAnswers, writes: Writes) -> list[asyncio.Task[None]]:
+    """Answer w0, w1, ... until as many writes are in flight as the link carries at once (each
+    once the write before it began: answers left together go in one write); their tasks."""
+    tasks = []
     for i in range(MAX_ROUND_TRIPS_IN_FLIGHT):
-        leave(answers, writes, f"w{i}")
+        tasks.append(answer(answers, writes, f"w{i}"))
         await writes.started(i + 1)
+    return tasks
 
 
 async def test_a_lone_answer_is_written_at_once_and_alone_by_its_own_task() -> None:
     writes = Writes()
     answers = answers_to(writes)
-    writes._serving.add("a")
-    task = asyncio.create_task(answers.answer("a", b"1"))
+    task = answer(answers, writes, "a")
     await writes.started(1)
     assert writes.batches == [["a"]]
     assert answers.writers == {task}  # (no writer task of its own: no turn of the loop lost)
@@ -132,69 +134,88 @@ async def test_answers_left_while_the_link_is_busy_go_out_together_in_the_next_w
     # Given as many writes in flight as the link carries at once
     writes = Writes()
     answers = answers_to(writes)
-    await link_busy(answers, writes)
-    # When ten more answers are left meanwhile
-    for i in range(10):
-        leave(answers, writes, f"a{i}")
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT  # they wait: no write of their own
+    first = await link_busy(answers, writes)
+    # When ten more answers come meanwhile, Then each task returns at once, leaving its answer
+    later = [answer(answers, writes, f"a{i}") for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*later), WAIT_S)
+    assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT  # no write of their own
     assert answers.unwritten == MAX_ROUND_TRIPS_IN_FLIGHT + 10
-    # (and a handler's task answering now returns at once, leaving its answer too)
-    writes._serving.add("a10")
-    await asyncio.wait_for(answers.answer("a10", b"1"), WAIT_S)
-    # Then, once a write ends, they go out together in one write, held until it ends
+    # And once a write ends, they go out together in the next write, held until it ends
     writes.finish(0)
     await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
-    assert writes.batches[-1] == [f"a{i}" for i in range(11)]
-    assert {f"a{i}" for i in range(11)} <= writes._serving
+    assert writes.batches[-1] == [f"a{i}" for i in range(10)]
+    assert {f"a{i}" for i in range(10)} <= writes._serving
     for write in range(1, len(writes.gates)):
         writes.finish(write)
+    await asyncio.wait_for(asyncio.gather(*first), WAIT_S)
     await asyncio.wait_for(answers.flush(), WAIT_S)
     assert len(writes.batches) == MAX_ROUND_TRIPS_IN_FLIGHT + 1
     assert answers.unwritten == 0 and writes._serving == set()
 
 
-async def test_answers_left_behind_a_failed_write_are_written_by_another_writer(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_answers_left_behind_a_failed_write_are_written_by_another_writer() -> None:
     # Given a write in flight for every round trip the link carries, and answers waiting
     writes = Writes()
     answers = answers_to(writes)
-    await link_busy(answers, writes)
-    for i in range(3):
-        leave(answers, writes, f"a{i}")
-    # When every write in flight fails
+    first = await link_busy(answers, writes)
+    waiting = [answer(answers, writes, f"a{i}") for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
+    # When every write in flight fails (their tasks see the error)
     for write in range(MAX_ROUND_TRIPS_IN_FLIGHT):
         writes.fail_next = RuntimeError("writer gone")
         writes.finish(write)
-    # Then the waiting answers are written all the same, by a writer started in its place, and
-    # the failure is logged
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(first[write], WAIT_S)
+    # Then the waiting answers are written all the same, by a writer started in their place
     await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
     assert writes.batches[-1] == ["a0", "a1", "a2"]
     writes.finish(len(writes.gates) - 1)
     await asyncio.wait_for(answers.flush(), WAIT_S)
     assert answers.unwritten == 0 and writes._serving == set()
+
+
+async def test_a_writer_that_fails_on_its_own_is_logged_and_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a writer task of the queue's own (started for what a failed write left)
+    writes = Writes()
+    answers = answers_to(writes)
+    writes._serving.add("a")
+    answers.queued.append(("a", b"1"))
+    answers.ensure_writing()
+    await writes.started(1)
+    writes._serving.add("b")
+    answers.queued.append(("b", b"1"))
+    # When its write fails, Then the failure is logged and another writer writes what is left
+    writes.fail_next = RuntimeError("writer gone")
+    writes.finish(0)
+    await writes.started(2)
+    assert writes.batches[-1] == ["b"]
     assert "answer writer failed" in caplog.text
+    writes.finish(1)
+    await asyncio.wait_for(answers.flush(), WAIT_S)
+    assert answers.unwritten == 0 and writes._serving == set()
 
 
 async def test_closing_writes_what_a_cancelled_writer_left() -> None:
-    # Given answers waiting behind writes in flight
+    # Given a writer task of the queue's own, and an answer waiting behind it
     writes = Writes()
     answers = answers_to(writes)
-    await link_busy(answers, writes)
-    leave(answers, writes, "late")
-    # When every writer is cancelled (the loop going away under them)
+    answers.queued.append(("a", b"1"))
+    answers.ensure_writing()
+    await writes.started(1)
+    answers.queued.append(("late", b"1"))
+    # When the writer is cancelled (the loop going away under it)
     for writer in list(answers.writers):
         writer.cancel()
     for _ in range(3):
         await asyncio.sleep(0)
     assert not answers.writers and answers.queued == [("late", b"1")]
-    # Then flushing (what a serve loop does as it ends) writes what they left
+    # Then flushing (what a serve loop does as it ends) writes what it left
     flushing = asyncio.ensure_future(answers.flush())
-    await writes.started(MAX_ROUND_TRIPS_IN_FLIGHT + 1)
+    await writes.started(2)
     assert writes.batches[-1] == ["late"]
-    writes.finish(len(writes.gates) - 1)
+    writes.finish(1)
     await asyncio.wait_for(flushing, WAIT_S)
     assert answers.unwritten == 0
 
