@@ -39,14 +39,17 @@ with DataLoss, every request it holds is cancelled with reason `data_loss`, and 
 writes a fresh canary and learns the counters anew (a declaration keeps the lives: prq.taken
 still refuses what the rolled-back Redis hands out again). What that Redis still queues from
 before the loss (*ghosts*: a stale replica misses the takes and answers of requests that ran)
-must not run again, on this node or any other: the first reading of an endpoint's counter
-sent after the declaration (a take's or a check's) is at least every ghost's sequence number,
-so takes refuse, and cancel with reason `data_loss`, the requests numbered up to it (a reading
-sent before it may show the counter before the loss, and mark requests queued since). Requests
-queued between the loss and that reading are refused with them (their callers get DataLoss,
-which is retryable). Pure, and thread-safe (the blocking
-facade takes from several threads): the facade's watch loop sends the calls and reports the
-replies.
+must not run again, on this node or any other: a reading of an endpoint's counter made after
+the loss is at least every ghost's sequence number, so takes refuse, and cancel with reason
+`data_loss`, the requests numbered up to it. The first such reading is, on one server, the
+declaring check's own (read behind the canary, on the same connection), or the reading that
+went back; otherwise the first one sent after the declaration (a take's or a check's: one sent
+before it may show the counter before the loss, and mark requests queued since). Requests
+queued between the loss and that reading are refused with the ghosts (their callers get
+DataLoss, which is retryable): on one server only those queued before the check that saw the
+loss; on a cluster also those queued within the round trip after it. Pure, and thread-safe
+(the blocking facade takes from several threads): the facade's watch loop sends the calls and
+reports the replies.
 
 On a Redis Cluster each master can lose its data alone (flushed, restarted empty, failed over
 to a stale replica), so a loss has a *scope*: the slots of the master that lost it. The node
@@ -64,8 +67,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 
 from redis.crc import key_slot
 
@@ -123,6 +126,10 @@ class Loss:
 
     reason: str
     slots: frozenset[int] | None = None
+    #: Counter readings that surely ran after the loss (DataLossWatch._read_after): each
+    #: bounds its endpoint's ghosts at once, so that requests queued after it are not refused
+    #: as ghosts. The others are bounded by the first reading sent after the declaration.
+    readings: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -342,7 +349,7 @@ class DataLossWatch:
                 why = (
                     "canary gone" if canary <= 1 else f"canary rolled back ({canary} < {expected})"
                 )
-                return Loss(why, self._scope_of_key(key))
+                return Loss(why, self._scope_of_key(key), self._read_after(check, replies, None))
         vouched_until = check.sent_at + VOUCHED_SHARE * self.ctx.settings.list_ttl_s
         with self._lock:
             for i, (endpoint, floor) in enumerate(check.floors.items()):
@@ -352,12 +359,32 @@ class DataLossWatch:
                 value = _int(replies[counted + 2 * i])
                 reason = self._went_back(endpoint, counter, floor, value)
                 if reason:
-                    return Loss(reason, self.scope_of(endpoint))
+                    readings = self._read_after(check, replies, i)
+                    return Loss(reason, self.scope_of(endpoint), readings)
                 counter.floor = max(counter.floor, value)
                 _learn_ghosts(counter, value, check.epoch)
                 if replies[counted + 1 + 2 * i] == 1:  # it was there; lives a list TTL from now
                     counter.vouched_until = max(counter.vouched_until or 0.0, vouched_until)
         return None
+
+    def _read_after(self, check: Check, replies: list[Reply], shown: int | None) -> dict[str, int]:
+        """The check's counter readings that surely ran after the loss it showed, at its
+        canaries (`shown` None) or at the reading of its endpoint number `shown`: that
+        reading itself, anywhere; and on one server every reading behind the sign, since a
+        round trip's calls run in order on one connection (a flush by another client may land
+        between two of them, so not the readings in front of it; a restart or a failover ends
+        the connection). On a cluster the calls to different masters run apart, and redis-py
+        sends a redirected call again after the others: the first reading sent after the
+        declaration bounds the ghosts of the other endpoints there."""
+        counted = len(check.canaries)
+        one_server = self.layout() is None
+        readings: dict[str, int] = {}
+        for i, endpoint in enumerate(check.floors):
+            reply = replies[counted + 2 * i]
+            after = i == shown or (one_server and i >= (shown or 0))
+            if after and (reply is None or isinstance(reply, (bytes, int))):
+                readings[endpoint] = _int(reply)
+        return readings
 
     def _judged(self, now: float) -> bool:
         """A check is judged now; whether the node was out of touch for longer than a canary
@@ -463,9 +490,15 @@ class DataLossWatch:
         with self._lock:
             return self._counter(endpoint, now, used=True).life
 
-    def declare(self, reason: str, slots: frozenset[int] | None = None) -> int:
+    def declare(
+        self,
+        reason: str,
+        slots: frozenset[int] | None = None,
+        readings: Mapping[str, int] | None = None,
+    ) -> int:
         """Data was lost in `slots` (None: everywhere): start a new epoch there, forget what was
-        learned there; return the new epoch."""
+        learned there; return the new epoch. `readings` are counters read after the loss
+        (Loss.readings): they bound their endpoints' ghosts now."""
         with self._lock:
             self.epoch += 1
             self.events += 1
@@ -479,6 +512,8 @@ class DataLossWatch:
                 if self.covers(endpoint, slots):
                     counter.floor = 0
                     counter.ghost_reading_due, counter.ghost_epoch = True, epoch
+                    if readings and endpoint in readings:
+                        _learn_ghosts(counter, readings[endpoint], epoch)
             for key in self.canaries:
                 if slots is None or key_slot(key.encode()) in slots:
                     self.canaries[key] = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,7 +113,7 @@ class NodeWatch:
                 return
             loss = self.data_loss.settle(plan.check, check, now)
             if loss:
-                self.declare_data_loss(loss.reason, loss.slots)
+                self.declare_data_loss(loss.reason, loss.slots, loss.readings)
 
     def forget(self, plan: WatchPlan) -> None:
         """A plan whose steps got no reply at all (the round trip failed)."""
@@ -156,10 +156,16 @@ class NodeWatch:
         if self.presence.sent(endpoint, now):
             self.wake()
 
-    def declare_data_loss(self, reason: str, slots: frozenset[int] | None = None) -> None:
+    def declare_data_loss(
+        self,
+        reason: str,
+        slots: frozenset[int] | None = None,
+        readings: Mapping[str, int] | None = None,
+    ) -> None:
         """Data was lost in `slots` (None: everywhere): the requests held there are cancelled,
-        and every waiting caller looks whether its call is one of those that fail."""
-        self.data_loss.declare(reason, slots)
+        and every waiting caller looks whether its call is one of those that fail.
+        `readings`: counters read after the loss (Loss.readings)."""
+        self.data_loss.declare(reason, slots, readings)
         for lease in list(self.liveness.held.values()):
             if self.data_loss.covers(lease.endpoint, slots):
                 self._ended(lease, "data_loss")

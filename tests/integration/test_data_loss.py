@@ -36,6 +36,13 @@ def events(queue: AnyQueue) -> int:
     return raw.stats.data_loss_events
 
 
+def armed(queue: AnyQueue) -> bool:
+    """The node knows its canary, and vouches for poll://flushed's counter: a flush shows."""
+    raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
+    watch = raw._watch.data_loss
+    return watch.canary is not None and known_floor(raw, "poll://flushed") is not None
+
+
 def known_floor(raw: AsyncQueue | Queue, endpoint: str) -> int | None:
     """The enqueue counter a node compares the next reading with (None: not vouched for)."""
     floor = raw._watch.data_loss.floor(endpoint, time.monotonic())
@@ -72,6 +79,32 @@ async def test_a_flush_fails_calls_in_flight_and_cancels_held_requests(
     # And new calls work again, without a restart
     make_own_queue.serve(receiver, "poll://after", lambda request: request.params)
     assert await asyncio.wait_for(sender.call("poll://after", "m", 7), 10) == 7
+
+
+async def test_a_call_made_the_moment_a_flush_is_declared_runs(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given a receiver serving an endpoint its caller has called (both watch its counter)
+    sender = make_own_queue(data_loss_check_interval_s=CHECK_S)
+    receiver = make_own_queue(data_loss_check_interval_s=CHECK_S)
+    make_own_queue.serve(receiver, "poll://flushed", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://flushed", "m", 0), 10) == 0
+    for round_ in range(1, 4):
+        # (once both know their canary and the counter again, so that each sees the flush)
+        await async_wait_until(lambda: all(map(armed, (sender, receiver))), 5, 0.02, "armed")
+        # When Redis is flushed, and a call goes out the moment both nodes declared the loss
+        # (before the receiver's next reading of the counter: one server reads it behind the
+        # canary in the check that saw the flush, so that reading bounds the ghosts at once)
+        own_redis_client.flushall()
+        await async_wait_until(
+            lambda: events(sender) >= round_ and events(receiver) >= round_,  # noqa: B023
+            DETECTED_WITHIN_S + 2,
+            0.0005,
+            "both nodes declared the flush",
+        )
+        # Then that call runs: it was queued after the loss, so it is no ghost
+        assert await asyncio.wait_for(sender.call("poll://flushed", "m", round_), 10) == round_
+    assert (events(sender), events(receiver)) == (3, 3)
 
 
 @pytest.mark.parametrize("sign", ["canary rolled back", "counter went back"])

@@ -84,7 +84,7 @@ def test_a_counter_below_a_vouched_floor_is_data_loss() -> None:
     vouched(dl, 5, 0.0)
     check = dl.check(1.0)
     assert dl.settle(check, answer(check, (2, True)), 1.0) == Loss(
-        "enqueue counter of 'poll://e' went back from 5 to 2"
+        "enqueue counter of 'poll://e' went back from 5 to 2", readings={E: 2}
     )
     # and a take's reading, the same
     floor = dl.floor(E, 2.0)
@@ -212,6 +212,64 @@ def test_a_reading_sent_before_the_declaration_marks_no_ghosts(stale_reading: st
     assert dl.ghosts_for_take(E, 3) == 1  # a later take's items above it run
 
 
+def test_the_check_that_saw_a_loss_at_its_canary_marks_the_ghosts_with_its_own_readings() -> None:
+    # Given one server, a node watching two endpoints whose counters it knows
+    dl = watch()
+    other = "poll://other"
+    for endpoint in (E, other):
+        dl.observe(endpoint, 5, 0.0, dl.epoch)
+    vouched_both = dl.check(0.0)
+    assert dl.settle(vouched_both, answer(vouched_both, (5, True), (5, True)), 0.0) is None
+    # When a check finds its canary gone (Redis flushed: the counters read behind it, on the
+    # same connection, ran after the flush: 0 and 2, the other endpoint queued two since)
+    check = dl.check(1.0)
+    loss = dl.settle(check, answer(check, (0, False), (2, True), gone=dl.canary_key), 1.0)
+    assert loss == Loss("canary gone", readings={E: 0, other: 2})
+    dl.declare(loss.reason, loss.slots, loss.readings)
+    # Then those readings bound the ghosts at once: what is queued after them runs, even when
+    # a take sent meanwhile (in the new epoch) comes back before any later reading
+    assert (dl.ghosts_up_to(E), dl.ghosts_up_to(other)) == (0, 2)
+    assert dl.ghosts_for_take(E, 1) == 0
+    assert dl.ghosts_for_take(other, 3) == 2
+    assert dl.read(other, None, 3, 1.5, dl.epoch) is None
+    assert dl.ghosts_up_to(other) == 2
+
+
+def test_a_check_whose_counter_went_back_marks_the_ghosts_from_that_counter_on() -> None:
+    # Given one server and three endpoints, read in this order by every check
+    dl = watch()
+    first, middle, last = "poll://a", "poll://b", "poll://c"
+    for endpoint in (first, middle, last):
+        dl.observe(endpoint, 5, 0.0, dl.epoch)
+    known = dl.check(0.0)
+    dl.settle(known, answer(known, (5, True), (5, True), (5, True)), 0.0)
+    # When the middle one's counter went back (a flush by another client may have come
+    # between the first reading and the middle one: the first may show Redis before it)
+    check = dl.check(1.0)
+    assert list(check.floors) == [first, middle, last]
+    loss = dl.settle(check, answer(check, (5, True), (1, True), (0, False)), 1.0)
+    # Then the middle reading and those behind it bound the ghosts; the first waits for a
+    # reading sent after the declaration
+    assert loss is not None and loss.readings == {middle: 1, last: 0}
+    dl.declare(loss.reason, loss.slots, loss.readings)
+    assert dl.ghosts_for_take(middle, 4) == 1
+    assert dl.ghosts_for_take(first, 4) == 4  # (a take's own reading, until one comes back)
+    vouched_first = dl.check(2.0)
+    dl.settle(vouched_first, answer(vouched_first, (2, True), (4, True), (0, True)), 2.0)
+    assert dl.ghosts_up_to(first) == 2
+
+
+def test_a_check_reply_that_is_no_reading_bounds_no_ghosts() -> None:
+    dl = watch()
+    dl.observe(E, 5, 0.0, dl.epoch)
+    vouched(dl, 5, 0.0)
+    check = dl.check(1.0)
+    replies = answer(check, (0, True), gone=dl.canary_key)
+    replies[1] = ResponseError("LOADING Redis is loading the dataset in memory")
+    loss = dl.settle(check, replies, 1.0)
+    assert loss is not None and loss.readings == {}
+
+
 # On a cluster: a canary on every master, and a loss scoped to the master that lost it.
 
 #: Three masters of a cluster, as prq.links.shard_layout gives them.
@@ -292,6 +350,29 @@ def test_a_counter_that_went_back_is_a_loss_of_its_masters_slots() -> None:
     check = dl.check(1.0)
     loss = dl.settle(check, answer(check, (2, True)), 1.0)
     assert loss is not None and loss.slots == frozenset(THREE["m3"])
+    # (only the reading that went back surely ran after the loss on a cluster)
+    assert loss.readings == {on_3: 2}
+
+
+def test_on_a_cluster_a_check_that_saw_a_loss_at_a_canary_marks_no_ghosts_itself() -> None:
+    # Given a node watching an endpoint on m2, its canaries known
+    layout = [THREE]
+    dl = cluster_watch(layout)
+    on_2 = endpoint_on(dl, "m2", THREE)
+    dl.observe(on_2, 5, 0.0, dl.epoch)
+    first = dl.check(0.0)
+    dl.settle(first, answer(first, (5, True)), 0.0)
+    # When m2's canary is gone: the counter was read on m2 by another connection than the
+    # canary's (or before a redirected canary was sent again), maybe before the flush
+    check = dl.check(1.0)
+    gone = next(key for key, _ in check.canaries if owner(THREE, key) == "m2")
+    loss = dl.settle(check, answer(check, (5, True), gone=gone), 1.0)
+    assert loss is not None and loss.readings == {}
+    # Then the first reading sent after the declaration bounds the ghosts
+    dl.declare(loss.reason, loss.slots, loss.readings)
+    assert dl.ghosts_for_take(on_2, 2) == 2
+    assert dl.read(on_2, None, 2, 1.5, dl.epoch) is None
+    assert dl.ghosts_up_to(on_2) == 2
 
 
 def test_a_failover_keeps_the_canary_and_a_stale_replica_shows_as_a_rollback() -> None:
