@@ -2,7 +2,7 @@
 
 Error translation, the retry policy and the reply splitting are redis_io.py's; only the way
 steps wait for their round trip differs: the thread that finds no round trip in flight leads
-and sends every waiting step, the others wait on their step's event.
+and sends every waiting step, the others wait on their call's event.
 """
 
 from __future__ import annotations
@@ -45,18 +45,20 @@ __all__ = ["SyncRedisIO"]
 
 
 class _Step:
-    """One step waiting in the blocking batcher; `event` is set when it is done, when its
-    thread is asked to lead the next batch, or (a cluster) when its thread is to retry it on
-    its own (`alone`)."""
+    """One step waiting in the blocking batcher. `event` is its thread's, one for all the
+    steps of one `execute_many` (an Event costs more than a quick handler's run): set when
+    one of them is done, when its thread is to lead the next batch (`lead`), or (a cluster)
+    when its thread is to retry it on its own (`alone`); the flag is always set first."""
 
-    __slots__ = ("alone", "asked", "calls", "done", "event", "result")
+    __slots__ = ("alone", "asked", "calls", "done", "event", "lead", "result")
 
-    def __init__(self, calls: Sequence[Call]) -> None:
+    def __init__(self, calls: Sequence[Call], event: threading.Event, asked: float) -> None:
         self.calls = calls
-        self.asked = time.monotonic()
-        self.event = threading.Event()
+        self.asked = asked
+        self.event = event
         self.done = False
         self.alone = False
+        self.lead = False
         self.result: list[Reply] | PrqError | None = None
 
     def finish(self, result: list[Reply] | PrqError) -> None:
@@ -102,7 +104,8 @@ class SyncRedisIO(IOCounters):
         """Send several independent steps in one batch; each gets its own replies or error."""
         if self._closed:
             raise _closed_error()
-        mine = [_Step(calls) for calls in steps]
+        event, asked = threading.Event(), time.monotonic()
+        mine = [_Step(calls, event, asked) for calls in steps]
         with self._lock:
             self._pending.extend(mine)
             lead = not self._leading
@@ -114,16 +117,21 @@ class SyncRedisIO(IOCounters):
             waiting = next((step for step in mine if not step.done), None)
             if waiting is None:
                 break
-            in_time = waiting.event.wait(max(0.0, deadline - time.monotonic()))
+            in_time = event.wait(max(0.0, deadline - time.monotonic()))
             if not in_time and self._abandon(mine):
                 break
-            waiting.event.clear()
-            if waiting.alone:  # its round trip failed on a cluster node: retried apart
-                waiting.alone = False
-                self._retry_alone(waiting)
+            event.clear()  # (the flags are read after: a signal set meanwhile is not lost)
+            alone = next((step for step in mine if step.alone), None)
+            if alone is not None:  # its round trip failed on a cluster node: retried apart
+                alone.alone = False
+                self._retry_alone(alone)
+                event.set()  # (look again: another may be alone, or asked to lead)
                 lead = False
                 continue
-            lead = not waiting.done  # woken without a result: this thread leads the next batch
+            lead = False
+            for step in mine:  # asked to lead the next batch
+                if step.lead:
+                    step.lead, lead = False, True
         results: list[list[Reply] | PrqError] = []
         for step in mine:
             assert step.result is not None
@@ -136,7 +144,7 @@ class SyncRedisIO(IOCounters):
         steps in flight are indeterminate."""
         with self._lock:
             waiting = next((step for step in mine if not step.done), None)
-            if waiting is None or waiting.event.is_set():
+            if waiting is None or waiting.event.is_set():  # (asked to lead, or alone)
                 return waiting is None
             failure = _unavailable(
                 RedisUnavailable("no round trip completed in time"), self.settings.retry_budget_s
@@ -159,7 +167,9 @@ class SyncRedisIO(IOCounters):
         finally:
             with self._lock:
                 if self._pending:
-                    self._pending[0].event.set()  # its thread leads the next batch
+                    first = self._pending[0]
+                    first.lead = True  # its thread leads the next batch
+                    first.event.set()
                 else:
                     self._leading = False
 

@@ -60,6 +60,10 @@ JOIN_WAKE_S = 0.2
 #: requests a take brought beyond the taker's own (see _TakeTurns): a thread hand-off costs
 #: more CPU than a quick handler's whole run.
 SHARE_S = 0.002
+#: A blocking serve loop whose handlers are quick (TAKE_AHEAD_BELOW_S) takes ahead once the
+#: requests left in its backlog hold no more than this much expected handler time (about a
+#: take's round trip): the next take is on its way while the workers run what is left.
+TAKE_AHEAD_LEFT_S = 0.002
 
 _current: contextvars.ContextVar[PendingRequest | None] = contextvars.ContextVar(
     "prq_current_request", default=None
@@ -437,12 +441,13 @@ def serve_sync(
     def stopped() -> bool:
         return pause.is_set() or queue.closed
 
-    turns = _TakeTurns(queue, endpoint, stopped, pause)
+    turns = _TakeTurns(queue, endpoint, stopped, pause, concurrency)
     answers = _AnswerTurns(queue)
 
     def work() -> None:
+        pending: PendingRequest | None = None
         while True:
-            pending, going = turns.next_request()
+            pending, going = turns.next_request(ran=pending is not None)
             if pending is not None:
                 _answer(queue, handler, pending, answers, turns.pace)
             elif not going:
@@ -477,19 +482,33 @@ class _TakeTurns:
     whole run: waking one per request halved a drain's rate); slow ones get a thread each, as
     before the pace is known. A worker that takes a request from the backlog wakes one more
     while what is left is more than SHARE_S of work. A run far slower than the average holds
-    the requests behind it until a sleeping worker's timed wait (JOIN_WAKE_S) finds them."""
+    the requests behind it until a sleeping worker's timed wait (JOIN_WAKE_S) finds them.
+
+    While the handlers are quick (_Pace.quick) the workers take ahead, as the asyncio loop
+    does: a worker that finds little left in the backlog (TAKE_AHEAD_LEFT_S) takes the next
+    batch while the others run what is left, so Redis hands it out meanwhile; up to twice
+    `concurrency` requests are then held (run, or waiting in the backlog). Such a take does not
+    park when nothing waits in Redis: the worker is one of the handlers' threads, and goes on
+    to run what is left."""
 
     def __init__(
-        self, queue: Queue, endpoint: str, stopped: Callable[[], bool], pause: threading.Event
+        self,
+        queue: Queue,
+        endpoint: str,
+        stopped: Callable[[], bool],
+        pause: threading.Event,
+        concurrency: int = 1,
     ) -> None:
         self.queue = queue
         self.endpoint = endpoint
         self.stopped = stopped
         self.pause = pause
+        self.concurrency = concurrency
         self.turns = threading.Condition()
         self.backlog: collections.deque[PendingRequest] = collections.deque()
         self.taking = False  # a worker is taking from Redis
         self.waiting = 0  # workers waiting for a request while another one takes
+        self.running = 0  # requests a worker got and has not come back from
         self.failures = 0
         #: How long the handlers run (each worker adds its runs; a lost update is harmless).
         self.pace = _Pace()
@@ -502,28 +521,57 @@ class _TakeTurns:
             return max(0, left)
         return max(1, min(left, math.ceil(left * mean_s / SHARE_S)))
 
-    def next_request(self) -> tuple[PendingRequest | None, bool]:
+    def room(self) -> int:
+        """How many requests a take may bring now: up to `concurrency` held (twice that while
+        the handlers are quick), counting those running and those in the backlog (call with
+        the turns held)."""
+        held = self.concurrency * (2 if self.pace.quick else 1)
+        return held - self.running - len(self.backlog)
+
+    def _takes_ahead(self) -> bool:
+        """Whether the calling worker, which finds requests in the backlog, should take the
+        next batch first: the handlers are quick, other workers can run what is left, and
+        that is little (call with the turns held)."""
+        mean_s = self.pace.mean_s
+        return (
+            self.concurrency > 1
+            and not self.taking
+            and mean_s is not None
+            and self.pace.quick
+            and len(self.backlog) * mean_s <= TAKE_AHEAD_LEFT_S
+            and self.room() > 0
+            and not self.stopped()
+        )
+
+    def next_request(self, ran: bool = False) -> tuple[PendingRequest | None, bool]:
         """The next request for the calling worker (None: none this turn), taken for it and
-        the waiting others if none waits; and whether the worker should go on."""
+        the waiting others if none waits (or taken ahead, see the class); and whether the
+        worker should go on. `ran`: the worker comes back from running a request."""
         with self.turns:
+            if ran:
+                self.running -= 1
             while not self.backlog and self.taking and not self.stopped():
                 self.waiting += 1
                 self.turns.wait(JOIN_WAKE_S)
                 self.waiting -= 1
-            if self.backlog:
+            ahead = bool(self.backlog) and self._takes_ahead()
+            if self.backlog and not ahead:
                 pending = self.backlog.popleft()
+                self.running += 1
                 if self.backlog and self.waiting and self.helpers(len(self.backlog)) > 1:
                     self.turns.notify(1)  # (more work left than this worker does soon)
                 return pending, True
             if self.stopped():
                 return None, False
             self.taking = True
-            want = self.waiting + 1
+            want = max(1, self.room())
+            if self.backlog and self.waiting:
+                self.turns.notify(1)  # (to run what is left while this worker takes)
         taken: list[PendingRequest] = []
         try:
-            taken = self.queue._take(
-                self.endpoint, want, self.queue.settings.dequeue_timeout_s, self.stopped
-            )
+            # (a take ahead does not park: the worker runs what is left if nothing waits)
+            timeout_s = 0.0 if ahead else self.queue.settings.dequeue_timeout_s
+            taken = self.queue._take(self.endpoint, want, timeout_s, self.stopped)
             self.failures = 0
         except QueueShutdown:
             return None, False
@@ -535,11 +583,15 @@ class _TakeTurns:
                 self.taking = False
                 for pending in taken:  # running from now on, for the queue's closing
                     self.queue._serving.add(pending.id)
-                self.backlog.extend(taken[1:])
+                self.backlog.extend(taken)  # (behind what was left: taken ahead)
                 # the workers the requests left over need (one each until the handlers' pace
                 # is known), and one to take next; this one runs the first
-                self.turns.notify(self.helpers(len(self.backlog)) + 1)
-        return (taken[0] if taken else None), True
+                self.turns.notify(self.helpers(len(self.backlog) - 1) + 1)
+        with self.turns:
+            mine = self.backlog.popleft() if self.backlog else None
+            if mine is not None:
+                self.running += 1
+        return mine, True
 
 
 class _AnswerTurns:

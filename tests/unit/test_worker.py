@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -17,6 +18,7 @@ from prq.worker import (
     PACE_WEIGHT,
     SHARE_S,
     TAKE_AHEAD_BELOW_S,
+    TAKE_AHEAD_LEFT_S,
     _AsyncAnswers,
     _Pace,
     _TakeTurns,
@@ -234,3 +236,70 @@ def test_a_blocking_serve_loop_wakes_threads_for_a_takes_requests_by_their_pace(
     turns.pace = _Pace()
     turns.pace.ran(1.0)
     assert turns.helpers(49) == 49
+
+
+class TakesFrom:
+    """A stand-in for a Queue's take (`_take`): records each take's size and timeout, and
+    hands out the next of the batches it was given."""
+
+    def __init__(self, *batches: int) -> None:
+        self.batches = list(batches)
+        self.takes: list[tuple[int, float]] = []
+        self.settings = SimpleNamespace(dequeue_timeout_s=5.0)
+        self._serving: set[str] = set()
+        self.made = 0
+
+    def _take(self, endpoint: str, want: int, timeout_s: float, stopped: Any) -> list[Any]:
+        self.takes.append((want, timeout_s))
+        count = min(want, self.batches.pop(0) if self.batches else 0)
+        self.made += count
+        return [SimpleNamespace(id=f"r{self.made - count + i}") for i in range(count)]
+
+
+def quick_turns(queue: TakesFrom, concurrency: int, mean_s: float, stopped: bool = False) -> Any:
+    turns = _TakeTurns(
+        cast(Any, queue), "poll://e", lambda: stopped, threading.Event(), concurrency
+    )
+    turns.pace.ran(mean_s)
+    return turns
+
+
+def test_a_blocking_serve_loop_takes_ahead_while_its_handlers_are_quick() -> None:
+    # Given 8 workers whose handlers are quick
+    queue = TakesFrom(5, 2)
+    turns = quick_turns(queue, 8, TAKE_AHEAD_LEFT_S / 100)
+    # When the first worker takes: up to twice its concurrency, parked as long as configured
+    first, _ = turns.next_request()
+    assert queue.takes == [(16, 5.0)] and first.id == "r0"
+    # And it comes back with 4 requests left in the backlog (little work)
+    second, _ = turns.next_request(ran=True)
+    # Then it takes the next batch first, without parking, room left for what is held; and
+    # runs the oldest request waiting
+    assert queue.takes[1] == (16 - 4, 0.0)
+    assert second.id == "r1"
+    assert [p.id for p in turns.backlog] == ["r2", "r3", "r4", "r5", "r6"]
+    assert turns.running == 1
+    # And while a take is on its way, the others run what is left instead of taking
+    turns.taking = True
+    third, _ = turns.next_request()
+    assert third.id == "r2" and len(queue.takes) == 2
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "mean_s", "left", "stopped"),
+    [
+        (8, TAKE_AHEAD_BELOW_S * 2, 2, False),  # slow handlers: no taking ahead
+        (8, TAKE_AHEAD_LEFT_S / 10, 20, False),  # more work left than a take's round trip
+        (1, TAKE_AHEAD_LEFT_S / 100, 2, False),  # no other worker runs what is left
+        (8, TAKE_AHEAD_LEFT_S / 100, 2, True),  # stopping: what is left is run, nothing taken
+    ],
+)
+def test_a_blocking_serve_loop_runs_what_is_left_before_taking_when(
+    concurrency: int, mean_s: float, left: int, stopped: bool
+) -> None:
+    queue = TakesFrom()
+    turns = quick_turns(queue, concurrency, mean_s, stopped)
+    turns.backlog.extend(SimpleNamespace(id=f"q{i}") for i in range(left))
+    pending, going = turns.next_request()
+    assert pending.id == "q0" and going
+    assert queue.takes == []
