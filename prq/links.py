@@ -1,11 +1,11 @@
 """Links: the node's own command connection to Redis, one per queue object.
 
 A link is not checked out of a pool per call: the batcher in redis_io.py sends pipelined round
-trips on it, every reply read in order. On one server a link carries up to two round trips at
-once (the second written while the first waits for its replies; the blocking link, from two
-threads, and one at a time over TLS). Error replies come back in place (the stream stays in
-step); a transport error, or a round trip cancelled half-way, drops the connection, so no later
-round trip can read an earlier one's reply.
+trips on it, every reply read in order. On one server an asyncio link carries up to two round
+trips at once (the second written while the first waits for its replies; the blocking link
+carries one). Error replies come back in place (the stream stays in step); a transport error,
+or a round trip cancelled half-way, drops the connection, so no later round trip can read an
+earlier one's reply.
 
 On a Redis Cluster a round trip whose calls all go to one node (the usual: one step for one
 endpoint) is written straight to that node, on a connection of redis-py's pool for it; the

@@ -88,7 +88,7 @@ class SyncRedisIO(IOCounters):
         self._closed = False
         self._link = sync_link(self.client)
         #: Whether round trips may overlap (a cluster: each pipeline has connections of its
-        #: own); one server's link pipelines them on its one connection.
+        #: own); one server's link carries one round trip at a time.
         self._overlapping = isinstance(self._link, SyncClusterLink)
         #: Batches in flight at once, each led by a thread of its own: one server's link
         #: pipelines two (one on TLS); on a cluster one leads at a time (its round trips
