@@ -280,8 +280,7 @@ class SyncLink:
         #: How many round trips the batcher may have in flight on this link.
         self.in_flight = 1 if issubclass(pool.connection_class, redis.SSLConnection) else 2
         self._writing = threading.Lock()  # (re)connecting and writing: one thread at a time
-        self._state = threading.Lock()  # `_epoch`, `_broken`, `_closed`, and connecting
-        self._closed = False
+        self._state = threading.Lock()  # `_epoch` and `_broken`
         #: Which connection a round trip wrote on: a new one after each failure.
         self._epoch = 0
         self._broken = False
@@ -330,13 +329,11 @@ class SyncLink:
             if last is not None and not last.is_set():
                 last.wait()  # (bounded by the reads' socket timeouts)
                 continue
-            with self._state:  # (a close meanwhile must not find a connection it misses)
-                if self._closed:
-                    raise QueueShutdown("the queue was closed while talking to Redis")
+            with self._state:
                 broken, self._broken = self._broken, False
-                if broken:
-                    conn.disconnect()
-                conn.connect()
+            if broken:
+                conn.disconnect()
+            conn.connect()
         return conn
 
     def _drop(self, epoch: int) -> None:
@@ -346,12 +343,9 @@ class SyncLink:
                 self._broken = True
 
     def close(self) -> None:
-        """Close the connection; no round trip connects it again (QueueShutdown)."""
-        with self._state:
-            self._closed = True
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.disconnect()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.disconnect()
 
 
 def _send_all(conn: Any, data: bytes) -> None:

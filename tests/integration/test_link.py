@@ -16,7 +16,6 @@ import redis.asyncio
 
 from prq._types import Call
 from prq.embedded import EmbeddedRedis
-from prq.errors import QueueShutdown
 from prq.links import AsyncLink, SyncLink
 from tests.fault.proxy import FaultProxy
 from tests.redis_servers import async_wait_until, wait_until
@@ -243,19 +242,6 @@ def test_a_connection_killed_under_two_blocking_round_trips_fails_both_and_the_n
     # And the next round trip reconnects and reads exactly its own replies
     assert sync_link.round_trip([Call(("ECHO", "three"))]) == [b"three"]
     assert sync_link.round_trip([Call(("ECHO", "four"))]) == [b"four"]
-
-
-def test_a_closed_blocking_link_connects_no_more(
-    sync_link: SyncLink, own_redis_client: redis.Redis
-) -> None:
-    # Given a link that has talked to Redis, and is then closed (its queue closing while
-    # other threads still send: a retry, or a second round trip, must not reconnect)
-    assert sync_link.round_trip([Call(("ECHO", "one"))]) == [b"one"]
-    sync_link.close()
-    # When a round trip is sent on it, Then it fails as a shutdown, and no connection opens
-    with pytest.raises(QueueShutdown):
-        sync_link.round_trip([Call(("ECHO", "two"))])
-    wait_until(lambda: len(own_redis_client.client_list()) == 1, 5, 0.01, "only the test's own")
 
 
 def test_a_blocking_link_over_tls_carries_one_round_trip_at_a_time() -> None:
