@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -265,45 +264,19 @@ class AsyncLink:
 
 
 class SyncLink:
-    """The blocking twin of AsyncLink: round trips are pipelined on the connection, each
-    written by its thread at once and read when the one written before it has read its own,
-    up to `in_flight` at once (the batcher's bound: two, one on a TLS connection, whose SSL
-    socket must not read in one thread while another writes). A round trip that fails marks
-    the connection broken: the round trips written after it fail unread (indeterminate, as for
-    any transport error), and the next writer reconnects once every earlier one has ended.
-    Writes go straight to the socket, never through redis-py's send (which connects afresh
-    when the connection is closed, and tears the reader's parser down on a failed write)."""
+    """The blocking twin of AsyncLink (used by one batch leader at a time)."""
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self._pool = pool
         self._conn: Any = None
-        #: How many round trips the batcher may have in flight on this link.
-        self.in_flight = 1 if issubclass(pool.connection_class, redis.SSLConnection) else 2
-        self._writing = threading.Lock()  # (re)connecting and writing: one thread at a time
-        self._state = threading.Lock()  # `_epoch` and `_broken`
-        #: Which connection a round trip wrote on: a new one after each failure.
-        self._epoch = 0
-        self._broken = False
-        #: Set when the round trip written last, and every one before it, has ended.
-        self._last: threading.Event | None = None
 
     def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
-        data = pack([call.args for call in calls])
-        with self._writing:
-            conn = self._connected()
-            epoch, before = self._epoch, self._last
-            turn = self._last = threading.Event()
-            try:
-                _send_all(conn, data)
-            except BaseException:
-                self._drop(epoch)
-                _end_turn(turn, before)
-                raise
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._pool.make_connection()
         try:
-            if before is not None:
-                before.wait()  # (it ends within its read's socket timeout)
-            if self._epoch != epoch:
-                raise redis.ConnectionError("the connection dropped before the replies came")
+            conn.connect()
+            conn.send_packed_command([pack([call.args for call in calls])], check_health=False)
             replies: list[Reply] = []
             for _ in calls:
                 try:
@@ -312,60 +285,13 @@ class SyncLink:
                     replies.append(exc)
             return replies
         except BaseException:
-            self._drop(epoch)
+            conn.disconnect()
             raise
-        finally:
-            _end_turn(turn, before)
-
-    def _connected(self) -> Any:
-        """The connection, connected afresh if a round trip failed on it, once every round trip
-        written before has ended (none may still read when its parser is replaced); call with
-        `_writing` held."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._pool.make_connection()
-        while self._broken or not conn.is_connected:
-            last = self._last
-            if last is not None and not last.is_set():
-                last.wait()  # (bounded by the reads' socket timeouts)
-                continue
-            with self._state:
-                broken, self._broken = self._broken, False
-            if broken:
-                conn.disconnect()
-            conn.connect()
-        return conn
-
-    def _drop(self, epoch: int) -> None:
-        with self._state:
-            if self._epoch == epoch:  # replies of this round trip may be left unread
-                self._epoch += 1
-                self._broken = True
 
     def close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.disconnect()
-
-
-def _send_all(conn: Any, data: bytes) -> None:
-    """Write `data` on a connected redis-py connection's socket (see SyncLink)."""
-    sock = conn._sock
-    if sock is None:
-        raise redis.ConnectionError("the connection to Redis is closed")
-    try:
-        sock.sendall(data)
-    except TimeoutError:
-        raise redis.TimeoutError("Timeout writing to socket") from None
-    except OSError as exc:  # (also a socket a failed read closed meanwhile)
-        raise redis.ConnectionError(f"Error while writing to socket: {exc}") from exc
-
-
-def _end_turn(turn: threading.Event, before: threading.Event | None) -> None:
-    """Turns end in the order they were taken, whichever round trip fails first."""
-    if before is not None:
-        before.wait()
-    turn.set()
 
 
 class AsyncClusterLink:

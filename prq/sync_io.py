@@ -19,7 +19,7 @@ from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import PrqError
-from prq.links import SyncClusterLink, SyncLink, sync_link
+from prq.links import SyncClusterLink, sync_link
 from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
     STEP_GRACE_S,
@@ -70,11 +70,10 @@ class _Step:
 class SyncRedisIO(IOCounters):
     """Round trips to Redis for the blocking queue.
 
-    Batches like AsyncRedisIO, by group commit: a thread that finds fewer round trips in flight
-    than the link pipelines leads and sends every waiting step; the others wait. When a
-    leader's batch is done, or its own steps are (the rest go back first in line), it passes
-    the lead to the oldest waiting step's thread, so no thread serves others past its own
-    bound.
+    Batches like AsyncRedisIO, by group commit: the thread that finds no round trip in flight
+    leads and sends every waiting step; the others wait. When the leader's batch is done, or
+    its own steps are (the rest go back first in line), it passes the lead to the oldest
+    waiting step's thread, so no thread serves others past its own bound.
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
@@ -84,17 +83,12 @@ class SyncRedisIO(IOCounters):
         self.client: Any = sync_client(redis_settings.url, client_kwargs(redis_settings))
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
-        self._leaders = 0  # threads sending a batch now
+        self._leading = False
         self._closed = False
         self._link = sync_link(self.client)
         #: Whether round trips may overlap (a cluster: each pipeline has connections of its
         #: own); one server's link carries one round trip at a time.
         self._overlapping = isinstance(self._link, SyncClusterLink)
-        #: Batches in flight at once, each led by a thread of its own: one server's link
-        #: pipelines two (one on TLS); on a cluster one leads at a time (its round trips
-        #: overlap anyway, see _send_once).
-        link = self._link
-        self._max_leaders = link.in_flight if isinstance(link, SyncLink) else 1
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )
@@ -114,9 +108,8 @@ class SyncRedisIO(IOCounters):
         mine = [_Step(calls, event, asked) for calls in steps]
         with self._lock:
             self._pending.extend(mine)
-            lead = self._leaders < self._max_leaders
-            if lead:
-                self._leaders += 1
+            lead = not self._leading
+            self._leading = True
         deadline = time.monotonic() + self._step_deadline_s
         while True:
             if lead:
@@ -178,7 +171,7 @@ class SyncRedisIO(IOCounters):
                     first.lead = True  # its thread leads the next batch
                     first.event.set()
                 else:
-                    self._leaders -= 1
+                    self._leading = False
 
     def _send_batch(self, batch: list[_Step], mine: list[_Step]) -> None:
         # A step that waited past its budget (and a grace) behind earlier round trips is given

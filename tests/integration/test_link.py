@@ -1,13 +1,11 @@
-"""The node's command link pipelines its round trips on one connection (asyncio, and the blocking
-one from two threads): each reads its own replies, in the order they were written, and a round
-trip that fails or is cancelled after writing fails the ones written after it (unread) without
-leaving any reply for a later one."""
+"""The asyncio node's command link pipelines its round trips on one connection: each reads its
+own replies, in the order they were written, and a round trip that fails or is cancelled after
+writing fails the ones written after it (unread) without leaving any reply for a later one."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -16,9 +14,9 @@ import redis.asyncio
 
 from prq._types import Call
 from prq.embedded import EmbeddedRedis
-from prq.links import AsyncLink, SyncLink
+from prq.links import AsyncLink
 from tests.fault.proxy import FaultProxy
-from tests.redis_servers import async_wait_until, wait_until
+from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -184,68 +182,3 @@ async def test_a_round_trip_cancelled_during_the_handshake_leaves_no_greeting_un
         finally:
             await link.close()
             await pool.aclose()
-
-
-# -- the blocking link: two round trips in flight, from two threads --------------------------
-
-
-@pytest.fixture
-def sync_link(own_redis: EmbeddedRedis) -> Iterator[SyncLink]:
-    pool = redis.ConnectionPool.from_url(own_redis.url, protocol=3, socket_timeout=20)
-    link = SyncLink(pool)
-    try:
-        yield link
-    finally:
-        link.close()
-        pool.disconnect()
-
-
-def test_a_blocking_round_trip_is_written_while_the_one_before_waits_and_each_reads_its_own(
-    sync_link: SyncLink, own_redis_client: redis.Redis
-) -> None:
-    assert sync_link.in_flight == 2
-    with ThreadPoolExecutor(2) as threads:
-        # Given a round trip waiting for its reply (a BLPOP on an empty list)
-        first = threads.submit(sync_link.round_trip, [Call(("BLPOP", "lst", BLOCK_S))])
-        wait_until(
-            lambda: any(c["cmd"] == "blpop" for c in own_redis_client.client_list()), 5, 0.01
-        )
-        # When another thread sends one on the link meanwhile
-        second = threads.submit(sync_link.round_trip, [Call(("ECHO", "two")), Call(("INCR", "n"))])
-        # Then its commands reach Redis at once, behind the waiting one on the same connection
-        wait_until(lambda: blocked_with_a_query_behind(own_redis_client), 5, 0.01, "pipelined")
-        assert not second.done()
-        # And once the first is answered, each reads its own replies, in order
-        own_redis_client.rpush("lst", "x")
-        assert first.result(10) == [[b"lst", b"x"]]
-        assert second.result(10) == [b"two", 1]
-
-
-def test_a_connection_killed_under_two_blocking_round_trips_fails_both_and_the_next_is_clean(
-    sync_link: SyncLink, own_redis_client: redis.Redis
-) -> None:
-    with ThreadPoolExecutor(2) as threads:
-        # Given two round trips in flight on the link
-        first = threads.submit(sync_link.round_trip, [Call(("BLPOP", "lst", BLOCK_S))])
-        wait_until(
-            lambda: any(c["cmd"] == "blpop" for c in own_redis_client.client_list()), 5, 0.01
-        )
-        second = threads.submit(sync_link.round_trip, [Call(("ECHO", "two"))])
-        wait_until(lambda: blocked_with_a_query_behind(own_redis_client), 5, 0.01, "pipelined")
-        # When Redis drops the connection
-        (blocked,) = [c for c in own_redis_client.client_list() if c["cmd"] == "blpop"]
-        own_redis_client.client_kill_filter(_id=blocked["id"])
-        # Then both fail as transport errors (the second unread)
-        for call in (first, second):
-            with pytest.raises(redis.ConnectionError):
-                call.result(10)
-    # And the next round trip reconnects and reads exactly its own replies
-    assert sync_link.round_trip([Call(("ECHO", "three"))]) == [b"three"]
-    assert sync_link.round_trip([Call(("ECHO", "four"))]) == [b"four"]
-
-
-def test_a_blocking_link_over_tls_carries_one_round_trip_at_a_time() -> None:
-    # (an SSL socket must not read in one thread while another writes on it)
-    pool = redis.ConnectionPool(connection_class=redis.SSLConnection)
-    assert SyncLink(pool).in_flight == 1
-    assert SyncLink(redis.ConnectionPool()).in_flight == 2
