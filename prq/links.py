@@ -264,18 +264,25 @@ class AsyncLink:
 
 
 class SyncLink:
-    """The blocking twin of AsyncLink (used by one batch leader at a time)."""
+    """The blocking twin of AsyncLink (used by one batch leader at a time). Once closed it
+    connects no more: a round trip sent then (a retry of one that met the close, say) raises
+    QueueShutdown instead of leaving a connection open behind the closed queue."""
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self._pool = pool
         self._conn: Any = None
+        self._closed = False
 
     def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
+        if self._closed:
+            raise QueueShutdown("the queue was closed while talking to Redis")
         conn = self._conn
         if conn is None:
             conn = self._conn = self._pool.make_connection()
         try:
             conn.connect()
+            if self._closed:  # (closed while connecting: its disconnect may have come first)
+                raise QueueShutdown("the queue was closed while talking to Redis")
             conn.send_packed_command([pack([call.args for call in calls])], check_health=False)
             replies: list[Reply] = []
             for _ in calls:
@@ -287,8 +294,12 @@ class SyncLink:
         except BaseException:
             conn.disconnect()
             raise
+        finally:
+            if self._closed:  # (redis-py's send connects afresh if the close came just before)
+                conn.disconnect()
 
     def close(self) -> None:
+        self._closed = True
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.disconnect()

@@ -14,9 +14,10 @@ import redis.asyncio
 
 from prq._types import Call
 from prq.embedded import EmbeddedRedis
-from prq.links import AsyncLink
+from prq.errors import QueueShutdown
+from prq.links import AsyncLink, SyncLink
 from tests.fault.proxy import FaultProxy
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import async_wait_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +183,21 @@ async def test_a_round_trip_cancelled_during_the_handshake_leaves_no_greeting_un
         finally:
             await link.close()
             await pool.aclose()
+
+
+def test_a_closed_blocking_link_connects_no_more(own_redis: EmbeddedRedis) -> None:
+    # Given a blocking link that has talked to Redis, and is then closed (its queue closing
+    # while a thread still sends: a retry of a round trip the close cut must not reconnect)
+    pool = redis.ConnectionPool.from_url(own_redis.url, protocol=3, socket_timeout=20)
+    client = redis.Redis.from_url(own_redis.url)
+    try:
+        link = SyncLink(pool)
+        assert link.round_trip([Call(("ECHO", "one"))]) == [b"one"]
+        link.close()
+        # When a round trip is sent on it, Then it fails as a shutdown, and no connection opens
+        with pytest.raises(QueueShutdown):
+            link.round_trip([Call(("ECHO", "two"))])
+        wait_until(lambda: len(client.client_list()) == 1, 5, 0.01, "only the test's own")
+    finally:
+        client.close()
+        pool.disconnect()
