@@ -220,13 +220,13 @@ def run(url: str, rows: int, call_rows: int, repeats: int) -> tuple[list[list[Re
     worker = _start_worker(url, prefix, "poll://bench-echo")
     try:
         small = df.limit(call_rows).repartition(4).cache()
-        small.count()
+        called_rows = small.count()  # the DataFrame has only `rows` rows
 
         def call(tag: str) -> object:
             return call_dataframe(small, config(tag, "poll://bench-echo")).count()
 
         call("warm")
-        called = measure("prq-call", call_rows, call, "measured")
+        called = measure("prq-call", called_rows, call, "measured")
     finally:
         worker.terminate()
         worker.wait(30)

@@ -30,9 +30,12 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Exec:
-    """Effect: send these calls in one round trip (retried as a whole); yields their replies."""
+    """Effect: send these calls in one round trip (retried as a whole); yields their replies.
+    `express`: the blocking facade may send them beside the batch in flight instead of behind
+    it (a take that does not park, sent while work waits: it should not wait for answers)."""
 
     calls: tuple[Call, ...]
+    express: bool = False
 
 
 def first_reply(replies: object) -> Reply:

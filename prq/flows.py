@@ -538,8 +538,8 @@ def take_flow(
         seen = signal.generation
         now = ctx.monotonic()
         park_s = 0.0 if final else min(settings.poll_interval_s, deadline - now)
-        replies = yield _exec(
-            take_call(
+        replies = yield Exec(
+            (take_call(
                 keys,
                 token,
                 ctx.node_id,
@@ -552,8 +552,9 @@ def take_flow(
                 _ms(settings.list_ttl_s),
                 _ms(settings.receiver_timeout_s),
                 redelivery,
-            )
-        )
+            ),),
+            express=final,  # (a take ahead, or the last one: not worth waiting for answers)
+        )  # fmt: skip
         taken = parse_take(_first(replies))
         redelivered += taken.redelivered
         if taken.limited:

@@ -199,7 +199,7 @@ class Queue(QueueBase):
             try:
                 if isinstance(effect, Exec):
                     sent = True
-                    reply = self._io.execute(effect.calls)
+                    reply = self._io.execute(effect.calls, express=effect.express)
                 elif isinstance(effect, Offload):
                     reply = effect.work()
                 else:

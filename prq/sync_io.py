@@ -2,7 +2,8 @@
 
 Error translation, the retry policy and the reply splitting are redis_io.py's; only the way
 steps wait for their round trip differs: the thread that finds no round trip in flight leads
-and sends every waiting step, the others wait on their call's event.
+and sends every waiting step, the others wait on their call's event (an express step may go
+beside the batch in flight: see SyncRedisIO).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from tenacity import Retrying
 from prq import metrics
 from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
-from prq.errors import PrqError
-from prq.links import SyncClusterLink, sync_link
+from prq.errors import PrqError, QueueShutdown
+from prq.links import SyncClusterLink, SyncLink, sync_link
 from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
     STEP_GRACE_S,
@@ -70,10 +71,18 @@ class _Step:
 class SyncRedisIO(IOCounters):
     """Round trips to Redis for the blocking queue.
 
-    Batches like AsyncRedisIO, by group commit: the thread that finds no round trip in flight
+    Batches like AsyncRedisIO, by group commit: the thread that finds no batch in flight
     leads and sends every waiting step; the others wait. When the leader's batch is done, or
     its own steps are (the rest go back first in line), it passes the lead to the oldest
     waiting step's thread, so no thread serves others past its own bound.
+
+    An express step (a receiver's take that does not park, while work waits) that finds a
+    batch in flight on one server goes beside it, on a connection of its own, instead of
+    waiting for it and the batch after it: a drain's takes would otherwise wait behind its
+    answers. Its round trip and that batch's are unordered with each other (as round trips on
+    a cluster are), and each attempt is bounded by its own socket timeout. One express step is
+    in flight at a time; more wait in line. On a cluster the link's round trips overlap
+    anyway (see _send_once).
     """
 
     def __init__(self, redis_settings: RedisSettings, settings: QueueSettings) -> None:
@@ -83,33 +92,55 @@ class SyncRedisIO(IOCounters):
         self.client: Any = sync_client(redis_settings.url, client_kwargs(redis_settings))
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
-        self._leading = False
+        self._leading = False  # a thread leads a batch now
+        #: An express step is in flight beside the batch (one server only: see `execute`).
+        self._apart = False
         self._closed = False
-        self._link = sync_link(self.client)
-        #: Whether round trips may overlap (a cluster: each pipeline has connections of its
-        #: own); one server's link carries one round trip at a time.
-        self._overlapping = isinstance(self._link, SyncClusterLink)
+        link = sync_link(self.client)
+        #: Whether the link's round trips overlap (a cluster: each pipeline has connections of
+        #: its own); one server's link carries one round trip at a time.
+        self._overlapping = isinstance(link, SyncClusterLink)
+        #: Every link made, and those no round trip uses now (one server: the leader's, and the
+        #: express step's).
+        self._links: list[SyncLink | SyncClusterLink] = [link]
+        self._free: list[SyncLink | SyncClusterLink] = [link]
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )
 
-    def execute(self, calls: Sequence[Call]) -> list[Reply]:
-        """Send one step's calls (in the next batch); retried within the budget."""
-        result = self.execute_many([calls])[0]
+    def execute(self, calls: Sequence[Call], *, express: bool = False) -> list[Reply]:
+        """Send one step's calls (in the next batch); retried within the budget. `express`:
+        while a batch is in flight, send them beside it on a connection of their own (one such
+        step at a time), not in the batch after it."""
+        result = self.execute_many([calls], express=express)[0]
         if isinstance(result, PrqError):
             raise result
         return result
 
-    def execute_many(self, steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
-        """Send several independent steps in one batch; each gets its own replies or error."""
+    def execute_many(
+        self, steps: Sequence[Sequence[Call]], *, express: bool = False
+    ) -> list[list[Reply] | PrqError]:
+        """Send several independent steps in one batch; each gets its own replies or error
+        (`express`: see `execute`)."""
         if self._closed:
             raise _closed_error()
         event, asked = threading.Event(), time.monotonic()
         mine = [_Step(calls, event, asked) for calls in steps]
         with self._lock:
-            self._pending.extend(mine)
-            lead = not self._leading
-            self._leading = True
+            apart = express and self._leading and not self._apart and not self._overlapping
+            if apart:
+                self._apart = True
+            else:
+                self._pending.extend(mine)
+                lead = not self._leading
+                self._leading = True
+        if apart:
+            try:
+                self._send_batch(mine, mine)
+            finally:
+                with self._lock:
+                    self._apart = False
+            return [step.result for step in mine]  # type: ignore[misc]
         deadline = time.monotonic() + self._step_deadline_s
         while True:
             if lead:
@@ -278,15 +309,35 @@ class SyncRedisIO(IOCounters):
 
     def _raw(self, calls: Sequence[Call]) -> list[Reply]:
         """One round trip; error replies come back in place, transport errors raise."""
+        link = self._take_link()
         try:
             with translate_errors():
-                return self._link.round_trip(calls)
+                return link.round_trip(calls)
         except RedisUnavailable as exc:
             if self.redis_settings.tls and tls_eof(exc):
                 refused = tls_probe(self.redis_settings)
                 if refused is not None:
                     raise tls_configuration_error(refused) from exc
             raise
+        finally:
+            if not self._overlapping:  # (a cluster's one link is shared)
+                with self._lock:
+                    self._free.append(link)
+
+    def _take_link(self) -> SyncLink | SyncClusterLink:
+        """A link for one round trip: on a cluster the one link; on one server a connection no
+        other round trip uses now (made when none is free: at most two, the leader's and the
+        express step's)."""
+        if self._overlapping:
+            return self._links[0]
+        with self._lock:
+            if self._closed:
+                raise QueueShutdown("the queue was closed while talking to Redis")
+            if self._free:
+                return self._free.pop()
+            link = sync_link(self.client)
+            self._links.append(link)
+            return link
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""
@@ -296,6 +347,9 @@ class SyncRedisIO(IOCounters):
                 raise result
 
     def close(self) -> None:
-        self._closed = True
-        self._link.close()
+        with self._lock:
+            self._closed = True
+            links = list(self._links)
+        for link in links:
+            link.close()
         close_client(self.client)

@@ -1,0 +1,104 @@
+"""The blocking batcher (SyncRedisIO): a step sent while a batch is in flight waits for it and
+goes in the batch after, unless it is an express step (a receiver's take that does not park),
+which goes beside the batch on a connection of its own."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from prq._types import Call
+from prq.config import QueueSettings, RedisSettings
+from prq.embedded import EmbeddedRedis
+from prq.errors import QueueShutdown
+from prq.sync_io import SyncRedisIO
+from tests.redis_servers import wait_until
+
+pytestmark = pytest.mark.integration
+
+#: How long the batch in flight waits in BLPOP (the test releases it long before).
+BLOCK_S = 10
+
+
+@pytest.fixture
+def io(own_redis: EmbeddedRedis) -> Iterator[SyncRedisIO]:
+    batcher = SyncRedisIO(RedisSettings(url=own_redis.url, socket_timeout_s=20), QueueSettings())
+    try:
+        yield batcher
+    finally:
+        batcher.close()
+
+
+class Batch(threading.Thread):
+    """A step of its own thread: its connection's id, then a BLPOP that waits for the test."""
+
+    def __init__(self, io: SyncRedisIO) -> None:
+        super().__init__(daemon=True)
+        self.io = io
+        self.replies: list[object] | None = None
+
+    def run(self) -> None:
+        self.replies = self.io.execute([Call(("CLIENT", "ID")), Call(("BLPOP", "go", BLOCK_S))])
+
+
+def waiting_in_blpop(client: redis.Redis) -> bool:
+    return any(c["cmd"] == "blpop" for c in client.client_list())
+
+
+def test_an_express_step_goes_beside_the_batch_in_flight_on_a_connection_of_its_own(
+    io: SyncRedisIO, own_redis_client: redis.Redis
+) -> None:
+    # Given a batch in flight (waiting in BLPOP)
+    batch = Batch(io)
+    batch.start()
+    wait_until(lambda: waiting_in_blpop(own_redis_client), 5, 0.01, "batch in flight")
+
+    # When an express step is sent meanwhile
+    replies = io.execute([Call(("CLIENT", "ID")), Call(("ECHO", "apart"))], express=True)
+
+    # Then it is answered while the batch still waits, on another connection
+    assert replies[1] == b"apart"
+    assert batch.is_alive() and batch.replies is None
+    own_redis_client.rpush("go", "x")
+    batch.join(5)
+    assert batch.replies is not None
+    assert batch.replies[1] == [b"go", b"x"]
+    assert replies[0] != batch.replies[0]
+
+    # And a second express step finds the connection free again (two connections in all)
+    assert io.execute([Call(("ECHO", "again"))], express=True) == [b"again"]
+    assert len({c["id"] for c in own_redis_client.client_list() if c["cmd"] != "client|list"}) == 2
+
+
+def test_a_step_that_is_not_express_waits_for_the_batch_in_flight(
+    io: SyncRedisIO, own_redis_client: redis.Redis
+) -> None:
+    # Given a batch in flight (waiting in BLPOP)
+    batch = Batch(io)
+    batch.start()
+    wait_until(lambda: waiting_in_blpop(own_redis_client), 5, 0.01, "batch in flight")
+
+    # When another step is sent meanwhile from a thread of its own
+    answered: list[object] = []
+    other = threading.Thread(
+        target=lambda: answered.append(io.execute([Call(("ECHO", "behind"))])), daemon=True
+    )
+    other.start()
+
+    # Then it waits in line while the batch is in flight, and is answered only after it
+    wait_until(lambda: len(io._pending) == 1, 5, 0.01, "the step in line")
+    assert answered == [] and batch.is_alive()
+    own_redis_client.rpush("go", "x")
+    batch.join(5)
+    other.join(5)
+    assert answered == [[b"behind"]]
+
+
+def test_a_closed_batcher_sends_no_express_step(io: SyncRedisIO) -> None:
+    assert io.execute([Call(("PING",))], express=True) in ([b"PONG"], [True], ["PONG"])
+    io.close()
+    with pytest.raises(QueueShutdown):
+        io.execute([Call(("PING",))], express=True)
