@@ -68,6 +68,28 @@ __all__ = [
 
 
 _INCLUDE: Final = re.compile(r"^-- include: (_[a-z_]+)$", re.MULTILINE)
+#: A helper file's function: from `local function <name>(` at the start of a line to the first
+#: line that is `end` alone (the helpers indent their bodies; tests/unit checks the convention).
+_HELPER: Final = re.compile(r"^local function (\w+)\(.*?^end\n", re.MULTILINE | re.DOTALL)
+#: Lua comments: a block, or the rest of a line (no string of prq's scripts holds "--").
+_COMMENT: Final = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+
+
+def _unused(source: str, helpers: dict[str, str]) -> list[str]:
+    """The helper functions (name -> text) of `source` that nothing else in it names (comments
+    aside), directly or through another helper it keeps."""
+    rest = source
+    for chunk in helpers.values():
+        rest = rest.replace(chunk, "", 1)
+    kept: set[str] = set()
+    texts = [_COMMENT.sub("", rest)]
+    while texts:
+        text = texts.pop()
+        for helper, chunk in helpers.items():
+            if helper not in kept and re.search(rf"\b{helper}\b", text):
+                kept.add(helper)
+                texts.append(_COMMENT.sub("", chunk))
+    return [chunk for helper, chunk in helpers.items() if helper not in kept]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +103,21 @@ class Script:
     @classmethod
     def load(cls, name: str) -> Script:
         """Read `<name>.lua`; a line `-- include: _lib` is replaced by the text of `_lib.lua`
-        (shared helpers, written once), so what Redis runs is one self-contained script."""
+        (shared helpers, written once), so what Redis runs is one self-contained script. The
+        helpers' functions that the script does not call, directly or through another kept
+        helper, are left out: Redis builds each `local function` (a closure) on every call."""
         files = resources.files(__package__)
         source = files.joinpath(f"{name}.lua").read_text("utf-8")
-        source = _INCLUDE.sub(
-            lambda m: files.joinpath(f"{m.group(1)}.lua").read_text("utf-8"), source
-        )
+        helpers: dict[str, str] = {}
+
+        def include(m: re.Match[str]) -> str:
+            text = files.joinpath(f"{m.group(1)}.lua").read_text("utf-8")
+            helpers.update((f.group(1), f.group(0)) for f in _HELPER.finditer(text))
+            return text
+
+        source = _INCLUDE.sub(include, source)
+        for chunk in _unused(source, helpers):
+            source = source.replace(chunk, "", 1)
         return cls(name, source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
 
     def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:

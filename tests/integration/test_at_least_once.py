@@ -238,8 +238,10 @@ async def test_an_answer_refused_while_its_redelivery_is_adopted_goes_again_unde
         sync_receiver = receiver.raw
         execute_many = sync_receiver._io.execute_many
 
-        def answer_then_take_sync(steps: Sequence[Sequence[Call]]) -> list[list[Reply] | PrqError]:
-            results = execute_many(steps)
+        def answer_then_take_sync(
+            steps: Sequence[Sequence[Call]], *, express: bool = False
+        ) -> list[list[Reply] | PrqError]:
+            results = execute_many(steps, express=express)
             if any(answers(calls) for calls in steps) and not taken_between:
                 taken_between.append(sync_receiver.dequeue(endpoint, timeout_s=0.2))
             return results

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from importlib import resources
+
 import pytest
 
 from prq import SerializationError
@@ -129,3 +132,34 @@ def test_parse_beat_reads_the_progress_and_ignores_junk_in_it() -> None:
     assert parse_beat([b"cancelled", b"sender_lost", b"x/-1"]) == ("cancelled", "sender_lost", None)
     with pytest.raises(SerializationError):
         parse_beat([b"taken", b""])
+
+
+def _code(lua: str) -> str:
+    """Lua without its comments (a block, or the rest of a line)."""
+    return re.sub(r"--\[\[.*?\]\]|--[^\n]*", "", lua, flags=re.DOTALL)
+
+
+def test_every_helper_a_script_calls_is_in_it_and_the_helpers_keep_their_layout() -> None:
+    # The helper files: every function starts a line with `local function` and ends at the
+    # first line that is `end` alone (Script.load leaves out those a script does not call)
+    files = resources.files("prq.scripts")
+    helpers: set[str] = set()
+    for path in files.iterdir():
+        if path.name.startswith("_") and path.name.endswith(".lua"):
+            text = path.read_text("utf-8")
+            assert "'--" not in text and '"--' not in text, path.name  # (no "--" in a string)
+            functions = re.findall(r"^local function (\w+)\(", text, re.MULTILINE)
+            assert len(functions) == len(re.findall(r"^end$", text, re.MULTILINE)), path.name
+            top = re.compile(r"^(?!local function |end$|local \w+ = |\s|$)", re.MULTILINE)
+            assert not top.search(_code(text)), path.name  # (top level: functions, constants)
+            helpers.update(functions)
+    assert {"body_read", "queue_pop", "redeliver", "hand_off"} <= helpers
+    # And each script defines every helper it names, and only those
+    for script in ALL_SCRIPTS:
+        code = _code(script.source)
+        defined = set(re.findall(r"^local function (\w+)\(", code, re.MULTILINE))
+        for helper in helpers:
+            named = re.search(rf"\b{helper}\b(?!\()", code) or re.search(
+                rf"(?<!local function )\b{helper}\(", code
+            )
+            assert bool(named) == (helper in defined), (script.name, helper)
