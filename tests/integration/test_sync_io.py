@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from prq._types import Call
+from prq._types import Call, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.embedded import EmbeddedRedis
 from prq.errors import QueueShutdown
@@ -38,7 +38,7 @@ class Batch(threading.Thread):
     def __init__(self, io: SyncRedisIO) -> None:
         super().__init__(daemon=True)
         self.io = io
-        self.replies: list[object] | None = None
+        self.replies: list[Reply] | None = None
 
     def run(self) -> None:
         self.replies = self.io.execute([Call(("CLIENT", "ID")), Call(("BLPOP", "go", BLOCK_S))])
