@@ -28,7 +28,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy tests bench
+	$(BIN)/mypy tests bench examples
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -39,7 +39,8 @@ def handler(request: Request) -> object:
     params = request.params if isinstance(request.params, dict) else {}
     if params.get("customer") == 13:
         raise PermissionError("customer 13 is blocked")
-    amount = float(params.get("amount") or 0)
+    given = params.get("amount")
+    amount = float(given) if isinstance(given, int | float | str) else 0.0
     return {"with_tax": round(amount * 1.2, 2)}
 
 
