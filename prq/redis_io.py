@@ -58,7 +58,7 @@ from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, Q
 from prq.jitter import wait_jittered_exponential
 from prq.links import AsyncClusterLink, async_link
 from prq.scripts import merge_calls, script_load_calls
-from prq.topology import aclose_client, async_client, locate
+from prq.topology import aclose_client, async_client, locate, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -121,14 +121,23 @@ def translate_errors() -> Iterator[None]:
     except (RedisClusterException, ClusterError) as exc:
         raise _cluster_error(exc) from exc
     except ResponseError as exc:
-        if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
-            raise QueueFull(
-                f"Redis is out of memory and refuses writes: {exc}; free memory or raise "
-                "maxmemory (prq needs maxmemory-policy noeviction)"
-            ) from exc
-        raise PrqError(f"Redis refused a prq command: {exc}") from exc
+        raise _refusal(exc) from exc
     except RedisError as exc:
         raise PrqError(f"unexpected Redis error: {exc}") from exc
+
+
+def _refusal(exc: ResponseError) -> PrqError:
+    """The prq error for a command Redis refused."""
+    if isinstance(exc, OutOfMemoryError) or str(exc).startswith("OOM"):
+        return QueueFull(
+            f"Redis is out of memory and refuses writes: {exc}; free memory or raise "
+            "maxmemory (prq needs maxmemory-policy noeviction)"
+        )
+    if "DB index is out of range" in str(exc):  # (the URL's database, at SELECT)
+        return ConfigurationError(
+            f"Redis refused the URL's database: {exc} (see the server's 'databases')"
+        )
+    return PrqError(f"Redis refused a prq command: {exc}")
 
 
 def _cluster_error(exc: RedisClusterException | ClusterError) -> Exception:
@@ -296,6 +305,30 @@ class IOCounters:
     def count(self, calls: Sequence[Call]) -> None:
         self.commands += len(calls)
         self.round_trips += 1
+
+
+class Reachability:
+    """Says once, at WARNING, that Redis does not answer while round trips are being retried
+    (a wrong host or port, Redis down or failing over), and once, at INFO, that it answers
+    again: an unreachable Redis is never silent for a whole retry budget."""
+
+    def __init__(self, url: str, budget_s: float) -> None:
+        self.url = shown_url(url)
+        self.budget_s = budget_s
+        self.down = False
+
+    def failed(self, exc: Exception) -> None:
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "redis does not answer at %s; retrying for up to %g s: %s",
+                self.url, self.budget_s, exc,
+            )  # fmt: skip
+
+    def answered(self) -> None:
+        if self.down:
+            self.down = False
+            logger.info("redis answers again at %s", self.url)
 
 
 def _reply_error(reply: Exception) -> PrqError:
@@ -485,6 +518,7 @@ class AsyncRedisIO(IOCounters):
         self._in_flight = 0
         self._closed = False
         self._link = async_link(self.client)
+        self.reachability = Reachability(redis_settings.url, settings.retry_budget_s)
         #: Whether a step's retries may run beside the batcher (a cluster: each pipeline has
         #: connections of its own); one server's link is pipelined (AsyncLink).
         self._overlapping = isinstance(self._link, AsyncClusterLink)
@@ -676,13 +710,16 @@ class AsyncRedisIO(IOCounters):
         """One round trip; error replies come back in place, transport errors raise."""
         try:
             with translate_errors():
-                return await self._link.round_trip(calls)
+                replies = await self._link.round_trip(calls)
         except RedisUnavailable as exc:
             if self.redis_settings.tls and tls_eof(exc):
                 refused = await asyncio.to_thread(tls_probe, self.redis_settings)
                 if refused is not None:
                     raise tls_configuration_error(refused) from exc
+            self.reachability.failed(exc)
             raise
+        self.reachability.answered()
+        return replies
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every prq script (after a restart or SCRIPT FLUSH)."""

@@ -25,6 +25,7 @@ from prq.redis_io import (
     DEFAULT_MAX_BATCH_STEPS,
     STEP_GRACE_S,
     IOCounters,
+    Reachability,
     RedisUnavailable,
     StepBudgets,
     _closed_error,
@@ -104,6 +105,7 @@ class SyncRedisIO(IOCounters):
         #: express step's).
         self._links: list[SyncLink | SyncClusterLink] = [link]
         self._free: list[SyncLink | SyncClusterLink] = [link]
+        self.reachability = Reachability(redis_settings.url, settings.retry_budget_s)
         self._step_deadline_s = (
             settings.retry_budget_s + redis_settings.socket_timeout_s + STEP_GRACE_S
         )
@@ -312,17 +314,20 @@ class SyncRedisIO(IOCounters):
         link = self._take_link()
         try:
             with translate_errors():
-                return link.round_trip(calls)
+                replies = link.round_trip(calls)
         except RedisUnavailable as exc:
             if self.redis_settings.tls and tls_eof(exc):
                 refused = tls_probe(self.redis_settings)
                 if refused is not None:
                     raise tls_configuration_error(refused) from exc
+            self.reachability.failed(exc)
             raise
         finally:
             if not self._overlapping:  # (a cluster's one link is shared)
                 with self._lock:
                     self._free.append(link)
+        self.reachability.answered()
+        return replies
 
     def _take_link(self) -> SyncLink | SyncClusterLink:
         """A link for one round trip: on a cluster the one link; on one server a connection no

@@ -46,6 +46,7 @@ __all__ = [
     "sync_client",
 ]
 
+_SERVER_SCHEMES = frozenset({"redis", "rediss", "unix"})
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 _CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 DEFAULT_SENTINEL_PORT = 26379
@@ -80,14 +81,29 @@ class Location:
 
 
 def locate(url: str) -> Location:
-    """Parse `url`; ConfigurationError for a topology prq does not support or a malformed
-    sentinel URL (a server URL is left to redis-py, which says what is wrong with it)."""
-    scheme, _, rest = url.partition("://")
+    """Parse `url`; ConfigurationError, at once, for a URL that names no topology prq supports
+    or that is malformed (a server URL is checked as redis-py parses it)."""
+    scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme in _CLUSTER_SCHEMES:
         return _locate_cluster(url, scheme, rest)
-    if scheme not in _SENTINEL_SCHEMES:
+    if scheme in _SERVER_SCHEMES and sep:
+        try:
+            redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+            path = urlsplit(url).path.strip("/")
+            if scheme != "unix" and path and not path.isdigit():  # (redis-py would ignore it)
+                raise ValueError(f"the database is not a number: {path!r}")
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"the Redis URL {shown_url(url)} is malformed: {exc}"
+            ) from None
         return Location(url=url)
+    if scheme not in _SENTINEL_SCHEMES or not sep:
+        raise ConfigurationError(
+            f"{shown_url(url)} is not a Redis URL: prq takes redis://host:port/db (rediss:// with "
+            "TLS, unix:///path/to/socket), redis+sentinel://host:port/<master name> or "
+            "redis+cluster://host:port"
+        )
     if not rest:
         raise ConfigurationError(f"{scheme}:// URL names no sentinel: {url!r}")
     credentials, _, hosts_and_path = rest.rpartition("@")
@@ -110,6 +126,18 @@ def locate(url: str) -> Location:
         url=url, sentinels=sentinels, master=parts[0], db=db, username=username,
         password=password, tls=_SENTINEL_SCHEMES[scheme],
     )  # fmt: skip
+
+
+def shown_url(url: str) -> str:
+    """`url` fit for an error message: its password replaced by ***."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "the URL given"
+    if password:
+        url = url.replace(f":{password}@", ":***@", 1)
+    return repr(url)
 
 
 def _locate_cluster(url: str, scheme: str, rest: str) -> Location:

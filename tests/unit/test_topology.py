@@ -51,8 +51,25 @@ def test_a_cluster_url_names_its_seed_nodes() -> None:
         ("redis+cluster://n1:7000/1", "database 0 only"),
         ("redis+cluster://n1:seven", "not a number"),
         ("redis+cluster://n1:7000/0?ssl_cert_reqs=none", "take no options"),
+        ("http://host:6379/0", "is not a Redis URL"),
+        ("host:6379", "is not a Redis URL"),
+        ("redis:/host:6379", "is not a Redis URL"),
+        ("redis://host:port/0", "malformed"),
+        ("redis://host:6379/zero", "malformed"),
     ],
 )
 def test_a_malformed_or_unsupported_url_is_refused_at_once(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         locate(url)
+
+
+def test_a_server_url_of_each_scheme_is_taken() -> None:
+    for url in ("redis://h:6379/0", "redis://h", "rediss://h:6380/1/", "unix:///run/redis.sock"):
+        assert locate(url) == Location(url=url)
+
+
+def test_a_refused_url_never_shows_its_password() -> None:
+    for url in ("redis://app:s3cr3t@host:port/0", "http://app:s3cr3t@host:6379/0"):
+        with pytest.raises(ConfigurationError) as refused:
+            locate(url)
+        assert "s3cr3t" not in str(refused.value) and "***" in str(refused.value)
