@@ -73,6 +73,7 @@ _INCLUDE: Final = re.compile(r"^-- include: (_[a-z_]+)$", re.MULTILINE)
 _HELPER: Final = re.compile(r"^local function (\w+)\(.*?^end\n", re.MULTILINE | re.DOTALL)
 #: Lua comments: a block, or the rest of a line (no string of prq's scripts holds "--").
 _COMMENT: Final = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+_WORD: Final = re.compile(r"\w+")
 
 
 def _unused(source: str, helpers: dict[str, str]) -> list[str]:
@@ -81,14 +82,16 @@ def _unused(source: str, helpers: dict[str, str]) -> list[str]:
     rest = source
     for chunk in helpers.values():
         rest = rest.replace(chunk, "", 1)
+    calls = {
+        helper: set(_WORD.findall(_COMMENT.sub("", chunk))) & helpers.keys()
+        for helper, chunk in helpers.items()
+    }
     kept: set[str] = set()
-    texts = [_COMMENT.sub("", rest)]
-    while texts:
-        text = texts.pop()
-        for helper, chunk in helpers.items():
-            if helper not in kept and re.search(rf"\b{helper}\b", text):
-                kept.add(helper)
-                texts.append(_COMMENT.sub("", chunk))
+    todo = set(_WORD.findall(_COMMENT.sub("", rest))) & helpers.keys()
+    while todo:
+        helper = todo.pop()
+        kept.add(helper)
+        todo |= calls[helper] - kept
     return [chunk for helper, chunk in helpers.items() if helper not in kept]
 
 
