@@ -58,7 +58,7 @@ from prq.errors import ConfigurationError, PrqError, QueueFull, QueueShutdown, Q
 from prq.jitter import wait_jittered_exponential
 from prq.links import AsyncClusterLink, async_link
 from prq.scripts import merge_calls, script_load_calls
-from prq.topology import aclose_client, async_client, locate, shown_url
+from prq.topology import aclose_client, async_client, locate, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ class Reachability:
     again: an unreachable Redis is never silent for a whole retry budget."""
 
     def __init__(self, url: str, budget_s: float) -> None:
-        self.url = shown_url(url)
+        self.url = repr(redact_url(url))
         self.budget_s = budget_s
         self.down = False
 

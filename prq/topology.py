@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -43,6 +43,7 @@ __all__ = [
     "close_client",
     "is_cluster",
     "locate",
+    "redact_url",
     "sync_client",
 ]
 
@@ -95,13 +96,13 @@ def locate(url: str) -> Location:
                 raise ValueError(f"the database is not a number: {path!r}")
         except ValueError as exc:
             raise ConfigurationError(
-                f"the Redis URL {shown_url(url)} is malformed: {exc}"
+                f"the Redis URL {redact_url(url)!r} is malformed: {exc}"
             ) from None
         return Location(url=url)
     if scheme not in _SENTINEL_SCHEMES or not sep:
         raise ConfigurationError(
-            f"{shown_url(url)} is not a Redis URL: prq takes redis://host:port/db (rediss:// with "
-            "TLS, unix:///path/to/socket), redis+sentinel://host:port/<master name> or "
+            f"{redact_url(url)!r} is not a Redis URL: prq takes redis://host:port/db (rediss:// "
+            "with TLS, unix:///path/to/socket), redis+sentinel://host:port/<master name> or "
             "redis+cluster://host:port"
         )
     if not rest:
@@ -128,16 +129,16 @@ def locate(url: str) -> Location:
     )  # fmt: skip
 
 
-def shown_url(url: str) -> str:
-    """`url` fit for an error message: its password replaced by ***."""
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by `***`, for messages and logs."""
     try:
         parts = urlsplit(url)
-        password = parts.password
+        if parts.password is None:
+            return url
+        where = parts.netloc.rpartition("@")[2]  # (as written: a bad port must not hide it)
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{where}"))
     except ValueError:
-        return "the URL given"
-    if password:
-        url = url.replace(f":{password}@", ":***@", 1)
-    return repr(url)
+        return "<unparsable URL>"
 
 
 def _locate_cluster(url: str, scheme: str, rest: str) -> Location:

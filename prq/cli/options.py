@@ -15,13 +15,13 @@ Exit codes of every command:
 from __future__ import annotations
 
 from typing import Annotated, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from pydantic import ValidationError
 
 from prq.config import QueueSettings
 from prq.demo import DEFAULT_PREFIX
+from prq.topology import redact_url
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -94,20 +94,6 @@ def require_url(url: str | None, command: str) -> str:
             param_hint="'--url' / PRQ_REDIS_URL",
         )
     return url
-
-
-def redact_url(url: str) -> str:
-    """`url` with its password replaced by `***`, for messages."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port is not None else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-    except ValueError:
-        return "<unparsable URL>"
 
 
 def queue_settings() -> QueueSettings:
