@@ -44,17 +44,22 @@ class Batch(threading.Thread):
         self.replies = self.io.execute([Call(("CLIENT", "ID")), Call(("BLPOP", "go", BLOCK_S))])
 
 
-def waiting_in_blpop(client: redis.Redis) -> bool:
-    return any(c["cmd"] == "blpop" for c in client.client_list())
+@pytest.fixture
+def batch(io: SyncRedisIO, own_redis_client: redis.Redis) -> Batch:
+    """A batch in flight: its thread's step waits in BLPOP."""
+    thread = Batch(io)
+    thread.start()
+    wait_until(
+        lambda: any(c["cmd"] == "blpop" for c in own_redis_client.client_list()),
+        5, 0.01, "batch in flight",
+    )  # fmt: skip
+    return thread
 
 
 def test_an_express_step_goes_beside_the_batch_in_flight_on_a_connection_of_its_own(
-    io: SyncRedisIO, own_redis_client: redis.Redis
+    io: SyncRedisIO, own_redis_client: redis.Redis, batch: Batch
 ) -> None:
     # Given a batch in flight (waiting in BLPOP)
-    batch = Batch(io)
-    batch.start()
-    wait_until(lambda: waiting_in_blpop(own_redis_client), 5, 0.01, "batch in flight")
 
     # When an express step is sent meanwhile
     replies = io.execute([Call(("CLIENT", "ID")), Call(("ECHO", "apart"))], express=True)
@@ -74,12 +79,9 @@ def test_an_express_step_goes_beside_the_batch_in_flight_on_a_connection_of_its_
 
 
 def test_a_step_that_is_not_express_waits_for_the_batch_in_flight(
-    io: SyncRedisIO, own_redis_client: redis.Redis
+    io: SyncRedisIO, own_redis_client: redis.Redis, batch: Batch
 ) -> None:
     # Given a batch in flight (waiting in BLPOP)
-    batch = Batch(io)
-    batch.start()
-    wait_until(lambda: waiting_in_blpop(own_redis_client), 5, 0.01, "batch in flight")
 
     # When another step is sent meanwhile from a thread of its own
     answered: list[object] = []
