@@ -15,6 +15,9 @@ Series:
     prq_responded_total{endpoint}           responses this process's receivers stored
     prq_failed_total{endpoint,error}        calls that ended without a result: a prq error by
                                             class name, or RemoteError when the service raised
+    prq_handler_errors_total{endpoint,error}  handler runs on this process's receivers that
+                                            raised (error: the exception's class name) or
+                                            returned no JSON (SerializationError)
     prq_cancelled_total{endpoint}           requests cancelled through this process's cancel()
     prq_dead_lettered_total{endpoint}       requests moved to the dead-letter list
     prq_redelivered_total{endpoint}         at_least_once requests of silent receivers that
@@ -65,6 +68,7 @@ __all__ = [
     "ENDPOINTS",
     "ENQUEUED",
     "FAILED",
+    "HANDLER_ERRORS",
     "HEARTBEATS_MISSED",
     "PICKUP_WAIT",
     "REDELIVERED",
@@ -91,6 +95,11 @@ RESPONDED = Counter("prq_responded", "Responses stored by this process's receive
 FAILED = Counter(
     "prq_failed",
     "Calls that ended without a result, by error type (RemoteError: the service raised).",
+    ["endpoint", "error"],
+)
+HANDLER_ERRORS = Counter(
+    "prq_handler_errors",
+    "Handler runs on this process's receivers that raised or returned no JSON, by error type.",
     ["endpoint", "error"],
 )
 CANCELLED = Counter(

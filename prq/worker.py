@@ -24,12 +24,11 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
 
-from pydantic import JsonValue, ValidationError
-
 from prq._types import Handler
 from prq.errors import PrqError, QueueShutdown
+from prq.handled import build_response, handler_response
 from prq.jitter import jitter
-from prq.models import PendingRequest, Request, Response, ServerError, validate_endpoint
+from prq.models import PendingRequest, Request, validate_endpoint
 from prq.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 if TYPE_CHECKING:
@@ -73,35 +72,6 @@ _current: contextvars.ContextVar[PendingRequest | None] = contextvars.ContextVar
 def current_request() -> PendingRequest | None:
     """The PendingRequest being handled (inside a `serve` handler); None elsewhere."""
     return _current.get()
-
-
-def build_response(
-    request_id: str, result: object = None, exc: BaseException | None = None
-) -> Response:
-    """The response for a handler's result or exception (a non-JSON result is an error; a
-    Response is sent as it is, under the request's id)."""
-    if exc is not None:
-        return Response(
-            id=request_id,
-            error=ServerError(
-                type=type(exc).__name__,
-                message=str(exc),
-                retryable=bool(getattr(exc, "retryable", False)),
-            ),
-        )
-    if isinstance(result, Response):  # the handler built it (e.g. to send DataStreams)
-        return result.model_copy(update={"id": request_id})
-    try:
-        return Response(id=request_id, result=cast(JsonValue, result))
-    except ValidationError as error:
-        return Response(
-            id=request_id,
-            error=ServerError(
-                type="SerializationError",
-                message="the handler returned a value that is not JSON: "
-                + str(error.errors()[0]["msg"]),
-            ),
-        )
 
 
 def _is_async(handler: Handler) -> bool:
@@ -245,10 +215,13 @@ class _AsyncHeld:
             try:
                 async with self.slots:
                     started = time.monotonic()
+                    result: object = None
+                    failure: Exception | None = None
                     try:
-                        response = build_response(pending.id, await self.run(pending))
+                        result = await self.run(pending)
                     except Exception as exc:
-                        response = build_response(pending.id, exc=exc)
+                        failure = exc
+                    response = handler_response(queue.node_id, pending, result, failure)
                     self.pace.ran(time.monotonic() - started)
             finally:
                 self.unhandled -= 1
@@ -641,10 +614,13 @@ def _answer(
     body: bytes | None = None
     try:
         started = time.monotonic()
+        result: object = None
+        failure: Exception | None = None
         try:
-            response = build_response(pending.id, _run_sync_handler(handler, pending))
+            result = _run_sync_handler(handler, pending)
         except Exception as exc:
-            response = build_response(pending.id, exc=exc)
+            failure = exc
+        response = handler_response(queue.node_id, pending, result, failure)
         pace.ran(time.monotonic() - started)
         try:
             body, error = queue._answer_body(response)
