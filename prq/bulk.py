@@ -296,6 +296,7 @@ class BulkClient:
         datastreams: DataStreamStore | None = None,
     ) -> None:
         self.settings = settings or QueueSettings()
+        self.redis_settings = redis_settings
         self.keys = KeySchema(prefix, sharded=is_cluster_url(redis_settings.url))
         self._io = SyncRedisIO(redis_settings, self.settings)
         #: Endpoints checked for the previous layout's lanes (flows.layout_flow), once each.
@@ -313,11 +314,12 @@ class BulkClient:
         prefix: str = "prq",
         settings: QueueSettings | None = None,
         datastreams: DataStreamStore | None = None,
+        redis_settings: RedisSettings | None = None,
     ) -> Self:
-        """A client for `url` (else `PRQ_REDIS_URL`)."""
-        return cls(
-            RedisSettings.from_url(url), prefix=prefix, settings=settings, datastreams=datastreams
-        )
+        """A client for `url` (else `PRQ_REDIS_URL`, or `redis_settings.url`), with the
+        connection settings of `redis_settings` (a `url` given beside them replaces theirs)."""
+        redis = RedisSettings.from_url(url) if redis_settings is None else redis_settings
+        return cls(redis.with_url(url), prefix=prefix, settings=settings, datastreams=datastreams)
 
     def close(self) -> None:
         self._io.close()

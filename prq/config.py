@@ -129,6 +129,12 @@ class RedisSettings(BaseSettings):
             return cls(**overrides)  # type: ignore[arg-type]
         return cls(url=url, **overrides)  # type: ignore[arg-type]
 
+    def with_url(self, url: str | None) -> RedisSettings:
+        """These settings for `url` instead of their own (themselves when `url` is None)."""
+        if url is None or url == self.url:
+            return self
+        return RedisSettings(**{**self.model_dump(), "url": url})
+
 
 class QueueSettings(BaseSettings):
     """Timings, TTLs and limits of the queue (environment prefix `PRQ_`).

@@ -149,9 +149,14 @@ class QueueBase:
         datastreams: DataStreamStore | None = None,
         redis_settings: RedisSettings | None = None,
     ) -> Self:
-        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL)."""
+        """A queue on the Redis at `url` (None reads PRQ_REDIS_URL, or takes
+        `redis_settings.url`), with the timings of `settings` and the connection settings of
+        `redis_settings` (timeouts, pool size, TLS files); a `url` given beside
+        `redis_settings` replaces its URL."""
         if redis_settings is None:
             redis_settings = RedisSettings.from_url(url)
+        else:
+            redis_settings = redis_settings.with_url(url)
         return cls(redis_settings, prefix=prefix, settings=settings, datastreams=datastreams)
 
     @property

@@ -10,11 +10,12 @@
     prq dead-letters  an endpoint's dead letters: list, replay or purge      (manage.py)
 
 Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
-default (the variable is named in `--help`). worker, api, call and stats need the Redis every
-node shares (`--url` or `PRQ_REDIS_URL`) and refuse to start without one; demo and bench start
-a private redis-server when none is given. Exit codes are listed in options.py (0 done,
-1 failed, 2 usage error, 3 retryable failure, 130 Ctrl-C). Logging goes to stderr at WARNING
-(INFO with `--verbose`); the library itself never configures logging.
+default (the variable is named in `--help`). worker, call, stats, limits, dead-letters and api
+need the Redis every node shares (`--url` or `PRQ_REDIS_URL`) and refuse to start without one;
+demo and bench start a private redis-server when none is given. Help is plain text wrapped to
+the terminal (no table that would cut an environment variable's name). Exit codes are listed
+in options.py (0 done, 1 failed, 2 usage error, 3 retryable failure, 130 Ctrl-C). Logging goes
+to stderr at WARNING (INFO with `--verbose`); the library itself never configures logging.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ app = typer.Typer(
         "limits and dead letters (limits, dead-letters), run the admin service and dashboard "
         "(api), or try it all out (demo, bench).\n\n"
         "Options come from flags, else from PRQ_* environment variables, else defaults. "
-        "worker, api, call and stats need the shared Redis (--url or PRQ_REDIS_URL); "
+        "worker, call, stats, limits, dead-letters and api need the shared Redis (--url or "
+        "PRQ_REDIS_URL); "
         "without one, demo and bench start a private redis-server."
     ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
 )
 
 

@@ -129,8 +129,10 @@ def worker(
             envvar="PRQ_WORKER_SHUTDOWN_TIMEOUT_S",
             show_envvar=True,
             min=0,
-            help="On SIGINT/SIGTERM, seconds to let held requests finish; then (or on a "
-            "second signal) they are abandoned and the worker exits 1.",
+            help="On SIGINT/SIGTERM, seconds to let held requests finish (the worker then "
+            "exits 0); those still running after it, or at a second signal, are given back "
+            "and the worker exits 1. Shorter than QueueSettings.shutdown_timeout_s (30 s) so "
+            "that the worker ends inside a container's usual 30 s grace period.",
         ),
     ] = DEFAULT_SHUTDOWN_TIMEOUT_S,
     metrics_port: Annotated[
@@ -162,8 +164,10 @@ def worker(
     The handler gets each request (`request.method`, `request.params`) and returns a JSON
     value; what it raises reaches the caller as a RemoteError. A coroutine function is served
     on one event loop (AsyncQueue.serve), a plain function by worker threads (Queue.serve).
-    On SIGINT/SIGTERM the worker takes no new request and finishes the ones it holds (up to
-    --shutdown-timeout), then exits 0.
+    On SIGINT/SIGTERM the worker takes no new request, finishes the ones it holds and exits 0;
+    if they are not all done within --shutdown-timeout (or a second signal comes), it gives
+    the rest back (callers of at_most_once requests get ReceiverLost, at_least_once ones are
+    queued again) and exits 1.
     """
     redis_url = require_url(url, "worker")
     endpoints = _endpoints(endpoint or [])

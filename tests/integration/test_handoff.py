@@ -81,8 +81,8 @@ async def serve_child(
 
 
 async def stop_child(child: subprocess.Popen[str], how: str) -> int:
-    """Send `how` (SIGKILL or SIGTERM) and wait (bounded) for the process to end."""
-    child.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
+    """Send `how` (SIGKILL, SIGTERM or SIGINT) and wait (bounded) for the process to end."""
+    child.send_signal(signal.Signals[how])
     return await asyncio.to_thread(child.wait, 30)
 
 
@@ -168,15 +168,17 @@ async def test_a_call_handed_to_a_dead_receiver_with_no_other_times_out_unrun(
     assert redis_client.hlen(keys.parks) == 0
 
 
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
 async def test_a_receiver_stopped_while_busy_finishes_and_answers(
     make_queue: QueueFactory,
     facade: str,
     redis_url: str,
     redis_client: redis.Redis,
     key_prefix: str,
+    how: str,
 ) -> None:
     # Given a receiver process working on a call
-    endpoint = "poll://busy-stop"
+    endpoint = f"poll://busy-stop-{how.lower()}"
     keys = KeySchema(key_prefix).endpoint(endpoint)
     async with serve_child(redis_url, key_prefix, endpoint, facade, 1) as (child, node):
         await async_wait_until(lambda: parks_of(redis_client, keys, node), 30, 0.02, "parked")
@@ -184,12 +186,13 @@ async def test_a_receiver_stopped_while_busy_finishes_and_answers(
         request = Request(endpoint=endpoint, method="work", params={"sleep_s": 1.5})
         call = asyncio.create_task(sender.queue_and_wait(request, timeout_s=CALL_BOUND_S))
         await wait_for_state(sender, request.id, RequestState.TAKEN)
-        # When it is sent SIGTERM (a deploy)
-        code = await stop_child(child, "SIGTERM")
-        # Then it finishes the call, answers it, and exits normally
+        # When it is sent SIGTERM (a deploy) or SIGINT (Ctrl-C in a terminal)
+        code = await stop_child(child, how)
+        # Then it finishes the call, answers it, and exits normally, with no traceback
         response = await asyncio.wait_for(call, CALL_BOUND_S)
         assert response.error is None and response.result == {"pid": child.pid}
-        assert code == 0, child.stderr.read() if child.stderr else ""
+        errors = child.stderr.read() if child.stderr else ""
+        assert code == 0 and "Traceback" not in errors, errors
 
 
 async def test_a_handoff_given_back_unconfirmed_goes_to_another_receiver_uncounted(

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+import prq
 from prq import QueueSettings, RedisSettings
+from prq.bulk import BulkClient
 
 
 def test_defaults_follow_the_design() -> None:
@@ -36,6 +38,29 @@ def test_environment_sets_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert QueueSettings().pickup_timeout_s == 9
     assert RedisSettings.from_url().url == "redis://example.invalid:1/2"
     assert RedisSettings.from_url("redis://other:3/0").url == "redis://other:3/0"
+
+
+def test_from_url_takes_connection_settings_beside_the_url() -> None:
+    # Given connection settings made for another URL (or for PRQ_REDIS_URL)
+    tuned = RedisSettings(url="redis://elsewhere:9/1", socket_timeout_s=2.5, max_connections=7)
+    queue_settings = QueueSettings(pickup_timeout_s=3)
+
+    # When a queue and a bulk client are made from a URL and those settings
+    queue = prq.Queue.from_url(
+        "redis://127.0.0.1:1/4", settings=queue_settings, redis_settings=tuned
+    )
+    client = BulkClient.from_url("redis://127.0.0.1:1/5", redis_settings=tuned)
+
+    # Then each connects to its URL with the tuned timeouts and pool (nothing else is lost)
+    assert queue.redis_settings.url == "redis://127.0.0.1:1/4"
+    assert client.redis_settings.url == "redis://127.0.0.1:1/5"
+    for made in (queue.redis_settings, client.redis_settings):
+        assert (made.socket_timeout_s, made.max_connections) == (2.5, 7)
+    assert queue.settings.pickup_timeout_s == 3
+    # and without a URL the settings' own is used
+    assert prq.AsyncQueue.from_url(redis_settings=tuned).redis_settings.url == tuned.url
+    queue.close()
+    client.close()
 
 
 @pytest.mark.parametrize(
