@@ -28,7 +28,7 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:lw:<token>     string  a loss watch (prq.bulk.LossWatch): a   an hour, renewed by
                                      counter its reader steps (canary.lua)  each read
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
-    prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL 2 min
+    prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL receipt_ttl_s (31 s)
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
     prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
     prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
@@ -43,8 +43,9 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      pending); absent field = no limit      deleted when cleared
     prq:{<e>}:pulse          channel "work is waiting" for the endpoint's receivers
     prq:loc:{<id>}           string  the endpoint of a request id            TTL of the request
-    prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks, refreshed
-    prq:canary:{<node>/<n>}  string  on a cluster, its canary on another     TTL 3 checks, refreshed
+    prq:canary:{<node>}      string  a node's data-loss canary (a counter)   TTL 3 checks + retry
+                                                                            budget, refreshed
+    prq:canary:{<node>/<n>}  string  on a cluster, its canary on another     the same
                                      master (n: the first number whose key
                                      hashes to a slot that master serves)
     prq:node:<node>          channel responses (and later signals) for one node
