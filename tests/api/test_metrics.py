@@ -114,6 +114,9 @@ async def test_metrics_parse_and_show_the_queued_depth(
         enqueued = families["prq_enqueued"]
         key = (("endpoint", ENDPOINT), ("__name__", "prq_enqueued_total"))
         assert enqueued[key] >= 2
+        # And Redis's memory is there for each server (each primary of a cluster)
+        used = redis_series(families, "prq_redis_used_memory_bytes", "prq_redis_used_memory_bytes")
+        assert used and all(value > 0 for value in used.values()), used
     finally:
         for call in calls:
             call.cancel()
