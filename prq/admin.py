@@ -27,6 +27,7 @@ admin service can collect them on every scrape. Changes (cancel) go through the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
@@ -60,7 +61,7 @@ from prq.records import (
 )
 from prq.redis_io import RedisUnavailable, client_kwargs, translate_errors
 from prq.signing import unwrap
-from prq.topology import aclose_client, async_client
+from prq.topology import aclose_client, async_client, is_cluster
 
 __all__ = [
     "EndpointInfo",
@@ -69,6 +70,7 @@ __all__ = [
     "QueuedItem",
     "QueuedPage",
     "RedisHealth",
+    "RedisMemory",
     "redis_warnings",
 ]
 
@@ -166,6 +168,21 @@ class RedisHealth(BaseModel):
     warnings: list[str] = []
     #: Why Redis could not be asked (when `ok` is false).
     error: str | None = None
+
+
+class RedisMemory(BaseModel):
+    """One Redis server's memory and evictions (INFO memory and INFO stats): how close it is
+    to refusing writes (prq wants `noeviction`, so a full Redis refuses enqueues with
+    QueueFull), or, misconfigured, how many keys it dropped (each one a request lost silently)."""
+
+    #: The server: host:port (a cluster's primary, or the one server), or a Sentinel-managed
+    #: primary's master name (its address changes with a failover).
+    node: str
+    used_memory_bytes: int
+    #: Redis's maxmemory; 0 when it has no limit.
+    maxmemory_bytes: int
+    #: Keys evicted since the server started.
+    evicted_keys: int
 
 
 class Inspector:
@@ -495,6 +512,59 @@ class Inspector:
             persistence=redis_persistence(info),
             warnings=redis_warnings(info),
         )
+
+    async def redis_memory(self) -> list[RedisMemory]:
+        """Each server's memory and evictions: the one server (or Sentinel-managed primary), or
+        every primary of a cluster (each holds its own endpoints). QueueUnavailable when Redis
+        does not answer."""
+        client: Any = self.client  # a cluster client, or not: typed as one server's
+        with _reading():
+            if is_cluster(client):
+                primaries = client.get_primaries()
+                replies = await asyncio.gather(
+                    *(self._memory_info(target_nodes=node) for node in primaries)
+                )
+                names = [node.name for node in primaries]
+            else:
+                replies = [await self._memory_info()]
+                names = [_server_name(client)]
+        return [
+            RedisMemory(
+                node=name,
+                used_memory_bytes=_int(info.get("used_memory")),
+                maxmemory_bytes=_int(info.get("maxmemory")),
+                evicted_keys=_int(info.get("evicted_keys")),
+            )
+            for name, info in zip(names, replies, strict=True)
+        ]
+
+    async def _memory_info(self, **target: Any) -> dict[str, str]:
+        """INFO memory and INFO stats of one server, merged (two calls: `INFO a b` needs
+        Redis 7)."""
+        client: Any = self.client
+        memory = await client.execute_command("INFO", "memory", **target)
+        stats = await client.execute_command("INFO", "stats", **target)
+        return parse_info(memory, stats)
+
+
+def _server_name(client: Any) -> str:
+    """A one-server client's host:port (a socket's path), or a Sentinel pool's master name."""
+    pool = client.connection_pool
+    service_name = getattr(pool, "service_name", None)
+    if service_name:
+        return str(service_name)
+    kwargs = pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+def _int(value: Any) -> int:
+    """An INFO figure as an integer (0 when missing or not one)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
 
 
 @contextlib.contextmanager

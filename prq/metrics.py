@@ -40,6 +40,11 @@ Series:
     prq_endpoint_max_in_flight{endpoint}    its max_in_flight limit (only when one is set)
     prq_endpoint_max_pending{endpoint}      its max_pending limit (only when one is set)
     prq_endpoint_dead_letters{endpoint}     dead letters kept for it (from Redis, at scrape)
+    prq_redis_used_memory_bytes{node}       Redis's used_memory (INFO, at scrape; per primary
+                                            of a cluster)
+    prq_redis_maxmemory_bytes{node}         Redis's maxmemory (0: no limit; at scrape)
+    prq_redis_evicted_keys_total{node}      keys Redis evicted since it started (at scrape):
+                                            with prq's noeviction, always 0
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from prometheus_client.registry import Collector
 from prq.errors import PrqError, ReceiverLost
 
 if TYPE_CHECKING:
-    from prq.admin import EndpointInfo, Inspector
+    from prq.admin import EndpointInfo, Inspector, RedisMemory
     from prq.models import Response
 
 __all__ = [
@@ -72,6 +77,7 @@ __all__ = [
     "HEARTBEATS_MISSED",
     "PICKUP_WAIT",
     "REDELIVERED",
+    "REDIS",
     "REDIS_RETRIES",
     "RESPONDED",
     "ROUND_TRIP",
@@ -79,6 +85,7 @@ __all__ = [
     "EndpointSeries",
     "call_ended",
     "refresh_endpoint_gauges",
+    "refresh_redis_gauges",
     "series",
     "taken",
 ]
@@ -254,6 +261,52 @@ ENDPOINTS = EndpointCollector()
 REGISTRY.register(ENDPOINTS)
 
 
+class RedisCollector(Collector):
+    """Redis's memory and evictions, per server, as of the last `refresh_redis_gauges`: what
+    an alert needs to see a Redis filling up (prq's noeviction: enqueues will fail with
+    QueueFull) or, misconfigured, evicting keys (each an unnoticed lost request). A collector
+    for the same reasons as EndpointCollector: a server gone from a cluster drops out."""
+
+    def __init__(self) -> None:
+        self._servers: list[RedisMemory] = []
+
+    def update(self, servers: list[RedisMemory]) -> None:
+        self._servers = list(servers)
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families([])
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._servers)
+
+    @staticmethod
+    def _families(servers: list[RedisMemory]) -> list[Metric]:
+        used = GaugeMetricFamily(
+            "prq_redis_used_memory_bytes",
+            "Redis's used_memory (INFO memory, read at scrape).",
+            labels=["node"],
+        )
+        limit = GaugeMetricFamily(
+            "prq_redis_maxmemory_bytes",
+            "Redis's maxmemory, 0 when it has no limit (INFO memory, read at scrape).",
+            labels=["node"],
+        )
+        evicted = CounterMetricFamily(
+            "prq_redis_evicted_keys",
+            "Keys Redis evicted since it started (INFO stats, read at scrape).",
+            labels=["node"],
+        )
+        for server in servers:
+            used.add_metric([server.node], server.used_memory_bytes)
+            limit.add_metric([server.node], server.maxmemory_bytes)
+            evicted.add_metric([server.node], server.evicted_keys)
+        return [used, limit, evicted]
+
+
+REDIS = RedisCollector()
+REGISTRY.register(REDIS)
+
+
 def call_ended(
     endpoint: str, started: float, response: Response | None, error: BaseException | None
 ) -> None:
@@ -285,3 +338,8 @@ async def refresh_endpoint_gauges(inspector: Inspector) -> None:
     """Read every endpoint from Redis once (a few pipelined round trips) for the next scrape;
     endpoints no node reports any more drop out."""
     ENDPOINTS.update(await inspector.endpoints())
+
+
+async def refresh_redis_gauges(inspector: Inspector) -> None:
+    """Read each Redis server's memory and evictions (INFO) for the next scrape."""
+    REDIS.update(await inspector.redis_memory())

@@ -1,5 +1,6 @@
 """Prometheus `/metrics` (any valid token): prq's counters and histograms of this process, and
-per-endpoint gauges read from Redis on each scrape (one read for all endpoints)."""
+per-endpoint gauges read from Redis on each scrape (one read for all endpoints), and Redis's
+memory and evictions (INFO, per server)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from api.auth import require_read
 from api.deps import ServiceDep
 from api.errors import error_responses
-from prq.metrics import refresh_endpoint_gauges
+from prq.metrics import refresh_endpoint_gauges, refresh_redis_gauges
 
 __all__ = ["router"]
 
@@ -31,6 +32,7 @@ router = APIRouter(tags=["metrics"])
     },
 )
 async def metrics(service: ServiceDep) -> Response:
-    """Every `prq_` metric; the endpoint gauges are refreshed from Redis first."""
+    """Every `prq_` metric; the endpoint and Redis gauges are refreshed from Redis first."""
     await service.redis(refresh_endpoint_gauges(service.inspector))
+    await service.redis(refresh_redis_gauges(service.inspector))
     return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -8,9 +8,12 @@ import time
 
 import httpx
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from prq import AsyncQueue, Request, RequestState
+from prq.embedded import EmbeddedRedis
+from tests.api.conftest import MakeApi
 from tests.queue_facades import wait_for_state
 from tests.redis_servers import async_wait_until
 
@@ -43,6 +46,9 @@ PRQ_FAMILIES = {
     "prq_endpoint_max_in_flight",
     "prq_endpoint_max_pending",
     "prq_endpoint_dead_letters",
+    "prq_redis_used_memory_bytes",
+    "prq_redis_maxmemory_bytes",
+    "prq_redis_evicted_keys",
 }
 
 
@@ -108,7 +114,63 @@ async def test_metrics_parse_and_show_the_queued_depth(
         enqueued = families["prq_enqueued"]
         key = (("endpoint", ENDPOINT), ("__name__", "prq_enqueued_total"))
         assert enqueued[key] >= 2
+        # And Redis's memory is there for each server (each primary of a cluster)
+        used = redis_series(families, "prq_redis_used_memory_bytes", "prq_redis_used_memory_bytes")
+        assert used and all(value > 0 for value in used.values()), used
     finally:
         for call in calls:
             call.cancel()
         await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+
+
+def redis_series(families: Families, family: str, sample: str) -> dict[str, float]:
+    """node -> value of one of the per-server Redis series."""
+    return {
+        dict(key)["node"]: value
+        for key, value in families.get(family, {}).items()
+        if dict(key)["__name__"] == sample
+    }
+
+
+#: Bytes per value written to fill a Redis up to its maxmemory.
+FILL_VALUE_BYTES = 10_000
+#: Most values written to make a full Redis evict (a bound: it evicts far sooner).
+FILL_MAX_KEYS = 2_000
+
+
+async def test_metrics_show_redis_memory_and_evictions(
+    make_api: MakeApi,
+    own_redis: EmbeddedRedis,
+    own_redis_client: redis.Redis,
+    read: dict[str, str],
+) -> None:
+    # Given the service on a Redis of the test's own, without a memory limit
+    api = make_api(own_redis.url)
+    node = f"127.0.0.1:{own_redis.port}"
+    async with httpx.AsyncClient(base_url=api.url, timeout=15) as http:
+        # When /metrics is scraped
+        families = await scrape(http, read)
+
+        # Then Redis's memory is there, for that server, with no limit and nothing evicted
+        used = redis_series(families, "prq_redis_used_memory_bytes", "prq_redis_used_memory_bytes")
+        assert set(used) == {node} and used[node] > 0
+        limit = redis_series(families, "prq_redis_maxmemory_bytes", "prq_redis_maxmemory_bytes")
+        assert limit == {node: 0}
+        evicted = redis_series(families, "prq_redis_evicted_keys", "prq_redis_evicted_keys_total")
+        assert evicted == {node: 0}
+
+        # When that Redis is given a limit just above its use, told to evict, and filled past it
+        used_now = int(own_redis_client.info("memory")["used_memory"])
+        own_redis_client.config_set("maxmemory", used_now + 1_000_000)
+        own_redis_client.config_set("maxmemory-policy", "allkeys-random")
+        for n in range(FILL_MAX_KEYS):
+            own_redis_client.set(f"fill:{n}", b"x" * FILL_VALUE_BYTES)
+            if int(own_redis_client.info("stats")["evicted_keys"]) > 0:
+                break
+        families = await scrape(http, read)
+
+        # Then the scrape shows the limit and the evictions
+        limit = redis_series(families, "prq_redis_maxmemory_bytes", "prq_redis_maxmemory_bytes")
+        assert limit == {node: used_now + 1_000_000}
+        evicted = redis_series(families, "prq_redis_evicted_keys", "prq_redis_evicted_keys_total")
+        assert evicted[node] > 0
