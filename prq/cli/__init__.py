@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+import prq
 from prq.cli import api, call, demo, manage, stats, worker
 
 __all__ = ["app", "configure_logging", "main"]
@@ -61,6 +62,13 @@ def configure_logging(verbose: bool) -> None:
     )
 
 
+def _print_version(value: bool) -> None:
+    """`--version`: print prq's version (`prq.__version__`, the one place it is written), exit 0."""
+    if value:
+        typer.echo(f"prq {prq.__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def root(
     verbose: Annotated[
@@ -71,6 +79,15 @@ def root(
             envvar="PRQ_VERBOSE",
             show_envvar=True,
             help="Log lifecycle events (INFO) instead of warnings only.",
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print prq's version and exit.",
         ),
     ] = False,
 ) -> None:

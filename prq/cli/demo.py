@@ -15,10 +15,16 @@ from prq.cli.options import EmbeddedUrlOption, PrefixOption
 from prq.demo import DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, DEFAULT_PREFIX
 from prq.demo.config import DEFAULT_SPARK_ROWS
 
-__all__ = ["BENCH_SCRIPT", "bench", "demo"]
+__all__ = ["BENCH_NEEDS_CHECKOUT", "BENCH_SCRIPT", "bench", "demo"]
 
-#: Where `prq bench` finds the benchmark script: the source checkout's bench/ folder.
+#: Where `prq bench` finds the benchmark script: the source checkout's bench/ folder (not part
+#: of the installed package: from a wheel, parents[2] is site-packages, which has no bench/).
 BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "rpc.py"
+#: What `prq bench` says (exit code 2) when it runs from an installed package.
+BENCH_NEEDS_CHECKOUT = (
+    "prq bench needs a source checkout of prq (bench/ is not installed with the package): "
+    "in a clone, run `make bench` or `python -m bench.rpc`"
+)
 
 
 # -- demo ----------------------------------------------------------------------------------------
@@ -193,13 +199,11 @@ def bench(
     Per variant: p50/p99 of sequential calls, calls/s with --inflight calls in flight, and
     Redis commands per call (sender side and server side). Prints PASS/MISS against the
     targets (prq p50 <= 2.5x baseline, throughput >= 0.5x baseline); always exits 0 once
-    the measurements ran.
+    the measurements ran. Needs a source checkout (bench/ is not installed with the package):
+    from an installed package it says so and exits 2.
     """
     if not BENCH_SCRIPT.is_file():
-        typer.echo(
-            f"prq bench needs the source checkout's bench/rpc.py (looked at {BENCH_SCRIPT})",
-            err=True,
-        )
+        typer.echo(BENCH_NEEDS_CHECKOUT, err=True)
         raise typer.Exit(2)
     argv = [
         f"--calls={calls}",

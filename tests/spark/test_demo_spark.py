@@ -67,4 +67,5 @@ def test_prq_demo_spark_without_pyspark_says_so_in_one_line(
     assert len(lines) == 1, result.output
     assert "needs pyspark and pyarrow" in lines[0]
     assert "pip install 'prq[spark]'" in lines[0]
+    assert "`make install`" in lines[0]
     assert "Traceback" not in result.output
