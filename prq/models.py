@@ -31,7 +31,13 @@ from pydantic import (
 )
 
 from prq.datastreams import DataStream
-from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
+from prq.errors import (
+    InvalidEndpoint,
+    InvalidRequest,
+    PayloadTooLarge,
+    SerializationError,
+    typed_validation,
+)
 
 __all__ = [
     "DELIVERY_MODES",
@@ -159,10 +165,13 @@ class Request(BaseModel):
     )
 
     def __init__(self, **data: Any) -> None:
-        # Raise the typed error (not a pydantic ValidationError) for a bad endpoint.
+        # Raise typed errors, not pydantic's ValidationError: InvalidEndpoint for a bad
+        # endpoint, InvalidRequest (also a ValueError) for any other field. Validation that
+        # does not go through here (model_validate, FastAPI's bodies) is pydantic's own.
         if "endpoint" in data:
             validate_endpoint(data["endpoint"])
-        super().__init__(**data)
+        with typed_validation(InvalidRequest, "Request"):
+            super().__init__(**data)
 
     @field_validator("endpoint")
     @classmethod
