@@ -27,6 +27,8 @@ from prq.models import (
     decode_stored_request,
     encode_stored_request,
     new_request_id,
+    readable_endpoint,
+    validate_endpoint,
 )
 
 
@@ -180,3 +182,27 @@ def test_a_model_missing_values_gets_its_defaults_as_model_construct_gives_them(
     built = checked_model(DeliveryInfo, {"delivery_hash": "ab"})
     assert built.attempt == 1
     assert built == DeliveryInfo.model_construct(delivery_hash="ab")
+
+
+@pytest.mark.parametrize("endpoint", [" poll://x", "poll://x ", "\u3000poll://x", "  "])
+def test_endpoint_names_with_leading_or_trailing_whitespace_are_refused(endpoint: str) -> None:
+    with pytest.raises(InvalidEndpoint, match=r"whitespace|non-printable"):
+        validate_endpoint(endpoint)
+    with pytest.raises(InvalidEndpoint):
+        Request(endpoint=endpoint, method="m")
+
+
+@pytest.mark.parametrize("endpoint", ["poll://", "billing-7", "poll://a b", "x" * 200, "é"])
+def test_names_prq_does_not_parse_are_valid(endpoint: str) -> None:
+    # prq does not parse a name: a scheme is a convention, an inner space is part of the name
+    assert validate_endpoint(endpoint) == endpoint
+
+
+def test_a_name_an_earlier_version_took_is_still_read() -> None:
+    # Names left in Redis by an earlier version (a leading space) are read and reach their
+    # keys, so the admin views list them and an operator can forget them
+    old = " poll://x"
+    assert readable_endpoint(old) == old
+    assert decode_stored_request(b'{"m":"run"}', old, "abc").endpoint == old
+    with pytest.raises(InvalidEndpoint):
+        readable_endpoint("bad\nname")
