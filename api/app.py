@@ -3,7 +3,10 @@
 While the app runs (its lifespan), it owns one prq queue node (status, cancel, limit changes
 and dead-letter replays and purges go through it; its data-loss watch feeds `/health`), one
 `Inspector` (read-only views of Redis), and a background sampler of enqueue counters for the
-throughput chart. Shutdown stops the sampler (bounded) and closes the inspector and the node.
+throughput chart. The node is started in the background (`_start_node`), so the service
+listens at once even while Redis does not answer: `/health` says 503 meanwhile, and turns 200
+once Redis answers, without a restart. Shutdown stops the sampler (bounded) and closes the
+inspector and the node.
 
 Every route but `/health` and the dashboard shell needs a bearer token (`api.auth`), the
 OpenAPI document included (`/openapi.json`). Errors share one JSON shape (`api.errors`); request
@@ -12,6 +15,8 @@ bodies are limited (`api.body_limit`); CORS is off unless exact origins are conf
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +36,7 @@ from api.settings import ApiSettings
 from api.throughput import ReadTotals, ThroughputSampler
 from prq.admin import Inspector
 from prq.config import QueueSettings
-from prq.errors import ConfigurationError, PrqError
+from prq.errors import ConfigurationError, PrqError, QueueShutdown
 from prq.queue import AsyncQueue
 
 __all__ = ["create_app", "service_version"]
@@ -40,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: Where the OpenAPI document is served (behind a token, like the routes it describes).
 OPENAPI_PATH = "/openapi.json"
+#: Pause between two tries to start the service's node (each try lasts the retry budget).
+RESTART_PAUSE_S = 1.0
 
 
 def service_version() -> str:
@@ -52,6 +59,23 @@ def service_version() -> str:
 def _enqueued_totals(inspector: Inspector) -> ReadTotals:
     """Reads every endpoint's enqueue counter (two round trips), for the sampler."""
     return inspector.enqueued_totals
+
+
+async def _start_node(queue: AsyncQueue) -> None:
+    """Start the service's queue node, trying again (each try bounded by the retry budget)
+    until Redis answers or the service stops; a refused configuration stops the tries (the
+    node then says why on each use)."""
+    while True:
+        try:
+            await queue.start()
+        except (ConfigurationError, QueueShutdown) as exc:
+            logger.error("admin service: queue node not started error=%s", exc)
+            return
+        except PrqError as exc:
+            logger.warning("admin service: queue node not started yet, trying again error=%s", exc)
+            await asyncio.sleep(RESTART_PAUSE_S)
+        else:
+            return
 
 
 def create_app(
@@ -85,11 +109,9 @@ def create_app(
             max_samples=settings.samples_per_endpoint,
             timeout_s=settings.redis_timeout_s,
         )
-        try:
-            await queue.start()
-        except PrqError as exc:
-            # Serve anyway: /health says Redis is down, and the node starts on first use.
-            logger.warning("admin service: queue node not started error=%s", exc)
+        # Not awaited: the service listens at once, whether Redis answers or not; /health says
+        # Redis is down meanwhile, and a route that needs the node answers 503 within its bound.
+        starting = asyncio.create_task(_start_node(queue), name="prq-api-start")
         sampler.start()
         app.state.service = Service(
             settings=settings,
@@ -109,6 +131,9 @@ def create_app(
         try:
             yield
         finally:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
             await sampler.aclose()
             await inspector.aclose()
             await queue.aclose()
@@ -138,7 +163,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "PUT"],
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
             allow_credentials=False,
             max_age=600,

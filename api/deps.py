@@ -25,8 +25,13 @@ from prq.queue import AsyncQueue
 __all__ = [
     "ENDPOINT_PATTERN",
     "MAX_QUEUED_OFFSET",
+    "NEW_WORK_ENDPOINT_PATTERN",
     "EndpointParams",
     "EndpointQuery",
+    "ForgetParams",
+    "ForgetQuery",
+    "NewWorkParams",
+    "NewWorkQuery",
     "QueuedParams",
     "QueuedQuery",
     "RequestIdPath",
@@ -42,6 +47,12 @@ T = TypeVar("T")
 #: non-printable characters (e.g. U+200B) pass the pattern and are refused with 422 by prq.
 ENDPOINT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 
+#: A name new work may be sent to (`prq.models.validate_endpoint`): the same, and no whitespace
+#: at either end (names an earlier version took with it are still read, listed and forgotten).
+NEW_WORK_ENDPOINT_PATTERN = (
+    r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+)
+
 #: Largest offset into an endpoint's queue (a bound on what a client can ask Redis for).
 MAX_QUEUED_OFFSET = 2**31 - 1
 
@@ -55,6 +66,30 @@ EndpointName = Annotated[
         examples=["poll://billing-7"],
     ),
 ]
+
+
+NewWorkEndpointName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_ENDPOINT_LENGTH,
+        pattern=NEW_WORK_ENDPOINT_PATTERN,
+        description=(
+            "The endpoint's name, e.g. poll://billing-7 (1-200 printable characters, no "
+            "whitespace at either end)"
+        ),
+        examples=["poll://billing-7"],
+    ),
+]
+
+
+class NewWorkParams(BaseModel):
+    """Query parameters naming the endpoint of a change that sends it work or configures it
+    (a replay, its limits): a name new work may go to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: NewWorkEndpointName
 
 
 class EndpointParams(BaseModel):
@@ -72,7 +107,17 @@ class QueuedParams(EndpointParams):
     limit: int = Field(50, ge=1, le=MAX_PAGE, description=f"Most items in the page (1-{MAX_PAGE})")
 
 
+class ForgetParams(EndpointParams):
+    """Query parameters of forgetting an endpoint."""
+
+    force: bool = Field(
+        False, description="Forget it even while it holds work or has a live receiver"
+    )
+
+
 EndpointQuery = Annotated[EndpointParams, Query()]
+NewWorkQuery = Annotated[NewWorkParams, Query()]
+ForgetQuery = Annotated[ForgetParams, Query()]
 QueuedQuery = Annotated[QueuedParams, Query()]
 
 RequestIdPath = Annotated[

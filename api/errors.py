@@ -4,9 +4,9 @@
   lists the methods of every route on the path (Starlette names only the first route's).
 - A request body that cannot be read as text (e.g. not UTF-8) → 400 `bad_request`.
 - Request validation → 422 `validation_error`, naming the parameter, never echoing its value.
-- prq errors: `InvalidEndpoint` and pydantic validation → 422; `PayloadTooLarge` → 413;
-  `QueueUnavailable` / `QueueShutdown` / a Redis wait past its bound → 503; anything else → 500
-  with a generic message (the details go to the log, not to the client).
+- prq errors: `InvalidEndpoint`, `InvalidRequest` and pydantic validation → 422;
+  `PayloadTooLarge` → 413; `QueueUnavailable` / `QueueShutdown` / a Redis wait past its bound
+  → 503; anything else → 500 with a generic message (the details go to the log, not to the client).
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prq.errors import InvalidEndpoint, PayloadTooLarge, PrqError, QueueShutdown, QueueUnavailable
+from prq.errors import (
+    InvalidEndpoint,
+    InvalidRequest,
+    PayloadTooLarge,
+    PrqError,
+    QueueShutdown,
+    QueueUnavailable,
+)
 
 __all__ = [
     "ErrorBody",
@@ -43,6 +50,7 @@ _HTTP_TYPES: Mapping[int, str] = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    409: "conflict",
     413: "payload_too_large",
     422: "validation_error",
     503: "unavailable",
@@ -54,6 +62,7 @@ _DESCRIPTIONS: Mapping[int, str] = {
     401: "No valid bearer token",
     403: "The token is read-only and the route changes something",
     404: "Nothing is known under this id",
+    409: "The endpoint holds work or has a live receiver (forget it with force=true)",
     413: "The request body is over max_body_bytes",
     422: "A parameter is invalid (e.g. an endpoint name that is not 1-200 printable characters)",
     503: "Redis did not answer in time",
@@ -145,6 +154,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _prq_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, InvalidEndpoint):
         return error_response(422, "invalid_endpoint", str(exc))
+    if isinstance(exc, InvalidRequest):
+        return error_response(422, "invalid_request", str(exc))
     if isinstance(exc, PayloadTooLarge):
         return error_response(413, "payload_too_large", str(exc))
     if isinstance(exc, RedisTimeout):

@@ -47,7 +47,7 @@ from prq.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.keys import EndpointKeys, KeySchema, decode_endpoint, encode_endpoint
 from prq.levels import levels_call, levels_from, queued_ids_flow
 from prq.limits import MAX_LIMIT, EndpointLimits
-from prq.models import decode_stored_request, validate_endpoint
+from prq.models import decode_stored_request, readable_endpoint
 from prq.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 from prq.records import (
     QUEUED_HEAD_BYTES,
@@ -266,7 +266,7 @@ class Inspector:
         seen: dict[str, int] = {}
         for encoded, score in _pairs(registry):
             try:
-                endpoint = validate_endpoint(decode_endpoint(_text(encoded)))
+                endpoint = readable_endpoint(decode_endpoint(_text(encoded)))
             except (ValueError, UnicodeDecodeError):
                 continue  # not written by prq: never shown, never used in a key
             if encode_endpoint(endpoint) != _text(encoded):
@@ -276,7 +276,7 @@ class Inspector:
 
     async def endpoint(self, endpoint: str) -> EndpointInfo:
         """One endpoint, registered or not (raises InvalidEndpoint for a bad name)."""
-        endpoint = validate_endpoint(endpoint)
+        endpoint = readable_endpoint(endpoint)
         with _reading():
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("TIME")
@@ -348,7 +348,7 @@ class Inspector:
     async def limits(self, endpoint: str) -> EndpointLimits:
         """The endpoint's capacity limits (raises InvalidEndpoint for a bad name); a malformed
         stored value shows as None, with a warning, as in `endpoints()`."""
-        endpoint = validate_endpoint(endpoint)
+        endpoint = readable_endpoint(endpoint)
         with _reading():
             max_in_flight, max_pending = await self.client.hmget(
                 self.keys.endpoint(endpoint).limits, ["mif", "mp"]
@@ -362,7 +362,7 @@ class Inspector:
     async def queued(self, endpoint: str, offset: int = 0, limit: int = 50) -> QueuedPage:
         """A page of the endpoint's queued requests in take order (QueuedPage); ids that are no
         longer queued, about to be skipped by a take, are left out of the page."""
-        endpoint = validate_endpoint(endpoint)
+        endpoint = readable_endpoint(endpoint)
         if offset < 0 or not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_PAGE}")
         keys = self.keys.endpoint(endpoint)

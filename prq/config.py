@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from prq.errors import InvalidSettings, typed_validation
 
 #: Where to connect when neither an argument nor PRQ_REDIS_URL says otherwise.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -97,6 +99,13 @@ class RedisSettings(BaseSettings):
     ssl_key_file: str | None = None
     #: Check that the server's certificate names the URL's host.
     ssl_check_hostname: bool = True
+
+    if not TYPE_CHECKING:  # (type checkers keep the fields' own signature)
+
+        def __init__(self, **values: Any) -> None:
+            # InvalidSettings (a ConfigurationError and a ValueError), not pydantic's error
+            with typed_validation(InvalidSettings, "RedisSettings"):
+                super().__init__(**values)
 
     @model_validator(mode="after")
     def _check_tls(self) -> RedisSettings:
@@ -184,6 +193,14 @@ class QueueSettings(BaseSettings):
     signing_key_previous_until: datetime | None = None
     #: How far the nodes' clocks may differ, for signature expiry, seconds.
     signing_clock_skew_s: float = Field(DEFAULT_SIGNING_CLOCK_SKEW_S, ge=0)
+
+    if not TYPE_CHECKING:  # (type checkers keep the fields' own signature)
+
+        def __init__(self, **values: Any) -> None:
+            # InvalidSettings (a ConfigurationError and a ValueError), not pydantic's error; a
+            # bad PRQ_* variable is named by its field
+            with typed_validation(InvalidSettings, type(self).__name__):
+                super().__init__(**values)
 
     @model_validator(mode="before")
     @classmethod
@@ -309,7 +326,8 @@ class _GivenValuesOnly(QueueSettings):
 def check_queue_settings(values: Mapping[str, Any]) -> QueueSettings:
     """QueueSettings from `values` and the defaults alone, no PRQ_* variable read: to check
     what a job says on one machine (a Spark driver) before it runs on others, whose own
-    environment may differ. Raises ValueError naming what QueueSettings does not have."""
+    environment may differ. Raises ValueError naming what QueueSettings does not have, and
+    InvalidSettings (a ValueError too) for a value it refuses."""
     unknown = sorted(set(values) - set(QueueSettings.model_fields))
     if unknown:
         raise ValueError(f"no such QueueSettings field {', '.join(map(repr, unknown))}")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from prq._types import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.errors import SerializationError, SignatureError
 from prq.flows import Context, locator_calls, registry_calls
-from prq.models import validate_endpoint
+from prq.models import readable_endpoint, validate_endpoint
 from prq.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
 from prq.signing import unwrap
 
@@ -117,7 +117,7 @@ def dead_letters_flow(
     """Dead letters of `endpoint`, newest first."""
     if offset < 0 or not 1 <= limit <= MAX_LISTED:
         raise ValueError(f"offset must be >= 0 and limit within 1..{MAX_LISTED}")
-    ids_key, details_key, bodies_key = ctx.keys.endpoint(validate_endpoint(endpoint)).dead
+    ids_key, details_key, bodies_key = ctx.keys.endpoint(readable_endpoint(endpoint)).dead
     replies = yield Exec((Call(("ZRANGE", ids_key, offset, offset + limit - 1, "REV")),))
     ids = [reply_text(i) for i in reply_list(first_reply(replies))]
     if not ids:
@@ -227,7 +227,7 @@ def purge_dead_letters_flow(
 ) -> Flow[int]:
     """Drop the named dead letters (None: all of the endpoint's; an empty list: none); how many
     were dropped."""
-    keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    keys = ctx.keys.endpoint(readable_endpoint(endpoint))
     if request_ids is not None and not request_ids:
         return 0
     reply = first_reply((yield Exec((PURGE_DEAD.call(keys.dead, tuple(request_ids or ())),))))

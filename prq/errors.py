@@ -4,9 +4,11 @@
 PrqError                      every error has .retryable and .maybe_executed
 ├── InvalidEndpoint           (also ValueError) caught before anything is written
 ├── PayloadTooLarge           (also ValueError) caught before anything is written
+├── InvalidRequest            (also ValueError) a Request with a field prq does not take
 ├── SerializationError        bytes that are not a valid prq message
 │   └── SignatureError        a message whose signature is missing, wrong or expired
 ├── ConfigurationError        wrong URL, credentials or TLS set-up; not retried
+│   └── InvalidSettings       (also ValueError) QueueSettings / RedisSettings refused
 ├── QueueUnavailable          Redis unreachable past the retry budget
 ├── QueueFull                 Redis (or the endpoint) refuses more requests
 ├── QueueShutdown             the queue object was closed while a call waited
@@ -26,7 +28,9 @@ have run the request: false for everything that is known to fail before pickup.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from prq.models import ServerError
@@ -38,6 +42,8 @@ __all__ = [
     "ConfigurationError",
     "DataLoss",
     "InvalidEndpoint",
+    "InvalidRequest",
+    "InvalidSettings",
     "PayloadTooLarge",
     "PickupTimeout",
     "PrqError",
@@ -74,6 +80,56 @@ class PayloadTooLarge(PrqError, ValueError):
         self.limit_bytes = limit_bytes
 
 
+class _Validation(Protocol):
+    """What prq reads of a pydantic ValidationError (errors.py imports nothing of pydantic)."""
+
+    def errors(self, *, include_url: bool = ..., include_input: bool = ...) -> Sequence[Any]: ...
+
+
+class _Problems(ValueError):
+    """A refused set of values: the message names each field and rule, never a value given
+    (a value may be a secret); `errors()` lists them as pydantic does (without the values), so
+    code written for pydantic's ValidationError reads them the same way."""
+
+    def __init__(self, message: str, *, errors: Sequence[dict[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self._errors = [dict(error) for error in errors]
+
+    def errors(self) -> list[dict[str, Any]]:
+        """Each problem: `loc` (the field's path), `msg`, `type`, as pydantic reports them."""
+        return [dict(error) for error in self._errors]
+
+
+class InvalidRequest(PrqError, _Problems):
+    """A Request built with a field prq does not take (an empty method, a priority out of
+    range, ...); raised before anything is written. Also a ValueError, as pydantic's
+    ValidationError is."""
+
+
+def problems_text(errors: Sequence[dict[str, Any]]) -> str:
+    """`field: rule; ...` for pydantic's errors, without the values given."""
+    return "; ".join(
+        ".".join(str(part) for part in error.get("loc", ())) + ": " + str(error.get("msg", ""))
+        if error.get("loc")
+        else str(error.get("msg", ""))
+        for error in errors
+    )
+
+
+@contextmanager
+def typed_validation(error: type[_Problems], what: str) -> Iterator[None]:
+    """Turn pydantic's ValidationError raised inside into `error` (a PrqError and a
+    ValueError), naming `what` was refused; the pydantic error stays its `__cause__`."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except ValidationError as exc:
+        validation: _Validation = exc
+        errors = [dict(e) for e in validation.errors(include_url=False, include_input=False)]
+        raise error(f"invalid {what}: {problems_text(errors)}", errors=errors) from exc
+
+
 class SerializationError(PrqError):
     """Bytes read from Redis (or given by a caller) are not a valid prq message."""
 
@@ -94,6 +150,11 @@ class SignatureError(SerializationError):
 
 class ConfigurationError(PrqError):
     """The connection settings are wrong (URL, credentials, permissions, TLS); not retried."""
+
+
+class InvalidSettings(ConfigurationError, _Problems):
+    """QueueSettings or RedisSettings refused a value (given, or read from a PRQ_* variable):
+    `errors()` names each field. Also a ValueError, as pydantic's ValidationError is."""
 
 
 class QueueUnavailable(PrqError):

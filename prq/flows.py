@@ -38,7 +38,7 @@ from prq.models import (
     RequestStatus,
     Response,
     decode_response,
-    validate_endpoint,
+    readable_endpoint,
 )
 from prq.outcomes import open_response, resolve, response_of
 from prq.records import QUEUED_HEAD_BYTES, queued_head
@@ -639,7 +639,7 @@ def _registered(reply: Reply) -> list[str]:
     for item in reply if isinstance(reply, list) else []:
         try:
             name = decode_endpoint(item.decode() if isinstance(item, bytes) else str(item))
-            names.append(validate_endpoint(name))
+            names.append(readable_endpoint(name))
         except (ValueError, PrqError):
             continue
     return names

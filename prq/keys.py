@@ -78,14 +78,16 @@ import hashlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from prq.models import validate_endpoint
+from prq.models import readable_endpoint
 
 __all__ = ["EndpointKeys", "KeySchema", "decode_endpoint", "encode_endpoint", "ledger_token"]
 
 
 def encode_endpoint(endpoint: str) -> str:
-    """Encode a (valid) endpoint for use inside a key; injective and free of `{}:*?[]`."""
-    return quote(validate_endpoint(endpoint), safe="")
+    """Encode an endpoint for use inside a key; injective and free of `{}:*?[]`. Any name
+    `readable_endpoint` takes is encoded (a name an earlier version took must still reach its
+    keys); new work is refused names `validate_endpoint` refuses before it gets here."""
+    return quote(readable_endpoint(endpoint), safe="")
 
 
 def ledger_token(name: str) -> str:

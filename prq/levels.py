@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from prq._types import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.flows import Context
 from prq.keys import EndpointKeys
-from prq.models import MAX_PRIORITY, MIN_PRIORITY, validate_endpoint
+from prq.models import MAX_PRIORITY, MIN_PRIORITY, readable_endpoint
 
 __all__ = [
     "MAX_LEVELS",
@@ -66,7 +66,7 @@ def levels_call(keys: EndpointKeys) -> Call:
 def levels_flow(ctx: Context, endpoint: str, head: int = 0) -> Flow[list[Level]]:
     """The endpoint's non-empty levels, highest priority first, each with its first `head` ids;
     two round trips (one when nothing is queued; three with `head`)."""
-    keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    keys = ctx.keys.endpoint(readable_endpoint(endpoint))
     replies = yield Exec((levels_call(keys),))
     return (yield from levels_from(keys, first_reply(replies), head))
 
@@ -100,7 +100,7 @@ def queued_ids_flow(
     ctx: Context, endpoint: str, offset: int, limit: int
 ) -> Flow[tuple[int, list[str]]]:
     """(ids queued in all, the ids at positions offset..offset+limit-1 in listing order)."""
-    keys = ctx.keys.endpoint(validate_endpoint(endpoint))
+    keys = ctx.keys.endpoint(readable_endpoint(endpoint))
     levels = yield from levels_flow(ctx, endpoint)
     total = sum(level.depth for level in levels)
     wanted: list[tuple[int, int, int]] = []  # priority, first and last+1 position in the level

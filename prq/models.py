@@ -31,7 +31,13 @@ from pydantic import (
 )
 
 from prq.datastreams import DataStream
-from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
+from prq.errors import (
+    InvalidEndpoint,
+    InvalidRequest,
+    PayloadTooLarge,
+    SerializationError,
+    typed_validation,
+)
 
 __all__ = [
     "DELIVERY_MODES",
@@ -52,6 +58,7 @@ __all__ = [
     "decode_response",
     "decode_stored_request",
     "encode_stored_request",
+    "readable_endpoint",
     "validate_endpoint",
 ]
 
@@ -89,7 +96,26 @@ DELIVERY_MODES: tuple[Delivery, ...] = get_args(Delivery)
 
 
 def validate_endpoint(endpoint: object) -> str:
-    """Return `endpoint` if it is 1-200 printable characters, else raise InvalidEndpoint."""
+    """Return `endpoint` if it is a valid name for new work, else raise InvalidEndpoint.
+
+    A valid name is 1-200 printable characters (`str.isprintable`: no control characters,
+    line breaks or tabs) that neither start nor end with whitespace. prq does not parse it:
+    `poll://billing-7`, `billing-7` and `poll://` are three different, valid names (the scheme
+    is a convention). Names already in Redis are read with the looser `readable_endpoint`."""
+    endpoint = readable_endpoint(endpoint)
+    if endpoint != endpoint.strip():
+        raise InvalidEndpoint(
+            f"endpoint {endpoint!r} starts or ends with whitespace; a name that differs only "
+            "in its spaces would be another endpoint: remove them"
+        )
+    return endpoint
+
+
+def readable_endpoint(endpoint: object) -> str:
+    """Return `endpoint` if it is 1-200 printable characters, else raise InvalidEndpoint: what
+    earlier versions took for a name, so names they left in Redis (e.g. with a leading space)
+    can still be read, shown and forgotten, while new work is refused them
+    (`validate_endpoint`)."""
     if not isinstance(endpoint, str):
         raise InvalidEndpoint(f"endpoint must be a string, not {type(endpoint).__name__}")
     if not 1 <= len(endpoint) <= MAX_ENDPOINT_LENGTH:
@@ -159,10 +185,13 @@ class Request(BaseModel):
     )
 
     def __init__(self, **data: Any) -> None:
-        # Raise the typed error (not a pydantic ValidationError) for a bad endpoint.
+        # Raise typed errors, not pydantic's ValidationError: InvalidEndpoint for a bad
+        # endpoint, InvalidRequest (also a ValueError) for any other field. Validation that
+        # does not go through here (model_validate, FastAPI's bodies) is pydantic's own.
         if "endpoint" in data:
             validate_endpoint(data["endpoint"])
-        super().__init__(**data)
+        with typed_validation(InvalidRequest, "Request"):
+            super().__init__(**data)
 
     @field_validator("endpoint")
     @classmethod
@@ -327,7 +356,7 @@ def decode_stored_request(raw: bytes | str, endpoint: str, request_id: str) -> R
         return request
     try:
         stored = StoredRequest.model_validate_json(raw)
-        validate_endpoint(endpoint)
+        readable_endpoint(endpoint)  # a name an earlier version took is still read
     except (ValidationError, ValueError, InvalidEndpoint) as exc:
         raise SerializationError(f"stored request {request_id} is not valid: {exc}") from exc
     if not _REQUEST_ID_RE.match(request_id):

@@ -33,6 +33,7 @@ from prq.flows import (
     cancel_flow,
     status_flow,
 )
+from prq.forget import ForgetOutcome, forget_endpoint_flow
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.links import async_pubsub_connector, shard_layout
 from prq.models import (
@@ -463,6 +464,12 @@ class AsyncQueue(QueueBase):
         """Drop the named dead letters (None: all of the endpoint's); how many were dropped."""
         await self._ready()
         return await self._run(purge_dead_letters_flow(self.ctx, endpoint, request_ids))
+
+    async def forget_endpoint(self, endpoint: str, *, force: bool = False) -> ForgetOutcome:
+        """Remove the endpoint from the registry (the admin views' list), unless it holds work
+        or has a live receiver (`force`: anyway); never removes a request. See prq.forget."""
+        await self._ready()
+        return await self._run(forget_endpoint_flow(self.ctx, endpoint, force=force))
 
     async def limits(self, endpoint: str) -> EndpointLimits:
         """The endpoint's capacity limits (max_in_flight, max_pending), as every node sees them."""

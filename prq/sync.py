@@ -32,6 +32,7 @@ from prq.flows import (
     cancel_flow,
     status_flow,
 )
+from prq.forget import ForgetOutcome, forget_endpoint_flow
 from prq.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.links import shard_layout, sync_pubsub_connector
 from prq.models import (
@@ -420,6 +421,12 @@ class Queue(QueueBase):
         """Drop the named dead letters (None: all of the endpoint's); how many were dropped."""
         self._ready()
         return self._run(purge_dead_letters_flow(self.ctx, endpoint, request_ids))
+
+    def forget_endpoint(self, endpoint: str, *, force: bool = False) -> ForgetOutcome:
+        """Remove the endpoint from the registry (the admin views' list), unless it holds work
+        or has a live receiver (`force`: anyway); never removes a request. See prq.forget."""
+        self._ready()
+        return self._run(forget_endpoint_flow(self.ctx, endpoint, force=force))
 
     def limits(self, endpoint: str) -> EndpointLimits:
         """The endpoint's capacity limits (max_in_flight, max_pending), as every node sees them."""

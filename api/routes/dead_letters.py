@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import require_admin, require_read
-from api.deps import MAX_QUEUED_OFFSET, EndpointParams, EndpointQuery, ServiceDep
+from api.deps import MAX_QUEUED_OFFSET, EndpointParams, EndpointQuery, NewWorkQuery, ServiceDep
 from api.errors import error_responses
 from prq.dead import MAX_LISTED, DeadLetter
 from prq.models import REQUEST_ID_PATTERN
@@ -114,7 +114,7 @@ async def list_dead_letters(service: ServiceDep, query: DeadLetterQuery) -> list
     responses=error_responses(400, 401, 403, 413, 422, 503),
 )
 async def replay_dead_letter(
-    service: ServiceDep, query: EndpointQuery, body: ReplayDeadLetter
+    service: ServiceDep, query: NewWorkQuery, body: ReplayDeadLetter
 ) -> ReplayResult:
     """Queue it again under its id with a fresh attempt count and pickup deadline; replaying
     twice yields one live request (the second answers `missing`)."""

@@ -1,15 +1,17 @@
 """What Redis holds per endpoint: depth, in flight, oldest age, receivers, queued requests,
-and the enqueue rate over the last minutes. Read-only: any valid token."""
+and the enqueue rate over the last minutes (any valid token); and forgetting an endpoint (an
+admin token: see prq.forget)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, HTTPException, status
 
-from api.auth import require_read
-from api.deps import EndpointQuery, QueuedQuery, ServiceDep
+from api.auth import require_admin, require_read
+from api.deps import EndpointQuery, ForgetQuery, QueuedQuery, ServiceDep
 from api.errors import error_responses
 from api.throughput import Throughput
 from prq.admin import EndpointInfo, QueuedPage
+from prq.forget import ForgetOutcome
 
 __all__ = ["router"]
 
@@ -59,3 +61,28 @@ async def list_queued(service: ServiceDep, query: QueuedQuery) -> QueuedPage:
 async def throughput(service: ServiceDep) -> Throughput:
     """Requests enqueued per second, one point per sample interval, oldest first."""
     return service.sampler.snapshot()
+
+
+@router.delete(
+    "/endpoint",
+    response_model=ForgetOutcome,
+    summary="Forget an endpoint (remove it from the registry)",
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+)
+async def forget_endpoint(service: ServiceDep, query: ForgetQuery) -> ForgetOutcome:
+    """Remove the endpoint from the list of endpoints; never removes a request. 409 while it
+    holds work or has a live receiver, unless `force=true` (its requests then stay queued until
+    taken or expired); 404 when it is not listed. A receiver still serving it, or a node that
+    used it lately, lists it again within a few seconds."""
+    outcome = await service.redis(service.queue.forget_endpoint(query.endpoint, force=query.force))
+    if not outcome.registered:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "the endpoint is not listed")
+    if not outcome.forgotten and outcome.busy:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"the endpoint has {outcome.depth} queued, {outcome.in_flight} in flight and "
+            f"{outcome.receivers} live receivers; forget it anyway with force=true (nothing "
+            "queued is removed)",
+        )
+    return outcome

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from api.auth import require_admin, require_read
-from api.deps import EndpointQuery, ServiceDep
+from api.deps import EndpointQuery, NewWorkQuery, ServiceDep
 from api.errors import error_responses
 from prq.limits import MAX_LIMIT, EndpointLimits
 
@@ -76,7 +76,7 @@ async def get_limits(service: ServiceDep, query: EndpointQuery) -> EndpointLimit
     dependencies=[Depends(require_admin)],
     responses=error_responses(400, 401, 403, 413, 422, 503),
 )
-async def put_limits(service: ServiceDep, query: EndpointQuery, body: NewLimits) -> EndpointLimits:
+async def put_limits(service: ServiceDep, query: NewWorkQuery, body: NewLimits) -> EndpointLimits:
     """Set both limits at once (null or left out: no limit) and return what Redis holds after.
 
     Every node applies them from its next enqueue or take on.

@@ -11,6 +11,7 @@ them as the application user, not the read-only prq-admin).
     prq dead-letters poll://billing-7 [--limit 100]              # list, newest first
     prq dead-letters poll://billing-7 --replay ID [--replay ID]  # queue them again, once
     prq dead-letters poll://billing-7 --purge ID | --purge-all   # drop them
+    prq endpoints forget poll://biling-7 [--force]               # remove it from the list
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from prq.cli.options import (
     DEFAULT_PREFIX,
+    EXIT_FAILED,
     EXIT_USAGE,
     PrefixOption,
     SharedUrlOption,
@@ -34,20 +36,23 @@ from prq.cli.options import (
 )
 from prq.config import RedisSettings
 from prq.errors import InvalidEndpoint, PrqError
-from prq.models import validate_endpoint
+from prq.models import readable_endpoint, validate_endpoint
 from prq.sync import Queue
 
-__all__ = ["dead_letters", "limits"]
+__all__ = ["dead_letters", "endpoints", "limits"]
 
 EndpointArgument = Annotated[str, typer.Argument(help="The endpoint, e.g. poll://billing-7.")]
 
 
 @contextmanager
-def _queue(url: str | None, prefix: str, command: str, endpoint: str) -> Iterator[Queue]:
-    """A queue node for one command; errors become the command's exit codes."""
+def _queue(
+    url: str | None, prefix: str, command: str, endpoint: str, *, new_work: bool = True
+) -> Iterator[Queue]:
+    """A queue node for one command; errors become the command's exit codes. `new_work`: the
+    name must be one new work may go to (else any name an earlier version took)."""
     redis_url = require_url(url, command)
     try:
-        validate_endpoint(endpoint)
+        (validate_endpoint if new_work else readable_endpoint)(endpoint)
     except InvalidEndpoint as exc:
         fail(exc, EXIT_USAGE)
     settings = queue_settings()
@@ -153,3 +158,50 @@ def dead_letters(
         else:
             for letter in queue.dead_letters(endpoint, limit=limit):
                 typer.echo(letter.model_dump_json())
+
+
+endpoints = typer.Typer(
+    name="endpoints",
+    help="Manage the list of endpoints the admin views show (the registry).",
+    no_args_is_help=True,
+)
+
+
+@endpoints.command("forget")
+def forget(
+    endpoint: EndpointArgument,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Forget it even while it holds work or has a live receiver (nothing queued "
+            "is removed).",
+        ),
+    ] = False,
+    url: SharedUrlOption = None,
+    prefix: PrefixOption = DEFAULT_PREFIX,
+) -> None:
+    """Remove an endpoint from the list the admin views show (e.g. one made by a typo).
+
+    Prints what was found as JSON. Never removes a request. Exits 1, changing nothing, when
+    the endpoint is not listed, or holds queued or in-flight requests or has a live receiver
+    (unless --force). A receiver still serving it, or a node that used it lately, lists it
+    again within seconds.
+    """
+    with _queue(url, prefix, "endpoints forget", endpoint, new_work=False) as queue:
+        outcome = queue.forget_endpoint(endpoint, force=force)
+    typer.echo(outcome.model_dump_json())
+    if not outcome.registered:
+        fail_message(f"endpoint {endpoint!r} is not listed; nothing to forget")
+    if not outcome.forgotten:
+        fail_message(
+            f"endpoint {endpoint!r} has {outcome.depth} queued, {outcome.in_flight} in flight "
+            f"and {outcome.receivers} live receivers; not forgotten (--force forgets it "
+            "anyway, removing no request)"
+        )
+
+
+def fail_message(message: str) -> None:
+    """Say why on stderr and exit 1."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_FAILED)

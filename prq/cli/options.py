@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Annotated, NoReturn
 
 import typer
-from pydantic import ValidationError
 
 from prq.config import QueueSettings
 from prq.demo import DEFAULT_PREFIX
+from prq.errors import InvalidSettings
 from prq.topology import redact_url
 
 __all__ = [
@@ -100,7 +100,7 @@ def queue_settings() -> QueueSettings:
     """QueueSettings from the `PRQ_*` environment, or a usage error naming what is wrong."""
     try:
         return QueueSettings()
-    except ValidationError as exc:
+    except InvalidSettings as exc:
         problems = "; ".join(
             (f"PRQ_{'_'.join(str(p) for p in error['loc']).upper()}: " if error["loc"] else "")
             + error["msg"]

@@ -8,10 +8,9 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import ValidationError
-
 from prq.bulk import BULK_PRODUCER, DEFAULT_LEDGER_TTL_S, MAX_BATCH_SIZE
 from prq.config import check_queue_settings
+from prq.errors import InvalidSettings
 from prq.models import (
     DELIVERY_MODES,
     MAX_PRIORITY,
@@ -191,7 +190,7 @@ def _check_queue_settings(overrides: dict[str, Any] | None) -> None:
         return
     try:
         check_queue_settings(overrides)
-    except ValidationError as exc:
+    except InvalidSettings as exc:
         reasons = "; ".join(
             f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
             for error in exc.errors()

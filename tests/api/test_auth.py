@@ -38,6 +38,7 @@ KNOWN_GUARDED = [
     ("GET", "/api/whoami"),
     ("GET", "/api/endpoints"),
     ("GET", "/api/endpoint?endpoint=poll://a"),
+    ("DELETE", "/api/endpoint?endpoint=poll://a"),
     ("GET", "/api/queued?endpoint=poll://a"),
     ("GET", "/api/throughput"),
     ("GET", "/api/endpoint/limits?endpoint=poll://a"),
@@ -107,6 +108,7 @@ def test_the_guarded_routes_come_from_the_app(guarded: list[tuple[str, str]]) ->
     # ...and neither health nor the dashboard is among them
     assert not [url for _, url in guarded if url.split("?")[0] in UNGUARDED_PATHS]
     assert sorted(mutating(guarded)) == [
+        ("DELETE", "/api/endpoint?endpoint=poll://a"),
         ("POST", "/api/dead-letters/purge?endpoint=poll://a"),
         ("POST", "/api/dead-letters/replay?endpoint=poll://a"),
         ("POST", "/api/requests/0f8fad5bd9cb469fa16570867728950e/cancel"),

@@ -21,6 +21,7 @@ OPERATIONS: dict[tuple[str, str], set[str]] = {
     ("get", "/api/whoami"): {"401"},
     ("get", "/api/endpoints"): {"401", "503"},
     ("get", "/api/endpoint"): {"401", "422", "503"},
+    ("delete", "/api/endpoint"): {"401", "403", "404", "409", "422", "503"},
     ("get", "/api/queued"): {"401", "422", "503"},
     ("get", "/api/throughput"): {"401"},
     ("get", "/api/endpoint/limits"): {"401", "422", "503"},

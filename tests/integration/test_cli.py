@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import queue
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prq import AsyncQueue, QueueSettings, ReceiverLost, Request, RequestState
 from prq.admin import Inspector
 from prq.datastreams import DataStream, FileSystemStore
-from prq.embedded import free_port
+from prq.embedded import EmbeddedRedis, free_port
 from tests.queue_facades import wait_for_state
 from tests.redis_servers import async_wait_until
 
@@ -471,3 +472,48 @@ def _wait_for_health(client: httpx.Client, timeout_s: float = START_TIMEOUT_S) -
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.05)  # a poll interval while uvicorn binds its port
+
+
+def test_api_listens_at_once_while_redis_is_down_and_reports_it_until_redis_answers(
+    prq: PrqRunner,
+) -> None:
+    # Given the admin service pointed at a port where no Redis listens, with the default retry
+    # budget (30 s: what kept it from listening before)
+    redis_port, port = free_port(), free_port()
+    tokens_for_api = f"adm-{secrets.token_urlsafe(24)}"
+    service = prq.start(
+        "api",
+        "--port",
+        str(port),
+        PRQ_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        PRQ_RETRY_BUDGET_S="30",
+        PRQ_API_ADMIN_TOKENS=tokens_for_api,
+    )
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, timeout=10) as client:
+        # When it is asked for its health, Then it answers within a few seconds: 503, down
+        health = _wait_for_health(client, timeout_s=8.0)
+        assert health.status_code == 503
+        assert health.json()["status"] == "down"
+        assert health.json()["redis"] == {**health.json()["redis"], "ok": False}
+        assert "did not answer" in health.json()["redis"]["error"]
+        # And another route answers 503 with the typed error body, without waiting for Redis
+        started = time.monotonic()
+        listed = client.get("/api/endpoints", headers={"Authorization": f"Bearer {tokens_for_api}"})
+        assert listed.status_code == 503
+        assert listed.json()["error"]["type"] in ("queue_unavailable", "redis_timeout")
+        assert time.monotonic() - started < 8.0
+
+        # When a Redis starts on that port, Then health turns 200 without a restart
+        with EmbeddedRedis(port=redis_port):
+            deadline = time.monotonic() + 20.0
+            while (health := client.get("/health")).status_code != 200:
+                assert time.monotonic() < deadline, health.json()
+                time.sleep(0.1)  # a poll interval while the service reconnects
+            assert health.json()["status"] in ("ok", "degraded")
+            listed = client.get(
+                "/api/endpoints", headers={"Authorization": f"Bearer {tokens_for_api}"}
+            )
+            assert listed.status_code == 200
+            service.signal(signal.SIGTERM)
+            assert service.wait() in (0, -signal.SIGTERM)

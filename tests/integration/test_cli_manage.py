@@ -9,7 +9,7 @@ import redis
 
 from prq import QueueSettings, RedisSettings, Request
 from prq.dead import dead_letter_call
-from prq.keys import KeySchema
+from prq.keys import KeySchema, encode_endpoint
 from prq.sync import Queue
 from tests.integration.test_cli import PrqRunner
 from tests.queued import queue_depth
@@ -83,3 +83,34 @@ def test_dead_letters_are_listed_replayed_once_and_purged(
     # And two actions at once are a usage error
     both = prq.run("dead-letters", ENDPOINT, "--purge-all", "--replay", requests[0].id)
     assert both.returncode == 2
+
+
+def test_endpoints_forget_removes_an_idle_endpoint_and_refuses_a_busy_one_unless_forced(
+    prq: PrqRunner, redis_client: redis.Redis, key_prefix: str, redis_url: str
+) -> None:
+    registry = KeySchema(key_prefix).endpoints
+    typo, busy = "poll://biling-7", "poll://forget-busy"
+    redis_client.zadd(registry, {encode_endpoint(typo): 1})
+
+    # An idle endpoint is forgotten (exit 0, what was found as JSON)
+    done = prq.run("endpoints", "forget", typo)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["forgotten"] is True
+    assert redis_client.zscore(registry, encode_endpoint(typo)) is None
+    # Forgetting it again: not listed, exit 1 with a message
+    again = prq.run("endpoints", "forget", typo)
+    assert again.returncode == 1 and "not listed" in again.stderr
+
+    # One with a queued request is refused (exit 1, nothing changed), then forced; the request
+    # stays queued
+    with Queue(RedisSettings(url=redis_url), prefix=key_prefix) as sender:
+        sender.notify(busy, "m")
+    refused = prq.run("endpoints", "forget", busy)
+    assert refused.returncode == 1 and "1 queued" in refused.stderr and "--force" in refused.stderr
+    assert redis_client.zscore(registry, encode_endpoint(busy)) is not None
+    forced = prq.run("endpoints", "forget", busy, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["depth"] == 1
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(busy)) == 1
+    # A name nobody may use is a usage error
+    assert prq.run("endpoints", "forget", "bad\nname").returncode == 2

@@ -23,14 +23,16 @@ pytestmark = pytest.mark.integration
 NAMES = 1_000
 SENT = 50
 #: Names that must be refused before anything is written.
-INVALID_NAMES = ["", "x" * 201, "a\rb", "a\nb", "a\x00b", "tab\there", "zero\u200bwidth"]
+INVALID_NAMES = [
+    "", "x" * 201, "a\rb", "a\nb", "a\x00b", "tab\there", "zero\u200bwidth", " ", " lead", "trail ",
+]  # fmt: skip
 
 #: Seeds full of what could break a key: globs, hash-tag braces, separators, percent escapes
 #: (e.g. "%41" must not meet "A", "%7B" must not meet "{"), case, and normalisation forms.
 SEEDS = [
     "poll://billing-7", "*", "?", "[abc]", "[^a]", "a*b?c", "\\*", "{", "}", "{}", "}{",
     "{{tag}}", "{a}:{b}", ":", "::", "a:b", "prq:{x}:q", "%", "%%", "%41", "A", "%7B", "%7b",
-    "%25", "%2541", "%E9", "a b", " ", "|", "r|id|x", "\"'`", "~", "ÿ", "日本語", "🚀",
+    "%25", "%2541", "%E9", "a b", "a  b", "|", "r|id|x", "\"'`", "~", "ÿ", "日本語", "🚀",
     "עברית", "Straße", "STRASSE", "ß", "é", "e\u0301", "Å", "\u212b", "ﬁ", "fi",
 ]  # fmt: skip
 
@@ -40,7 +42,8 @@ def hostile_names() -> list[str]:
     names: dict[str, None] = {}
 
     def add(name: str) -> None:
-        if 1 <= len(name) <= 200 and name.isprintable() and len(names) < NAMES:
+        valid = 1 <= len(name) <= 200 and name.isprintable() and name == name.strip()
+        if valid and len(names) < NAMES:
             names[name] = None
 
     for seed in SEEDS:

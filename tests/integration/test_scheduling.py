@@ -9,12 +9,12 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 
-import pydantic
 import pytest
 import redis
 
 from prq import (
     CancelledBeforePickup,
+    InvalidRequest,
     PickupTimeout,
     QueueFull,
     QueueSettings,
@@ -213,10 +213,10 @@ def test_priority_and_producer_are_validated_before_anything_is_sent() -> None:
     for priority in (MIN_PRIORITY, 0, MAX_PRIORITY):
         assert Request(endpoint="poll://v", method="m", priority=priority).priority == priority
     for priority in (MIN_PRIORITY - 1, MAX_PRIORITY + 1, 10**30):
-        with pytest.raises(pydantic.ValidationError):
+        with pytest.raises(InvalidRequest, match="priority"):
             Request(endpoint="poll://v", method="m", priority=priority)
     Request(endpoint="poll://v", method="m", producer="p" * MAX_PRODUCER_LENGTH)
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(InvalidRequest, match="producer"):
         Request(endpoint="poll://v", method="m", producer="p" * (MAX_PRODUCER_LENGTH + 1))
 
 

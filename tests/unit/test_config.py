@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 import prq
-from prq import QueueSettings, RedisSettings
+from prq import InvalidSettings, PrqError, QueueSettings, RedisSettings
 from prq.bulk import BulkClient
+from prq.errors import ConfigurationError
 
 
 def test_defaults_follow_the_design() -> None:
@@ -73,7 +74,7 @@ def test_from_url_takes_connection_settings_beside_the_url() -> None:
     ],
 )
 def test_settings_that_would_kill_live_nodes_are_refused(overrides: dict[str, Any]) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidSettings):
         QueueSettings(**overrides)
 
 
@@ -101,10 +102,49 @@ def test_heartbeats_follow_timeouts_set_in_the_environment(monkeypatch: pytest.M
     monkeypatch.setenv("PRQ_HEARTBEAT_INTERVAL_S", "1")
     assert QueueSettings().heartbeat_interval_s == 1  # set, so kept
     monkeypatch.setenv("PRQ_RECEIVER_TIMEOUT_S", "soon")
-    with pytest.raises(ValidationError, match="receiver_timeout_s"):
+    with pytest.raises(InvalidSettings, match="receiver_timeout_s"):
         QueueSettings()
 
 
 def test_receipt_ttl_covers_retries_and_a_parked_wait() -> None:
     settings = QueueSettings(poll_interval_s=5, retry_budget_s=30)
     assert settings.receipt_ttl_s() >= 30
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: QueueSettings(pickup_timeout_s=-1), "pickup_timeout_s"),
+        (lambda: QueueSettings(receiver_timeout_s="soon"), "receiver_timeout_s"),
+        (lambda: RedisSettings(socket_timeout_s=0), "socket_timeout_s"),
+        (lambda: RedisSettings(max_connections=1), "max_connections"),
+    ],
+)
+def test_refused_settings_raise_a_prq_error_that_names_the_field(
+    make: Callable[[], object], field: str
+) -> None:
+    # When a setting is refused, Then the error is prq's (a ConfigurationError), names the
+    # field, keeps pydantic's details, and `except ValueError` still catches it
+    with pytest.raises(InvalidSettings) as caught:
+        make()
+    error = caught.value
+    assert isinstance(error, PrqError) and isinstance(error, ConfigurationError)
+    assert isinstance(error, ValueError)
+    assert str(error).startswith("invalid ") and field in str(error)
+    assert [problem["loc"] for problem in error.errors()] == [(field,)]
+    assert not error.retryable
+
+
+def test_a_refused_secret_is_never_quoted_in_the_error() -> None:
+    secret = "tiny-secret-key"
+    with pytest.raises(InvalidSettings, match="signing_key") as caught:
+        QueueSettings(signing_key=secret)
+    assert secret not in str(caught.value) and secret not in repr(caught.value.errors())
+
+
+def test_a_bad_environment_variable_raises_invalid_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PRQ_REDIS_SOCKET_TIMEOUT_S", "-3")
+    with pytest.raises(InvalidSettings, match="socket_timeout_s"):
+        RedisSettings()

@@ -8,7 +8,15 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from prq import InvalidEndpoint, Request, Response, SerializationError, ServerError
+from prq import (
+    InvalidEndpoint,
+    InvalidRequest,
+    PrqError,
+    Request,
+    Response,
+    SerializationError,
+    ServerError,
+)
 from prq.models import (
     COMPACT_ID_LENGTH,
     DeliveryInfo,
@@ -19,6 +27,8 @@ from prq.models import (
     decode_stored_request,
     encode_stored_request,
     new_request_id,
+    readable_endpoint,
+    validate_endpoint,
 )
 
 
@@ -50,8 +60,36 @@ def test_bad_endpoint_raises_the_typed_error() -> None:
 
 @pytest.mark.parametrize("request_id", ["", "a|b", "a b", "x" * 129, "-leading", "é"])
 def test_bad_request_ids_are_rejected(request_id: str) -> None:
-    with pytest.raises(ValueError, match="id"):
+    with pytest.raises(InvalidRequest, match="id"):
         Request(endpoint="poll://a", method="m", id=request_id)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"method": ""}, "method"),
+        ({"method": "m", "priority": 2**40}, "priority"),
+        ({"method": "m", "delivery": "twice"}, "delivery"),
+        ({"method": "m", "response_ttl_s": -1}, "response_ttl_s"),
+        ({"method": "m", "colour": "red"}, "colour"),
+    ],
+)
+def test_a_refused_request_field_raises_a_prq_error(fields: dict[str, object], field: str) -> None:
+    # When a Request is built with a field prq does not take, Then the error is prq's, names
+    # the field, keeps pydantic's details, and `except ValueError` still catches it
+    with pytest.raises(InvalidRequest) as caught:
+        Request(endpoint="poll://a", **fields)
+    error = caught.value
+    assert isinstance(error, PrqError) and isinstance(error, ValueError)
+    assert str(error).startswith("invalid Request: ") and field in str(error)
+    assert [problem["loc"] for problem in error.errors()] == [(field,)]
+    assert isinstance(error.__cause__, ValidationError)
+
+
+def test_validating_json_stays_pydantic_s_own() -> None:
+    # What FastAPI (and decode_request) rely on: model_validate raises pydantic's error
+    with pytest.raises(ValidationError):
+        Request.model_validate({"endpoint": "poll://a", "method": ""})
 
 
 def test_request_round_trips_through_json() -> None:
@@ -144,3 +182,27 @@ def test_a_model_missing_values_gets_its_defaults_as_model_construct_gives_them(
     built = checked_model(DeliveryInfo, {"delivery_hash": "ab"})
     assert built.attempt == 1
     assert built == DeliveryInfo.model_construct(delivery_hash="ab")
+
+
+@pytest.mark.parametrize("endpoint", [" poll://x", "poll://x ", "\u3000poll://x", "  "])
+def test_endpoint_names_with_leading_or_trailing_whitespace_are_refused(endpoint: str) -> None:
+    with pytest.raises(InvalidEndpoint, match=r"whitespace|non-printable"):
+        validate_endpoint(endpoint)
+    with pytest.raises(InvalidEndpoint):
+        Request(endpoint=endpoint, method="m")
+
+
+@pytest.mark.parametrize("endpoint", ["poll://", "billing-7", "poll://a b", "x" * 200, "é"])
+def test_names_prq_does_not_parse_are_valid(endpoint: str) -> None:
+    # prq does not parse a name: a scheme is a convention, an inner space is part of the name
+    assert validate_endpoint(endpoint) == endpoint
+
+
+def test_a_name_an_earlier_version_took_is_still_read() -> None:
+    # Names left in Redis by an earlier version (a leading space) are read and reach their
+    # keys, so the admin views list them and an operator can forget them
+    old = " poll://x"
+    assert readable_endpoint(old) == old
+    assert decode_stored_request(b'{"m":"run"}', old, "abc").endpoint == old
+    with pytest.raises(InvalidEndpoint):
+        readable_endpoint("bad\nname")
