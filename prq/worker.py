@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, cast
 
 from pydantic import JsonValue, ValidationError
 
+from prq import tracing
 from prq._types import Handler
 from prq.errors import PrqError, QueueShutdown
 from prq.jitter import jitter
@@ -242,26 +243,28 @@ class _AsyncHeld:
         queue._serving.add(pending.id)
         left = False
         try:
-            try:
-                async with self.slots:
-                    started = time.monotonic()
-                    try:
-                        response = build_response(pending.id, await self.run(pending))
-                    except Exception as exc:
-                        response = build_response(pending.id, exc=exc)
-                    self.pace.ran(time.monotonic() - started)
-            finally:
-                self.unhandled -= 1
-                self.handler_done.set()
-            try:
-                body, error = await queue._answer_body(response)
-            except PrqError as exc:
-                body, error = None, exc
-            if error is not None:
-                logger.error("could not answer request_id=%s error=%s", pending.id, error)
-            if body is not None:
-                left = True  # (it leaves `_serving` once written)
-                await self.answers.answer(pending.id, body)
+            with tracing.processing(pending, queue.node_id) as traced:
+                try:
+                    async with self.slots:
+                        started = time.monotonic()
+                        try:
+                            response = build_response(pending.id, await self.run(pending))
+                        except Exception as exc:
+                            traced.failed(exc)
+                            response = build_response(pending.id, exc=exc)
+                        self.pace.ran(time.monotonic() - started)
+                finally:
+                    self.unhandled -= 1
+                    self.handler_done.set()
+                try:
+                    body, error = await queue._answer_body(response)
+                except PrqError as exc:
+                    body, error = None, exc
+                if error is not None:
+                    logger.error("could not answer request_id=%s error=%s", pending.id, error)
+                if body is not None:
+                    left = True  # (it leaves `_serving` once written)
+                    await self.answers.answer(pending.id, body)
         finally:
             if not left:
                 queue._serving.discard(pending.id)
@@ -399,7 +402,9 @@ def _async_runner(
 
     async def run_in_thread(pending: PendingRequest) -> object:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, _run_sync_handler, handler, pending)
+        # in the task's context (as asyncio.to_thread): the handler sees its trace span
+        run = contextvars.copy_context().run
+        return await loop.run_in_executor(executor, run, _run_sync_handler, handler, pending)
 
     return run_in_thread
 
@@ -640,20 +645,22 @@ def _answer(
     queue._serving.add(pending.id)
     body: bytes | None = None
     try:
-        started = time.monotonic()
-        try:
-            response = build_response(pending.id, _run_sync_handler(handler, pending))
-        except Exception as exc:
-            response = build_response(pending.id, exc=exc)
-        pace.ran(time.monotonic() - started)
-        try:
-            body, error = queue._answer_body(response)
-        except PrqError as exc:
-            error = exc
-        if error is not None:
-            logger.error("could not answer request_id=%s error=%s", pending.id, error)
-        if body is not None:
-            answers.answer(pending.id, body)  # it leaves `_serving` once written
+        with tracing.processing(pending, queue.node_id) as traced:
+            started = time.monotonic()
+            try:
+                response = build_response(pending.id, _run_sync_handler(handler, pending))
+            except Exception as exc:
+                traced.failed(exc)
+                response = build_response(pending.id, exc=exc)
+            pace.ran(time.monotonic() - started)
+            try:
+                body, error = queue._answer_body(response)
+            except PrqError as exc:
+                error = exc
+            if error is not None:
+                logger.error("could not answer request_id=%s error=%s", pending.id, error)
+            if body is not None:
+                answers.answer(pending.id, body)  # it leaves `_serving` once written
     finally:
         if body is None:
             queue._serving.discard(pending.id)
