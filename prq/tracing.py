@@ -27,6 +27,7 @@ messaging conventions; `messaging.system` is "prq", the destination is the endpo
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +45,9 @@ __all__ = ["Processing", "Sending", "carrier", "picked_up", "processing", "sendi
 
 #: The module whose presence says the process uses OpenTelemetry.
 OTEL_TRACE_MODULE = "opentelemetry.trace"
+#: The environment variable that names a tracer provider for the API to load.
+OTEL_PYTHON_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
+_UNKNOWN = object()
 #: The header that names a request's parent span (W3C trace context).
 TRACEPARENT = "traceparent"
 MESSAGING_SYSTEM = "prq"
@@ -89,10 +93,21 @@ class _Otel:
         self.propagate = propagate
         self.unset = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self._tracer: tuple[object, Tracer] | None = None
+        #: Whether the environment names a provider for the API to load on first use (read
+        #: once: the API reads os.environ at every `get_tracer_provider` until a provider is
+        #: set, which costs a request more than the rest of this check).
+        self.env_provider = OTEL_PYTHON_TRACER_PROVIDER in os.environ
 
     def configured(self) -> bool:
-        """Whether the application set a tracer provider (spans are recorded)."""
-        return not isinstance(self.trace.get_tracer_provider(), self.unset)
+        """Whether the application set a tracer provider (spans are recorded). While none is
+        set, the API's global for it is read rather than `get_tracer_provider` called (see
+        env_provider); an API without that global is asked the public way."""
+        provider = getattr(self.trace, "_TRACER_PROVIDER", _UNKNOWN)
+        if provider is None and not self.env_provider:
+            return False
+        if provider is None or provider is _UNKNOWN:
+            provider = self.trace.get_tracer_provider()
+        return not isinstance(provider, self.unset)
 
     def active(self) -> bool:
         """Whether a caller's request is traced: a provider is set, or a span is current (its
