@@ -4,7 +4,10 @@ OpenTelemetry is optional (`pip install 'prq[otel]'`): this module never imports
 for it in `sys.modules`, where an application that traces has put it (it configured a tracer
 provider, or started a span, so it imported `opentelemetry.trace`). A process that never
 imported it pays one dictionary lookup per request; one that imported it but configured no
-tracer provider and is in no span pays a check of both (no span, no header is made).
+tracer provider and is in no span pays a check of both (no span, no header is made). (redis-py
+8 imports it by itself wherever it is installed: then only the second case is met.) Without a
+provider, a request that carries a trace context is still handled in it, so the calls its
+handler makes pass it on.
 
 What happens once tracing is on (the span names and attributes follow the OpenTelemetry
 messaging conventions; `messaging.system` is "prq", the destination is the endpoint):
@@ -16,7 +19,8 @@ messaging conventions; `messaging.system` is "prq", the destination is the endpo
   requests. The send span's context is injected into the request's headers (`traceparent`,
   `tracestate`, with the globally configured propagator); headers the caller set win, and a
   request that carries its own `traceparent` is sent as it is (its spans are made in the
-  trace it names). Spark jobs carry the driver's current context (SparkQueueConfig.for_run).
+  trace it names, or in the current one when it names none that is valid). Spark jobs carry
+  the driver's current context (SparkQueueConfig.for_run).
 - a receiver records, at pickup, a span "queued <endpoint>" from the request's creation (the
   sender's clock) to its pickup, child of the propagated context; `serve` runs the handler
   and writes its answer inside a CONSUMER span "process <endpoint>", child of the same
@@ -41,7 +45,16 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["Processing", "Sending", "carrier", "picked_up", "processing", "sending", "with_trace"]
+__all__ = [
+    "Processing",
+    "Sending",
+    "carrier",
+    "picked_up",
+    "processing",
+    "sending",
+    "sending_batch",
+    "with_trace",
+]
 
 #: The module whose presence says the process uses OpenTelemetry.
 OTEL_TRACE_MODULE = "opentelemetry.trace"
@@ -179,9 +192,11 @@ class Sending:
         self.otel = otel
         tracer = otel.tracer()
         trace = otel.trace
-        parent: Context | None = None
+        parent: Context | None = None  # (the current context)
         if TRACEPARENT in request.headers:  # the caller named the parent itself
-            parent = otel.propagate.extract(request.headers)
+            named = otel.propagate.extract(request.headers)
+            if trace.get_current_span(named).get_span_context().is_valid:
+                parent = named
         attributes = _attributes(
             "send", request.endpoint, **{"messaging.message.id": request.id,
                                          "messaging.client.id": node_id,

@@ -139,6 +139,8 @@ def check_malformed(receiver: Any, caller: Any, endpoint: str) -> None:
     # the caller's own header went as it was (not overwritten), and the request ran
     assert caller["out"]["malformed"]["headers"]["traceparent"] == MALFORMED
     client = one(caller["spans"], "client")
+    # the caller's own spans stay in its current trace
+    assert one(caller["spans"], f"call {endpoint}", "malformed")["parent"] == client["span_id"]
     process = one(receiver["spans"], f"process {endpoint}", "malformed")
     queued = one(receiver["spans"], f"queued {endpoint}", "malformed")
     for span in (process, queued):
