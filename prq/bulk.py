@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Self
 from pydantic import JsonValue, TypeAdapter
 from pydantic_core import to_json
 
-from prq import bodies
+from prq import bodies, tracing
 from prq._types import Call, Exec
 from prq.config import QueueSettings, RedisSettings
 from prq.errors import ConfigurationError, PrqError, QueueFull, SerializationError
@@ -359,7 +359,28 @@ class BulkClient:
         Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
         memory) or ConfigurationError; what was sent before stays enqueued, and sending the
         same requests again enqueues only what is missing.
+
+        Called in a traced span (prq.tracing), the call is one PRODUCER span, whose context
+        every request carries in its headers (unless it names its own traceparent).
         """
+        trace, traced = tracing.sending_batch()
+        with traced:
+            result = self._enqueue_many(
+                requests, pickup_timeout_s, batch_size, nonce, ledger, retry_failed, trace
+            )
+            traced.count(result.accepted + result.duplicates + len(result.rejected))
+            return result
+
+    def _enqueue_many(
+        self,
+        requests: Iterable[Request],
+        pickup_timeout_s: float | None,
+        batch_size: int,
+        nonce: str | None,
+        ledger: Ledger | None,
+        retry_failed: bool,
+        trace: dict[str, str],
+    ) -> BulkResult:
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
         pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
@@ -375,7 +396,7 @@ class BulkClient:
         batch = next(batches, None)
         if batch is None:
             return total
-        encoded = self._encode_batch(batch)
+        encoded = self._encode_batch(batch, trace)
         try:
             batch = next(batches, None)
         except Exception:  # what the requests raise comes after the batches read before it
@@ -395,7 +416,7 @@ class BulkClient:
                     total.add(in_flight.result())
                     return total
                 try:
-                    encoded = self._encode_batch(batch)
+                    encoded = self._encode_batch(batch, trace)
                 except Exception:
                     in_flight.result()  # its error first, as if nothing had been read after it
                     raise
@@ -456,7 +477,13 @@ class BulkClient:
         """The attempts a request of `delivery` gets (0: at_most_once, never handed out again)."""
         return self.settings.max_attempts if delivery == "at_least_once" else 0
 
-    def _encode_batch(self, batch: Sequence[Request], *, check_ids: bool = False) -> Encoded:
+    def _encode_batch(
+        self,
+        batch: Sequence[Request],
+        trace: dict[str, str] | None = None,
+        *,
+        check_ids: bool = False,
+    ) -> Encoded:
         """The batch's stored bodies by lane, and the requests refused before any write.
 
         Each body is the bytes of `encode_stored_request` of the request with its producer
@@ -465,7 +492,7 @@ class BulkClient:
         copy, no validation again. A request the pieces do not spell (a Request subclass, one
         with streams, one whose id needs escaping: built without validation) goes through
         `_encode`. Ids are checked all at once; when one fails, the batch is encoded again
-        with each id checked.
+        with each id checked. `trace`: the trace context each request carries (with_trace).
         """
         rejected: list[Rejected] = []
         by_lane: dict[Lane, list[tuple[str, str | bytes]]] = {}
@@ -486,6 +513,8 @@ class BulkClient:
                     if shape is not None:
                         head, tail, items = shape
                         params, headers = fields["params"], fields["headers"]
+                        if trace:
+                            headers = tracing.with_trace(headers, trace)
                         body = join((
                             head, b"" if params is None else b',"p":' + _params_json(params),
                             tail, b',"h":' + to_json(headers) if headers else b"", b"}",
@@ -495,7 +524,7 @@ class BulkClient:
                             ids.append(rid)
                             continue
             try:
-                encoded = self._encode(request)
+                encoded = self._encode(request, trace)
             except PrqError as exc:
                 rejected.append(Rejected(request.id, exc))
                 continue
@@ -503,7 +532,7 @@ class BulkClient:
             lane = (request.endpoint, request.priority, request.producer or BULK_PRODUCER, attempts)
             by_lane.setdefault(lane, []).append(encoded)
         if not check_ids and not _PLAIN_ID_CHARS("".join(ids)):
-            return self._encode_batch(batch, check_ids=True)
+            return self._encode_batch(batch, trace, check_ids=True)
         return {lane: items for lane, items in by_lane.items() if items}, rejected
 
     def _shape(
@@ -671,7 +700,9 @@ class BulkClient:
             for rid, body in items
         ]  # fmt: skip
 
-    def _encode(self, request: Request) -> tuple[str, str | bytes]:
+    def _encode(
+        self, request: Request, trace: dict[str, str] | None = None
+    ) -> tuple[str, str | bytes]:
         validate_endpoint(request.endpoint)
         if any(not stream.stored for stream in request.streams.values()):
             raise SerializationError(
@@ -680,6 +711,10 @@ class BulkClient:
             )
         if request.producer is None:
             request = request.model_copy(update={"producer": BULK_PRODUCER})
+        if trace:
+            headers = tracing.with_trace(request.headers, trace)
+            if headers is not request.headers:
+                request = request.model_copy(update={"headers": headers})
         body = encode_stored_request(request)
         check_body_size(body, self.settings.max_body_bytes, "request", request.id)
         return request.id, body

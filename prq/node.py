@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import JsonValue
 
-from prq import metrics
+from prq import metrics, tracing
 from prq._types import Call, Exec, Flow, Offload, Reply
 from prq.bodies import is_spilled
 from prq.bodies import parse as parse_body
@@ -379,6 +379,7 @@ class QueueBase:
                 {"attempt": item.attempt, "delivery_hash": delivery_hash(endpoint, request.id)},
             )
             pending = PendingRequest(request, delivery, token)
+            tracing.picked_up(request, item.created_ms, self.node_id)
             self._held[request.id] = pending
             if self.ctx.signer is not None and request.delivery == "at_least_once":
                 self._renewals.hold(request.id, endpoint, item.body, now)

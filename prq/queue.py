@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
-from prq import metrics
+from prq import metrics, tracing
 from prq._types import Exec, Flow, Handler, Offload, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
@@ -288,6 +288,21 @@ class AsyncQueue(QueueBase):
         on_enqueued: Callable[[], None] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
+        request, traced = tracing.sending(request, self.node_id, call=True)
+        with traced:
+            response = await self._enqueue_and_wait(
+                request, pickup_timeout_s, timeout_s, traced.then(on_enqueued), on_progress
+            )
+            return traced.answered(response)
+
+    async def _enqueue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> Response:
         request = await self._with_stored_streams(request, pickup_timeout_s)
         request, body = self._encode_request(request)
         await self._ready()
@@ -376,13 +391,14 @@ class AsyncQueue(QueueBase):
             endpoint, method, params, service=service, priority=priority, producer=producer,
             request_id=request_id, delivery=delivery,
         )  # fmt: skip
-        request, body = self._encode_request(request)
-        await self._ready()
-        if self._streams.spills(body):
-            body = await asyncio.to_thread(
-                self._streams.spill_request, request, body, self._pickup_timeout(pickup_timeout_s)
-            )
-        return await self._run(self._notify_flow(request, body, pickup_timeout_s))
+        request, traced = tracing.sending(request, self.node_id)
+        with traced:
+            request, body = self._encode_request(request)
+            await self._ready()
+            if self._streams.spills(body):
+                pickup_s = self._pickup_timeout(pickup_timeout_s)
+                body = await asyncio.to_thread(self._streams.spill_request, request, body, pickup_s)
+            return await self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     async def _with_stored_streams(
         self, request: Request, pickup_timeout_s: float | None

@@ -7,6 +7,7 @@ Queue between threads.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import JsonValue
 
-from prq import metrics
+from prq import metrics, tracing
 from prq._types import Exec, Flow, Handler, Offload, Reply
 from prq.config import QueueSettings, RedisSettings
 from prq.dead import (
@@ -275,6 +276,21 @@ class Queue(QueueBase):
         on_enqueued: Callable[[], None] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> Response:
+        request, traced = tracing.sending(request, self.node_id, call=True)
+        with traced:
+            response = self._enqueue_and_wait(
+                request, pickup_timeout_s, timeout_s, traced.then(on_enqueued), on_progress
+            )
+            return traced.answered(response)
+
+    def _enqueue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> Response:
         request = self._streams.store_request(request, self._pickup_timeout(pickup_timeout_s))
         request, body = self._encode_request(request)
         self._ready()
@@ -334,8 +350,12 @@ class Queue(QueueBase):
         self._ready()
         self._listen(request.endpoint)
         handle = BlockingSendHandle(self, SendState(request, on_response, on_failure))
+        # (in the caller's context: its current span is the parent of the call's spans)
         thread = threading.Thread(
-            target=handle._run, args=(pickup_timeout_s, timeout_s), name="prq-send", daemon=True
+            target=contextvars.copy_context().run,
+            args=(handle._run, pickup_timeout_s, timeout_s),
+            name="prq-send",
+            daemon=True,
         )
         handle._thread = thread
         thread.start()
@@ -361,13 +381,15 @@ class Queue(QueueBase):
             endpoint, method, params, service=service, priority=priority, producer=producer,
             request_id=request_id, delivery=delivery,
         )  # fmt: skip
-        request, body = self._encode_request(request)
-        self._ready()
-        if self._streams.spills(body):
-            body = self._streams.spill_request(
-                request, body, self._pickup_timeout(pickup_timeout_s)
-            )
-        return self._run(self._notify_flow(request, body, pickup_timeout_s))
+        request, traced = tracing.sending(request, self.node_id)
+        with traced:
+            request, body = self._encode_request(request)
+            self._ready()
+            if self._streams.spills(body):
+                body = self._streams.spill_request(
+                    request, body, self._pickup_timeout(pickup_timeout_s)
+                )
+            return self._run(self._notify_flow(request, body, pickup_timeout_s))
 
     def call(
         self,

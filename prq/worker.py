@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
 
+from prq import tracing
 from prq._types import Handler
 from prq.errors import PrqError, QueueShutdown
 from prq.handled import build_response, handler_response
@@ -212,29 +213,31 @@ class _AsyncHeld:
         queue._serving.add(pending.id)
         left = False
         try:
-            try:
-                async with self.slots:
-                    started = time.monotonic()
-                    result: object = None
-                    failure: Exception | None = None
-                    try:
-                        result = await self.run(pending)
-                    except Exception as exc:
-                        failure = exc
-                    response = handler_response(queue.node_id, pending, result, failure)
-                    self.pace.ran(time.monotonic() - started)
-            finally:
-                self.unhandled -= 1
-                self.handler_done.set()
-            try:
-                body, error = await queue._answer_body(response)
-            except PrqError as exc:
-                body, error = None, exc
-            if error is not None:
-                logger.error("could not answer request_id=%s error=%s", pending.id, error)
-            if body is not None:
-                left = True  # (it leaves `_serving` once written)
-                await self.answers.answer(pending.id, body)
+            with tracing.processing(pending, queue.node_id) as traced:
+                try:
+                    async with self.slots:
+                        started = time.monotonic()
+                        result: object = None
+                        failure: Exception | None = None
+                        try:
+                            result = await self.run(pending)
+                        except Exception as exc:
+                            traced.failed(exc)
+                            failure = exc
+                        response = handler_response(queue.node_id, pending, result, failure)
+                        self.pace.ran(time.monotonic() - started)
+                finally:
+                    self.unhandled -= 1
+                    self.handler_done.set()
+                try:
+                    body, error = await queue._answer_body(response)
+                except PrqError as exc:
+                    body, error = None, exc
+                if error is not None:
+                    logger.error("could not answer request_id=%s error=%s", pending.id, error)
+                if body is not None:
+                    left = True  # (it leaves `_serving` once written)
+                    await self.answers.answer(pending.id, body)
         finally:
             if not left:
                 queue._serving.discard(pending.id)
@@ -372,7 +375,9 @@ def _async_runner(
 
     async def run_in_thread(pending: PendingRequest) -> object:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, _run_sync_handler, handler, pending)
+        # in the task's context (as asyncio.to_thread): the handler sees its trace span
+        run = contextvars.copy_context().run
+        return await loop.run_in_executor(executor, run, _run_sync_handler, handler, pending)
 
     return run_in_thread
 
@@ -613,23 +618,25 @@ def _answer(
     queue._serving.add(pending.id)
     body: bytes | None = None
     try:
-        started = time.monotonic()
-        result: object = None
-        failure: Exception | None = None
-        try:
-            result = _run_sync_handler(handler, pending)
-        except Exception as exc:
-            failure = exc
-        response = handler_response(queue.node_id, pending, result, failure)
-        pace.ran(time.monotonic() - started)
-        try:
-            body, error = queue._answer_body(response)
-        except PrqError as exc:
-            error = exc
-        if error is not None:
-            logger.error("could not answer request_id=%s error=%s", pending.id, error)
-        if body is not None:
-            answers.answer(pending.id, body)  # it leaves `_serving` once written
+        with tracing.processing(pending, queue.node_id) as traced:
+            started = time.monotonic()
+            result: object = None
+            failure: Exception | None = None
+            try:
+                result = _run_sync_handler(handler, pending)
+            except Exception as exc:
+                traced.failed(exc)
+                failure = exc
+            response = handler_response(queue.node_id, pending, result, failure)
+            pace.ran(time.monotonic() - started)
+            try:
+                body, error = queue._answer_body(response)
+            except PrqError as exc:
+                error = exc
+            if error is not None:
+                logger.error("could not answer request_id=%s error=%s", pending.id, error)
+            if body is not None:
+                answers.answer(pending.id, body)  # it leaves `_serving` once written
     finally:
         if body is None:
             queue._serving.discard(pending.id)

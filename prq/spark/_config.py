@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from prq import tracing
 from prq.bulk import BULK_PRODUCER, DEFAULT_LEDGER_TTL_S, MAX_BATCH_SIZE
 from prq.config import check_queue_settings
 from prq.errors import InvalidSettings
@@ -134,6 +135,9 @@ class SparkQueueConfig:
     fail_first_attempt_after: int | None = None
     #: Set by the driver per action (see `for_run`): the batch nonce's run part.
     run_token: str = field(default="", repr=False)
+    #: Set by the driver per action (see `for_run`): its trace context (W3C traceparent and
+    #: tracestate, prq.tracing) when the action runs in a span, carried in every row's headers.
+    trace_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         validate_endpoint(self.endpoint)
@@ -178,8 +182,9 @@ class SparkQueueConfig:
 
     def for_run(self) -> SparkQueueConfig:
         """A copy for one action: its token tells this action's own earlier attempts (counted as
-        accepted) from requests enqueued before by another action (counted as duplicates)."""
-        return replace(self, run_token=uuid.uuid4().hex)
+        accepted) from requests enqueued before by another action (counted as duplicates), and
+        the driver's current trace context goes with its rows."""
+        return replace(self, run_token=uuid.uuid4().hex, trace_headers=tracing.carrier())
 
 
 def _check_queue_settings(overrides: dict[str, Any] | None) -> None:

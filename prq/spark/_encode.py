@@ -2,8 +2,8 @@
 
 A row becomes the stored form of a detached Request (prq.models.StoredRequest): {"m": method,
 "p": {column: value, ...}, "r": producer[, "q": priority][, "d": delivery][, "k": response
-TTL]}, which `prq.models.decode_stored_request` reads back on the receiver with the endpoint
-and id its record's key names.
+TTL][, "h": the driver's trace context]}, which `prq.models.decode_stored_request` reads back
+on the receiver with the endpoint and id its record's key names.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
 
@@ -110,7 +110,8 @@ def _tail(cfg: SparkQueueConfig) -> str:
     delivery = f',"d":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
     asked = cfg.asked_response_ttl_s()
     keep = f',"k":{json.dumps(float(asked))}' if asked is not None else ""
-    return f',"r":{json.dumps(cfg.producer)}{priority}{delivery}{keep}}}'
+    trace = f',"h":{json.dumps(dict(cfg.trace_headers))}' if cfg.trace_headers else ""
+    return f',"r":{json.dumps(cfg.producer)}{priority}{delivery}{keep}{trace}}}'
 
 
 # -- Arrow ---------------------------------------------------------------------------------------

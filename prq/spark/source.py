@@ -49,7 +49,7 @@ __all__ = ["PrqDataSource", "config_from_options"]
 logger = logging.getLogger("prq.spark")
 
 #: Options no write may set (the driver sets them per write).
-_INTERNAL = frozenset({"run_token"})
+_INTERNAL = frozenset({"run_token", "trace_headers"})
 #: Options Spark itself passes to a data source (a streaming query's checkpoint): not ours.
 _SPARKS = frozenset({"checkpointlocation", "path"})
 _NONE = frozenset({"", "none", "null"})
