@@ -108,6 +108,10 @@ export const api = {
   throughput: () => request("/api/throughput"),
   queued: (endpoint, limit = 50) => request(`/api/queued?endpoint=${q(endpoint)}&limit=${limit}`),
   cancel: (id) => request(`/api/requests/${q(id)}/cancel`, { method: "POST" }),
+  /** `force`: forget it even while it holds work or has a live receiver (else 409). */
+  forgetEndpoint: (endpoint, force = false) =>
+    request(`/api/endpoint?endpoint=${q(endpoint)}${force ? "&force=true" : ""}`,
+      { method: "DELETE" }),
   limits: (endpoint) => request(`/api/endpoint/limits?endpoint=${q(endpoint)}`),
   setLimits: (endpoint, limits) =>
     request(`/api/endpoint/limits?endpoint=${q(endpoint)}`, { method: "PUT", body: limits }),

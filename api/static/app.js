@@ -1,7 +1,8 @@
 // The prq dashboard: health banner, endpoints table, throughput chart, one endpoint's queued
 // requests (with Cancel for admins), its capacity limits (with a form to set them, for admins),
 // its waiting requests per priority, and its dead letters (with Replay and Purge all, for
-// admins). Everything refreshes every REFRESH_MS.
+// admins); an admin may forget the endpoint (after a confirmation, and a second one to force it
+// while it holds work). Everything refreshes every REFRESH_MS.
 //
 // States: signed out (the form shows) → signed in (role known from /api/whoami; data refreshes).
 // A 401 on any call signs out. Other errors show in the status line and the next refresh retries.
@@ -39,6 +40,12 @@ const state = {
   limitsFilled: false,
   /** Where the status line's message came from: "refresh" messages clear on the next success. */
   statusSource: null,
+  /** The Forget endpoint confirmation: null (closed), "ask" (first confirmation), "refused"
+   * (the service answered 409: its message shows, with Forget anyway), "force" (second
+   * confirmation, to forget it anyway). */
+  forget: null,
+  /** The service's answer to the last refused forget, shown while the confirmation is open. */
+  forgetRefused: "",
 };
 
 // -- status line ---------------------------------------------------------------------------
@@ -473,6 +480,111 @@ async function purgeAll() {
   await refreshData();
 }
 
+// -- forgetting the endpoint -----------------------------------------------------------------
+
+/** What forgetting does, asked before the first try (README: "Forgetting an endpoint"). */
+function forgetQuestion(endpoint) {
+  return `Forget ${endpoint}? It leaves the endpoint list and these views; no request, limit ` +
+    "or dead letter is removed. A live receiver or a new enqueue lists it again.";
+}
+
+/** What forcing adds, asked once the service refused because the endpoint is busy. */
+function forceQuestion(endpoint) {
+  return `Forget ${endpoint} anyway? Its requests stay queued until taken or expired (while it ` +
+    "is forgotten, a lookup by id alone does not find them), and a live receiver lists it " +
+    "again within seconds.";
+}
+
+/** Show the button or the confirmation of `state.forget` (admins only). */
+function renderForget() {
+  const stage = state.forget;
+  const endpoint = state.selected;
+  $("forget-endpoint").hidden = state.role !== "admin" || endpoint === null || stage !== null;
+  $("forget-confirm").hidden = stage === null;
+  if (stage === null) return;
+  const panel = $("forget-confirm");
+  const refused = panel.querySelector("[data-testid=forget-refused]");
+  refused.hidden = stage === "ask";
+  setText(refused, state.forgetRefused);
+  const question = panel.querySelector("[data-testid=forget-question]");
+  question.hidden = stage === "refused";
+  setText(question, stage === "force" ? forceQuestion(endpoint) : forgetQuestion(endpoint));
+  setText($("forget-yes"), stage === "force" ? "Yes, forget anyway" : "Yes, forget it");
+  $("forget-yes").hidden = stage === "refused";
+  $("forget-anyway").hidden = stage !== "refused";
+}
+
+function setForget(stage, refused = "") {
+  state.forget = stage;
+  state.forgetRefused = refused;
+  renderForget();
+}
+
+function askForget() {
+  if (state.selected === null || state.role !== "admin") return;
+  setForget("ask");
+  $("forget-no").focus();
+}
+
+function askForce() {
+  if (state.forget !== "refused") return;
+  setForget("force", state.forgetRefused);
+  $("forget-no").focus();
+}
+
+function keepEndpoint() {
+  setForget(null);
+  $("forget-endpoint").focus();
+}
+
+/** Back to the endpoint list, refreshed, saying what happened. */
+async function leaveForgotten(endpoint, message, kind) {
+  if (endpoint === state.selected) unselect();
+  setStatus(message, kind);
+  $("endpoints-title").focus();
+  await refreshData();
+}
+
+function forgottenMessage(outcome) {
+  const left = outcome.depth > 0 || outcome.in_flight > 0
+    ? `; its ${formatCount(outcome.depth)} queued and ${formatCount(outcome.in_flight)} ` +
+      "in-flight request(s) were left as they are."
+    : ".";
+  return `Forgot endpoint ${outcome.endpoint}${left}`;
+}
+
+async function forgetFailed(endpoint, error) {
+  if (error.status === 409) {
+    setForget("refused", `Not forgotten (409): ${error.message}`);
+    $("forget-anyway").focus();
+  } else if (error.status === 404) {
+    await leaveForgotten(endpoint, `${endpoint} is not listed (forgotten already).`, "warn");
+  } else {
+    setForget(null);
+    report(error, `forget ${endpoint}`);
+  }
+}
+
+async function forget() {
+  const endpoint = state.selected;
+  if (endpoint === null || state.role !== "admin" || state.forget === null) return;
+  const force = state.forget === "force";
+  const yes = $("forget-yes");
+  yes.disabled = true;
+  let outcome;
+  try {
+    outcome = await api.forgetEndpoint(endpoint, force);
+  } catch (error) {
+    if (endpoint === state.selected) await forgetFailed(endpoint, error);
+    else report(error, `forget ${endpoint}`);
+    return;
+  } finally {
+    yes.disabled = false;
+  }
+  if (outcome.forgotten) await leaveForgotten(endpoint, forgottenMessage(outcome), "ok");
+  else await leaveForgotten(endpoint, `${endpoint} is not listed (forgotten already).`, "warn");
+}
+
 // -- selection -------------------------------------------------------------------------------
 
 function select(endpoint) {
@@ -485,7 +597,9 @@ function select(endpoint) {
     resetLimits();
     resetDead();
     renderPriorities(state.endpoints.get(endpoint));
+    state.forget = null;
   }
+  renderForget();
   $("queued").hidden = false;
   $("queued").querySelector("[data-testid=queued-endpoint]").textContent = endpoint;
   for (const [name, row] of endpointRows) {
@@ -507,6 +621,7 @@ function unselect() {
   resetLimits();
   resetDead();
   resetPriorities();
+  setForget(null);
   for (const row of endpointRows.values()) {
     row.classList.remove("selected");
     row.querySelector("button").removeAttribute("aria-current");
@@ -607,6 +722,10 @@ function start() {
   $("dead-purge-all").addEventListener("click", askPurge);
   $("dead-purge-no").addEventListener("click", hidePurgeConfirm);
   $("dead-purge-yes").addEventListener("click", purgeAll);
+  $("forget-endpoint").addEventListener("click", askForget);
+  $("forget-yes").addEventListener("click", forget);
+  $("forget-anyway").addEventListener("click", askForce);
+  $("forget-no").addEventListener("click", keepEndpoint);
   // Once the admin types, the refresh no longer fills the form (it would overwrite the typing).
   $("limits-form").addEventListener("input", () => { state.limitsFilled = true; });
   document.addEventListener("visibilitychange", () => {

@@ -13,15 +13,16 @@ dashboard-dead-letters.png) for people to look at.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from prq import CancelledBeforePickup, RequestState
+from prq import CancelledBeforePickup, Queue, RedisSettings, RequestState
 from prq.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES
-from prq.keys import KeySchema
+from prq.keys import KeySchema, encode_endpoint
 from tests.browser.support import AdminService, Callers
 from tests.redis_servers import url_client
 
@@ -444,3 +445,140 @@ def test_the_priorities_panel_shows_what_waits_at_each_priority(
     # Then its level leaves the panel at the next refresh
     expect(levels).to_have_count(3, timeout=EXPECT_MS)
     expect(levels.first.get_by_test_id("priority-level")).to_have_text("5")
+
+
+def registered(redis_admin_url: str, service: AdminService, endpoint: str) -> bool:
+    """The endpoint has an entry in the registry the dashboard lists."""
+    client = url_client(redis_admin_url)
+    try:
+        score = client.zscore(KeySchema(service.prefix).endpoints, encode_endpoint(endpoint))
+    finally:
+        client.close()
+    return score is not None
+
+
+def listed(service: AdminService) -> list[str]:
+    """The endpoints `GET /api/endpoints` lists (read token)."""
+    headers = {"Authorization": f"Bearer {service.read_token}"}
+    with httpx.Client(base_url=service.url, headers=headers, timeout=10) as client:
+        answer = client.get("/api/endpoints")
+    assert answer.status_code == 200, answer.text
+    return [info["endpoint"] for info in answer.json()]
+
+
+def test_admin_forgets_an_idle_endpoint_from_its_view(
+    page: Page, admin_service: AdminService, redis_admin_url: str
+) -> None:
+    # Given an idle endpoint made by a typo, listed as a node's report lists it (nothing queued,
+    # no receiver, and no node that will list it again)
+    typo = "poll://dash/biling-7"
+    client = url_client(redis_admin_url)
+    try:
+        key = KeySchema(admin_service.prefix).endpoints
+        client.zadd(key, {encode_endpoint(typo): int(time.time() * 1000)})
+    finally:
+        client.close()
+
+    # When a read-only user opens it, Then there is no Forget button
+    open_dashboard(page, admin_service, admin_service.read_token)
+    expect(page.get_by_test_id("role")).to_have_text("read-only", timeout=EXPECT_MS)
+    endpoint_row(page, typo).get_by_test_id("endpoint-link").click()
+    expect(page.get_by_test_id("queued-endpoint")).to_have_text(typo, timeout=EXPECT_MS)
+    expect(page.get_by_role("button", name="Forget endpoint")).to_have_count(0)
+
+    # When an admin signs in and opens it
+    page.get_by_role("button", name="Sign out").click()
+    page.get_by_label("Access token").fill(admin_service.admin_token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("role")).to_have_text("admin", timeout=EXPECT_MS)
+    row = endpoint_row(page, typo)
+    row.get_by_test_id("endpoint-link").click()
+
+    # And asks to forget it, Then the confirmation says what forgetting does
+    page.get_by_role("button", name="Forget endpoint").click()
+    question = page.get_by_test_id("forget-question")
+    expect(question).to_have_text(
+        f"Forget {typo}? It leaves the endpoint list and these views; no request, limit or dead "
+        "letter is removed. A live receiver or a new enqueue lists it again."
+    )
+    # ... and keeping it changes nothing
+    page.get_by_role("button", name="Keep it").click()
+    expect(page.get_by_test_id("forget-confirm")).to_be_hidden()
+    expect(page.get_by_role("button", name="Forget endpoint")).to_be_visible()
+    assert registered(redis_admin_url, admin_service, typo)
+
+    # When the admin confirms
+    page.get_by_role("button", name="Forget endpoint").click()
+    page.get_by_role("button", name="Yes, forget it").click()
+
+    # Then the page is back on the endpoint list, which no longer has it
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Forgot endpoint {typo}.", timeout=EXPECT_MS
+    )
+    expect(page.get_by_test_id("queued")).to_be_hidden()
+    expect(row).to_have_count(0, timeout=EXPECT_MS)
+    # ... and neither has the service nor the registry
+    assert typo not in listed(admin_service)
+    assert not registered(redis_admin_url, admin_service, typo)
+
+
+def test_a_busy_endpoint_is_kept_unless_the_admin_forces_it(
+    page: Page, admin_service: AdminService, redis_url: str, redis_admin_url: str
+) -> None:
+    # Given an endpoint with one request queued by a sender that is gone (no receiver, and no
+    # node that will list it again)
+    endpoint = "poll://dash/forget-busy"
+    with Queue(RedisSettings.from_url(redis_url), prefix=admin_service.prefix) as sender:
+        request_id = sender.notify(endpoint, "work", {"n": 1})
+    assert registered(redis_admin_url, admin_service, endpoint)
+
+    # When an admin opens it and confirms forgetting it
+    open_dashboard(page, admin_service, admin_service.admin_token)
+    row = endpoint_row(page, endpoint)
+    expect(row.get_by_test_id("endpoint-depth")).to_have_text("1", timeout=EXPECT_MS)
+    row.get_by_test_id("endpoint-link").click()
+    page.get_by_role("button", name="Forget endpoint").click()
+    page.get_by_role("button", name="Yes, forget it").click()
+
+    # Then the service's refusal shows, with Forget anyway, and the endpoint is kept
+    refused = page.get_by_test_id("forget-refused")
+    expect(refused).to_contain_text(
+        "Not forgotten (409): the endpoint has 1 queued, 0 in flight and 0 live receivers",
+        timeout=EXPECT_MS,
+    )
+    expect(page.get_by_role("button", name="Yes, forget it")).to_have_count(0)
+    expect(page.get_by_test_id("queued-endpoint")).to_have_text(endpoint)
+    assert endpoint in listed(admin_service)
+
+    # When the admin asks to forget it anyway, Then a second confirmation says what that means
+    page.get_by_role("button", name="Forget anyway").click()
+    expect(page.get_by_test_id("forget-question")).to_contain_text(
+        f"Forget {endpoint} anyway? Its requests stay queued until taken or expired"
+    )
+    expect(refused).to_be_visible()
+    # ... and keeping it there still changes nothing
+    page.get_by_role("button", name="Keep it").click()
+    expect(page.get_by_test_id("forget-confirm")).to_be_hidden()
+    expect(row).to_have_count(1)
+    assert endpoint in listed(admin_service)
+
+    # When the admin goes through both confirmations
+    page.get_by_role("button", name="Forget endpoint").click()
+    page.get_by_role("button", name="Yes, forget it").click()
+    page.get_by_role("button", name="Forget anyway").click()
+    page.get_by_role("button", name="Yes, forget anyway").click()
+
+    # Then it leaves the list, and its request stays queued
+    expect(page.get_by_test_id("status")).to_have_text(
+        f"Forgot endpoint {endpoint}; its 1 queued and 0 in-flight request(s) were left as "
+        "they are.",
+        timeout=EXPECT_MS,
+    )
+    expect(page.get_by_test_id("queued")).to_be_hidden()
+    expect(row).to_have_count(0, timeout=EXPECT_MS)
+    assert endpoint not in listed(admin_service)
+    headers = {"Authorization": f"Bearer {admin_service.read_token}"}
+    with httpx.Client(base_url=admin_service.url, headers=headers, timeout=10) as client:
+        page_of = client.get("/api/queued", params={"endpoint": endpoint})
+    assert page_of.status_code == 200, page_of.text
+    assert [item["id"] for item in page_of.json()["items"]] == [request_id]
