@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prq.errors import (
     InvalidEndpoint,
     InvalidRequest,
+    InvalidSettings,
     PayloadTooLarge,
     PrqError,
     QueueShutdown,
@@ -156,6 +157,8 @@ async def _prq_error(request: Request, exc: Exception) -> JSONResponse:
         return error_response(422, "invalid_endpoint", str(exc))
     if isinstance(exc, InvalidRequest):
         return error_response(422, "invalid_request", str(exc))
+    if isinstance(exc, InvalidSettings):
+        return error_response(422, "invalid_settings", str(exc))
     if isinstance(exc, PayloadTooLarge):
         return error_response(413, "payload_too_large", str(exc))
     if isinstance(exc, RedisTimeout):

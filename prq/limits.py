@@ -19,7 +19,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from prq._types import Call, Exec, Flow, Reply
-from prq.errors import SerializationError
+from prq.errors import InvalidSettings, SerializationError, typed_validation
 from prq.flows import Context
 from prq.models import validate_endpoint
 
@@ -72,10 +72,12 @@ def set_limits_flow(
     max_pending: int | None = None,
 ) -> Flow[EndpointLimits]:
     """Replace the endpoint's limits (None: no limit) and return what Redis holds after.
-    Invalid values raise before anything is written (pydantic ValidationError, InvalidEndpoint)."""
-    wanted = EndpointLimits(
-        endpoint=validate_endpoint(endpoint), max_in_flight=max_in_flight, max_pending=max_pending
-    )
+    Invalid values raise before anything is written (InvalidSettings, InvalidEndpoint)."""
+    endpoint = validate_endpoint(endpoint)
+    with typed_validation(InvalidSettings, "limits"):
+        wanted = EndpointLimits(
+            endpoint=endpoint, max_in_flight=max_in_flight, max_pending=max_pending
+        )
     key = ctx.keys.endpoint(endpoint).limits
     present: list[str | int] = []
     absent: list[str] = []

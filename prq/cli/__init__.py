@@ -8,14 +8,16 @@
     prq stats    a table of the endpoints, and Redis health warnings         (stats.py)
     prq limits   an endpoint's capacity limits: print or change them         (manage.py)
     prq dead-letters  an endpoint's dead letters: list, replay or purge      (manage.py)
+    prq endpoints forget  remove an endpoint from the registry              (manage.py)
 
 Every option is read from its flag, else from its `PRQ_*` environment variable, else from its
-default (the variable is named in `--help`). worker, call, stats, limits, dead-letters and api
-need the Redis every node shares (`--url` or `PRQ_REDIS_URL`) and refuse to start without one;
-demo and bench start a private redis-server when none is given. Help is plain text wrapped to
-the terminal (no table that would cut an environment variable's name). Exit codes are listed
-in options.py (0 done, 1 failed, 2 usage error, 3 retryable failure, 130 Ctrl-C). Logging goes
-to stderr at WARNING (INFO with `--verbose`); the library itself never configures logging.
+default (the variable is named in `--help`). worker, call, stats, limits, dead-letters,
+endpoints and api need the Redis every node shares (`--url` or `PRQ_REDIS_URL`) and refuse to
+start without one; demo and bench start a private redis-server when none is given. Help is
+plain text wrapped to the terminal (no table that would cut an environment variable's name).
+Exit codes are listed in options.py (0 done, 1 failed, 2 usage error, 3 retryable failure,
+130 Ctrl-C). Logging goes to stderr at WARNING (INFO with `--verbose`); the library itself
+never configures logging.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ app = typer.Typer(
     help=(
         "prq: a Redis-backed distributed pending-request queue.\n\n"
         "Serve endpoints (worker), call them (call), watch them (stats), manage their "
-        "limits and dead letters (limits, dead-letters), run the admin service and dashboard "
-        "(api), or try it all out (demo, bench).\n\n"
+        "limits and dead letters (limits, dead-letters), forget one (endpoints forget), run "
+        "the admin service and dashboard (api), or try it all out (demo, bench).\n\n"
         "Options come from flags, else from PRQ_* environment variables, else defaults. "
-        "worker, call, stats, limits, dead-letters and api need the shared Redis (--url or "
-        "PRQ_REDIS_URL); "
+        "worker, call, stats, limits, dead-letters, endpoints and api need the shared Redis "
+        "(--url or PRQ_REDIS_URL); "
         "without one, demo and bench start a private redis-server."
     ),
     no_args_is_help=True,

@@ -35,7 +35,7 @@ from prq.cli.options import (
     require_url,
 )
 from prq.config import RedisSettings
-from prq.errors import InvalidEndpoint, PrqError
+from prq.errors import InvalidEndpoint, InvalidSettings, PrqError
 from prq.models import readable_endpoint, validate_endpoint
 from prq.sync import Queue
 
@@ -63,7 +63,7 @@ def _queue(
     try:
         with queue:
             yield queue
-    except ValidationError as exc:
+    except (ValidationError, InvalidSettings) as exc:
         fail(exc, EXIT_USAGE)
     except PrqError as exc:
         fail(exc)

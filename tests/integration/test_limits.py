@@ -7,7 +7,6 @@ import asyncio
 import uuid
 from typing import Any
 
-import pydantic
 import pytest
 import redis
 
@@ -15,6 +14,7 @@ from prq import (
     CancelledBeforePickup,
     EndpointLimits,
     InvalidEndpoint,
+    InvalidSettings,
     QueueFull,
     Request,
     RequestState,
@@ -49,7 +49,7 @@ async def test_limits_are_shared_replaced_and_validated(
     assert not redis_client.exists(one.keys.endpoint(endpoint).limits)
     # And nonsense is refused before anything is written
     for bad in ({"max_pending": 0}, {"max_in_flight": -1}, {"max_pending": "many"}):
-        with pytest.raises(pydantic.ValidationError):
+        with pytest.raises(InvalidSettings, match="invalid limits: max_"):
             await one.set_limits(endpoint, **bad)
     with pytest.raises(InvalidEndpoint):
         await one.set_limits("poll://bad\nname", max_pending=1)
