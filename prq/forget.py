@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from prq._types import Call, Exec, Flow, Reply
+from prq._types import Call, Exec, Flow
 from prq.flows import Context
 from prq.keys import encode_endpoint
 from prq.levels import levels_flow
@@ -52,13 +52,6 @@ class ForgetOutcome(BaseModel):
         return bool(self.depth or self.in_flight or self.receivers)
 
 
-def _server_ms(reply: Reply) -> int:
-    """Redis TIME as ms since the epoch."""
-    assert isinstance(reply, list | tuple)
-    seconds, micros = reply
-    return int(seconds) * 1000 + int(micros) // 1000  # type: ignore[arg-type]
-
-
 def forget_endpoint_flow(
     ctx: Context, endpoint: str, *, force: bool = False
 ) -> Flow[ForgetOutcome]:
@@ -67,10 +60,13 @@ def forget_endpoint_flow(
     endpoint = readable_endpoint(endpoint)
     keys = ctx.keys.endpoint(endpoint)
     encoded = encode_endpoint(endpoint)
-    replies = yield Exec((Call(("TIME",)), Call(("ZSCORE", ctx.keys.endpoints, encoded))))
+    replies = yield Exec((Call(("ZSCORE", ctx.keys.endpoints, encoded)),))
     assert isinstance(replies, list)
-    now_ms = _server_ms(replies[0])
-    registered = replies[1] is not None
+    # The node's clock, not Redis's TIME: a cluster pipeline cannot carry TIME (it names no
+    # key), and the windows below are many seconds wide; a node far behind Redis's clock
+    # could only miss a live receiver, which lists the endpoint again within seconds.
+    now_ms = ctx.wall_ms()
+    registered = replies[0] is not None
     in_flight_from = now_ms - int(ctx.settings.in_flight_ttl_s() * 1000)
     live_from = now_ms - int(RECEIVER_LIVE_REPORTS * presence_interval_s(ctx.settings) * 1000)
     counts = yield Exec(
