@@ -150,6 +150,12 @@ def test_redis_paused_past_the_budget_ends_calls_with_queue_unavailable(
     in_flight = [c for c in hit if c.start < paused_at]
     late_started = [(c.end or 0) - c.start for c in started_during]
     late_in_flight = [(c.end or 0) - paused_at for c in in_flight]
+    # (the longest calls begun during the pause, seconds from its start: a failure names them)
+    for call in sorted(started_during, key=lambda c: (c.end or resumed_at) - c.start)[-3:]:
+        print(
+            f"[S06-past] started during: sender={call.node} start={call.start - paused_at:.3f} "
+            f"end={(call.end or resumed_at) - paused_at:.3f} outcome={call.outcome}"
+        )
     figures(
         "S06-past",
         pause_s=resumed_at - paused_at,
