@@ -34,10 +34,10 @@ from api.routes import dead_letters, endpoints, health, limits, metrics, request
 from api.routes.dashboard import mount_dashboard
 from api.settings import ApiSettings
 from api.throughput import ReadTotals, ThroughputSampler
-from prq.admin import Inspector
-from prq.config import QueueSettings
-from prq.errors import ConfigurationError, PrqError, QueueShutdown
-from prq.queue import AsyncQueue
+from prq.core.config import QueueSettings
+from prq.core.errors import ConfigurationError, PrqError, QueueShutdown
+from prq.facade.asyncio_queue import AsyncQueue
+from prq.ops.admin import Inspector
 
 __all__ = ["create_app", "service_version"]
 

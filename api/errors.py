@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prq.errors import (
+from prq.core.errors import (
     InvalidEndpoint,
     InvalidRequest,
     InvalidSettings,

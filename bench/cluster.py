@@ -1,7 +1,7 @@
 """prq's RPC on one Redis server vs a Redis Cluster of 3 masters, in the same run.
 
 Both run on this machine at once (the same CPUs shared): an embedded redis-server, and an
-embedded cluster of 3 masters without replicas (prq.embedded_cluster). Per round and topology,
+embedded cluster of 3 masters without replicas (prq.embedded.cluster). Per round and topology,
 a server process serves an echo handler (`AsyncQueue.serve`, concurrency `--inflight`) on
 `--endpoints` endpoints, which the cluster spreads over its shards; this process calls them in
 turn with `AsyncQueue.call`: a sequential phase (p50 latency) and a throughput phase
@@ -39,7 +39,7 @@ from rich.table import Table
 
 from prq import AsyncQueue, Request
 from prq.embedded import EmbeddedRedis
-from prq.embedded_cluster import EmbeddedCluster
+from prq.embedded.cluster import EmbeddedCluster
 
 TOPOLOGIES = ("server", "cluster")
 TARGET_THROUGHPUT_RATIO = 0.8

@@ -14,7 +14,7 @@ and the clock runs from its first take until every request is answered (prq: the
 times and nothing is in flight any more). The handler is trivial: it returns its params. Reported
 per variant: requests/s, its ratio to raw, Redis commands per request (INFO stats, scripts' own
 commands included), and the CPU time per request of the consumer process and of Redis. Every
-consumer process paces the garbage collector as `prq worker` does (prq.collector).
+consumer process paces the garbage collector as `prq worker` does (prq.serve.collector).
 
     python bench/drain.py [--requests 200000] [--concurrency 64] [--only raw,prq-async]
 """
@@ -43,9 +43,9 @@ from rich.table import Table
 
 from prq import AsyncQueue, Queue, Request
 from prq.bulk import BulkClient
-from prq.collector import relax_collector
+from prq.core.keys import KeySchema
 from prq.embedded import redis_url_or_embedded
-from prq.keys import KeySchema
+from prq.serve.collector import relax_collector
 
 VARIANTS = ("raw", "prq-async", "prq-sync")
 ENDPOINT = "poll://bench-drain"

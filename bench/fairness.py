@@ -41,9 +41,9 @@ import redis
 
 from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
+from prq.core.keys import EndpointKeys, KeySchema
 from prq.embedded import redis_url_or_embedded
-from prq.keys import EndpointKeys, KeySchema
-from prq.scripts import TAKE, Redelivery, take_call
+from prq.protocol.scripts import TAKE, Redelivery, take_call
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The scheduling helpers the scripts include (scripts/_queue.lua).

@@ -74,10 +74,10 @@ from rich.table import Table
 
 from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
+from prq.core.errors import PrqError
+from prq.core.keys import KeySchema
+from prq.core.models import Response, new_request_id
 from prq.embedded import redis_url_or_embedded
-from prq.errors import PrqError
-from prq.keys import KeySchema
-from prq.models import Response, new_request_id
 
 #: The scripted baseline: one SET PX NX per key/payload pair of ARGV (ARGV[1]: the TTL, ms).
 FLOOR_SCRIPT = """

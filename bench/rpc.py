@@ -9,8 +9,8 @@ Variants (the client runs here; the server is its own OS process, spawned):
     prq-sync   Queue.call in threads                       ⇄  Queue.serve(echo, concurrency=K)
 
 K = --inflight. Every server process, and this client, paces the garbage collector as
-`prq worker` does (prq.collector). Both raw sides JSON-decode and JSON-encode the message, as any
-RPC would; hiredis parses replies (redis[hiredis]). Each variant runs: warm-up (--warmup
+`prq worker` does (prq.serve.collector). Both raw sides JSON-decode and JSON-encode the message, as
+any RPC would; hiredis parses replies (redis[hiredis]). Each variant runs: warm-up (--warmup
 sequential calls), the sequential phase (--seq-calls, one at a time: p50 and p99) and the
 throughput phase (--calls with --inflight calls in flight: calls/s; threads for the sync variants).
 
@@ -61,8 +61,8 @@ from rich.console import Console
 from rich.table import Table
 
 from prq import AsyncQueue, Queue, Request
-from prq.collector import relax_collector
 from prq.embedded import EmbeddedRedis
+from prq.serve.collector import relax_collector
 
 logger = logging.getLogger(__name__)
 

@@ -55,8 +55,8 @@ from bench.rpc import (
     server_process,
 )
 from prq import AsyncQueue
-from prq.collector import relax_collector
 from prq.embedded import redis_url_or_embedded
+from prq.serve.collector import relax_collector
 
 SHAPES = ("raw", "prq", "pulse", "inbox")
 STOP = "__stop__"

@@ -5,9 +5,9 @@ serves the endpoint dequeues the request, runs it, and applies the response. Opt
 integrations live outside this namespace: `prq.embedded`, `prq.spark`.
 """
 
-from prq.config import QueueSettings, RedisSettings
-from prq.dead import DeadLetter
-from prq.errors import (
+from prq._version import __version__
+from prq.core.config import QueueSettings, RedisSettings
+from prq.core.errors import (
     CallTimeout,
     CancelledAfterPickup,
     CancelledBeforePickup,
@@ -28,8 +28,7 @@ from prq.errors import (
     SerializationError,
     SignatureError,
 )
-from prq.limits import EndpointLimits
-from prq.models import (
+from prq.core.models import (
     DeliveryInfo,
     PendingRequest,
     Request,
@@ -38,15 +37,13 @@ from prq.models import (
     Response,
     ServerError,
 )
-from prq.node import QueueStats
-from prq.queue import AsyncQueue
-from prq.send import BlockingSendHandle, SendHandle
-from prq.sync import Queue
-from prq.worker import current_request
-
-#: The one place prq's version is written: pyproject.toml reads it from here (setuptools' dynamic
-#: version), `prq --version` prints it and the admin service's OpenAPI document states it.
-__version__ = "0.1.0"
+from prq.facade.asyncio_queue import AsyncQueue
+from prq.facade.blocking_queue import Queue
+from prq.facade.send import BlockingSendHandle, SendHandle
+from prq.node.base import QueueStats
+from prq.protocol.dead import DeadLetter
+from prq.protocol.limits import EndpointLimits
+from prq.serve.worker import current_request
 
 __all__ = [
     "AsyncQueue",

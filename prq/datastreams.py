@@ -13,8 +13,8 @@ the request never ran; a response's streams once the caller closed what it read.
 left (a caller that never read, a node that died) expires: every piece of data is stored with
 an expiry, and any node's `cleanup` (run by every node every data-loss check) removes it after
 that. A request's data lives as long as the request may still need it (see
-prq.stream_keeper): its expiry covers every attempt, a dead letter's life and a replay, and a
-receiver that holds the request `extend`s it as it works. `open()` works once per DataStream
+prq.protocol.stream_keeper): its expiry covers every attempt, a dead letter's life and a replay, and
+a receiver that holds the request `extend`s it as it works. `open()` works once per DataStream
 object.
 
 A store is three calls, an extension and a sweep (`DataStreamStore`); `FileSystemStore` is the
@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, Protocol
 
 from pydantic_core import core_schema
 
-from prq.errors import SerializationError
+from prq.core.errors import SerializationError
 
 __all__ = [
     "DATASTREAMS_DIR_ENV",

@@ -1,5 +1,5 @@
 """A Redis Cluster for the suite, on free loopback ports: 3 masters and a replica of each,
-formed by the suite itself with CLUSTER commands (prq.embedded_cluster.form_cluster; no
+formed by the suite itself with CLUSTER commands (prq.embedded.cluster.form_cluster; no
 redis-cli needed), torn down after.
 
 With `acl_folder` every node loads the shipped users.acl (as `acl_server` does), the replicas
@@ -15,9 +15,9 @@ from urllib.parse import quote
 import redis
 import redis.cluster
 
+from prq.core.errors import ConfigurationError
 from prq.embedded import EmbeddedRedis
-from prq.embedded_cluster import form_cluster, node_args
-from prq.errors import ConfigurationError
+from prq.embedded.cluster import form_cluster, node_args
 from tests.redis_servers import (
     TEST_ROOT_PASSWORD,
     TEST_ROOT_USER,

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from prq import AsyncQueue, DataLoss, Queue, QueueSettings, RedisSettings, Request, RequestState
 from prq.datastreams import DataStreamStore
-from prq.send import BlockingSendHandle
+from prq.facade.send import BlockingSendHandle
 from tests.redis_servers import async_wait_until
 
 __all__ = [
@@ -128,7 +128,7 @@ class SyncQueueAdapter:
 
 
 class SyncSendHandleAdapter:
-    """`prq.send.BlockingSendHandle` with an awaitable `withdraw()`."""
+    """`prq.facade.send.BlockingSendHandle` with an awaitable `withdraw()`."""
 
     def __init__(self, handle: BlockingSendHandle, queue: SyncQueueAdapter) -> None:
         self.raw = handle

@@ -1,8 +1,8 @@
-"""What an endpoint has queued, read straight from Redis (independently of prq.levels), and a
-take by a receiver that then dies (`silent_take`).
+"""What an endpoint has queued, read straight from Redis (independently of prq.protocol.levels), and
+a take by a receiver that then dies (`silent_take`).
 
-Queued ids live in lanes per priority level (prq/scripts/_queue.lua): a front lane taken first,
-and one list per producer, the lanes set scoring each producer by its first id's virtual time
+Queued ids live in lanes per priority level (prq/protocol/scripts/_queue.lua): a front lane taken
+first, and one list per producer, the lanes set scoring each producer by its first id's virtual time
 (index i: that time + i). Levels are listed in `prq:{e}:pri`, each level's depth is its clock's
 `n`. Take order: highest level first, then the front lane, then by virtual time (ties in member
 order). Ids withdrawn or cancelled while queued stay in their lane until a take skips them: the
@@ -17,8 +17,8 @@ from typing import Any
 import redis
 
 from prq import QueueSettings
-from prq.keys import EndpointKeys, KeySchema
-from prq.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
+from prq.core.keys import EndpointKeys, KeySchema
+from prq.protocol.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
 
 
 def queued_ids(client: redis.Redis, keys: EndpointKeys) -> list[bytes]:

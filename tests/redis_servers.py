@@ -29,8 +29,8 @@ import redis
 import redis.cluster
 
 from prq.embedded import EmbeddedRedis, find_server_binary
-from prq.embedded_cluster import server_version
-from prq.topology import sync_client
+from prq.embedded.cluster import server_version
+from prq.transport.topology import sync_client
 
 __all__ = [
     "PRQ_USER",

@@ -1,12 +1,12 @@
-"""Read and write a request record as prq stores it (prq.records: a hash with the body in pieces
-when small, or, for a request BulkClient queued and nobody picked up yet, one string in the
+"""Read and write a request record as prq stores it (prq.core.records: a hash with the body in
+pieces when small, or, for a request BulkClient queued and nobody picked up yet, one string in the
 queued form), for tests that look at, damage or replace what Redis holds."""
 
 from __future__ import annotations
 
 import redis
 
-from prq.records import body_fields, first_fields, join_body, queued_fields, rest_fields
+from prq.core.records import body_fields, first_fields, join_body, queued_fields, rest_fields
 
 
 def record_fields(client: redis.Redis, key: str) -> dict[bytes, bytes]:

@@ -1,5 +1,5 @@
-"""An endpoint's dead letters (prq.dead): list them (any valid token), replay one or purge them
-(admin token). The listing goes through the read-only inspector; replay and purge through the
+"""An endpoint's dead letters (prq.protocol.dead): list them (any valid token), replay one or purge
+them (admin token). The listing goes through the read-only inspector; replay and purge through the
 service's own queue node, like cancel.
 
 - `GET /api/dead-letters?endpoint=E&offset=0&limit=100`: newest first.
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import require_admin, require_read
 from api.deps import MAX_QUEUED_OFFSET, EndpointParams, EndpointQuery, NewWorkQuery, ServiceDep
 from api.errors import error_responses
-from prq.dead import MAX_LISTED, DeadLetter
-from prq.models import REQUEST_ID_PATTERN
+from prq.core.models import REQUEST_ID_PATTERN
+from prq.protocol.dead import MAX_LISTED, DeadLetter
 
 __all__ = [
     "DeadLetterParams",

@@ -1,6 +1,6 @@
 """What Redis holds per endpoint: depth, in flight, oldest age, receivers, queued requests,
 and the enqueue rate over the last minutes (any valid token); and forgetting an endpoint (an
-admin token: see prq.forget)."""
+admin token: see prq.protocol.forget)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from api.auth import require_admin, require_read
 from api.deps import EndpointQuery, ForgetQuery, QueuedQuery, ServiceDep
 from api.errors import error_responses
 from api.throughput import Throughput
-from prq.admin import EndpointInfo, QueuedPage
-from prq.forget import ForgetOutcome
+from prq.ops.admin import EndpointInfo, QueuedPage
+from prq.protocol.forget import ForgetOutcome
 
 __all__ = ["router"]
 

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from api.auth import Role, require_read
 from api.deps import ServiceDep
 from api.errors import error_responses
-from prq.admin import RedisHealth
-from prq.errors import PrqError
+from prq.core.errors import PrqError
+from prq.ops.admin import RedisHealth
 
 __all__ = ["Health", "WhoAmI", "router"]
 

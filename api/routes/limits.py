@@ -1,4 +1,4 @@
-"""An endpoint's capacity limits (prq.limits): read them (any valid token) and replace them
+"""An endpoint's capacity limits (prq.protocol.limits): read them (any valid token) and replace them
 (admin token). Reads go through the inspector (a malformed stored value shows as null);
 changes through the service's own queue node, like cancel.
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from api.auth import require_admin, require_read
 from api.deps import EndpointQuery, NewWorkQuery, ServiceDep
 from api.errors import error_responses
-from prq.limits import MAX_LIMIT, EndpointLimits
+from prq.protocol.limits import MAX_LIMIT, EndpointLimits
 
 __all__ = ["NewLimits", "router"]
 

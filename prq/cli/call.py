@@ -41,12 +41,12 @@ from prq.cli.options import (
     queue_settings,
     require_url,
 )
-from prq.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
+from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
+from prq.core.errors import InvalidEndpoint, PrqError, RemoteError
+from prq.core.models import Request, validate_endpoint
 from prq.datastreams import store_from_env
 from prq.demo.stats import percentile
-from prq.errors import InvalidEndpoint, PrqError, RemoteError
-from prq.models import Request, validate_endpoint
-from prq.sync import Queue
+from prq.facade.blocking_queue import Queue
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
@@ -151,7 +151,7 @@ def call(
             RedisSettings.from_url(redis_url),
             prefix=prefix,
             settings=settings,
-            datastreams=store_from_env(),  # large bodies both ways (prq.bodies)
+            datastreams=store_from_env(),  # large bodies both ways (prq.core.bodies)
         )
     except ValueError as exc:  # redis-py's verdict on the URL
         raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc

@@ -34,10 +34,10 @@ from prq.cli.options import (
     queue_settings,
     require_url,
 )
-from prq.config import RedisSettings
-from prq.errors import InvalidEndpoint, InvalidSettings, PrqError
-from prq.models import readable_endpoint, validate_endpoint
-from prq.sync import Queue
+from prq.core.config import RedisSettings
+from prq.core.errors import InvalidEndpoint, InvalidSettings, PrqError
+from prq.core.models import readable_endpoint, validate_endpoint
+from prq.facade.blocking_queue import Queue
 
 __all__ = ["dead_letters", "endpoints", "limits"]
 

@@ -18,10 +18,10 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from prq.config import QueueSettings
+from prq.core.config import QueueSettings
+from prq.core.errors import InvalidSettings
 from prq.demo import DEFAULT_PREFIX
-from prq.errors import InvalidSettings
-from prq.topology import redact_url
+from prq.transport.topology import redact_url
 
 __all__ = [
     "DEFAULT_PREFIX",

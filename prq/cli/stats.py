@@ -1,6 +1,6 @@
 """`prq stats`: the endpoints of one key prefix as Redis sees them, and Redis's health.
 
-Reads through `prq.admin.Inspector`, which never writes: it runs as the read-only ACL user
+Reads through `prq.ops.admin.Inspector`, which never writes: it runs as the read-only ACL user
 (`prq-admin` in redis-conf/users.acl). A table on stdout (`--json`: one JSON document, or one
 per line with `--watch`), then Redis health warnings (eviction, persistence) below it.
 """
@@ -20,7 +20,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from prq.admin import EndpointInfo, Inspector, RedisHealth
 from prq.cli.options import (
     DEFAULT_PREFIX,
     EXIT_FAILED,
@@ -32,8 +31,9 @@ from prq.cli.options import (
     redact_url,
     require_url,
 )
-from prq.config import RedisSettings
-from prq.errors import PrqError
+from prq.core.config import RedisSettings
+from prq.core.errors import PrqError
+from prq.ops.admin import EndpointInfo, Inspector, RedisHealth
 
 __all__ = ["Snapshot", "format_age", "render", "stats"]
 

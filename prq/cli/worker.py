@@ -10,7 +10,7 @@ Which facade serves the handler:
 `--async` / `--sync` override the choice (AsyncQueue.serve runs a plain function in a thread
 pool; Queue.serve runs a coroutine function to completion on each call).
 
-Lifecycle: pace the garbage collector for serving (prq.collector) → import the handler (usage
+Lifecycle: pace the garbage collector for serving (prq.serve.collector) → import the handler (usage
 error if it does not import or is not callable) → connect → serve every endpoint on one node →
 the first SIGINT/SIGTERM stops taking requests
 and lets the held ones finish for up to `shutdown_timeout_s` → exit 0. A second signal, or
@@ -36,7 +36,6 @@ from typing import Annotated
 import typer
 from prometheus_client import start_http_server
 
-from prq._types import Handler
 from prq.cli.options import (
     DEFAULT_PREFIX,
     EXIT_FAILED,
@@ -50,13 +49,14 @@ from prq.cli.options import (
     redact_url,
     require_url,
 )
-from prq.collector import relax_collector
-from prq.config import QueueSettings, RedisSettings
+from prq.core.config import QueueSettings, RedisSettings
+from prq.core.errors import InvalidEndpoint, PrqError
+from prq.core.models import validate_endpoint
 from prq.datastreams import store_from_env
-from prq.errors import InvalidEndpoint, PrqError
-from prq.models import validate_endpoint
-from prq.queue import AsyncQueue
-from prq.sync import Queue
+from prq.facade.asyncio_queue import AsyncQueue
+from prq.facade.blocking_queue import Queue
+from prq.protocol.effects import Handler
+from prq.serve.collector import relax_collector
 
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT_S",

@@ -15,8 +15,8 @@ import time
 
 from pydantic import JsonValue
 
+from prq.core.models import Request
 from prq.demo.services import compute, sleep_ms
-from prq.models import Request
 
 __all__ = ["MAX_SLEEP_MS", "handle", "handle_blocking"]
 

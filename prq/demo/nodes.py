@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from pydantic import JsonValue
 
+from prq.core.models import Request
 from prq.demo.config import NodeSpec
 from prq.demo.services import compute, sleep_ms
-from prq.models import Request
-from prq.queue import AsyncQueue
-from prq.sync import Queue
+from prq.facade.asyncio_queue import AsyncQueue
+from prq.facade.blocking_queue import Queue
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def receiver_main(
     )
     # The demo's flaky services fail on purpose (the table counts their RemoteErrors): their
     # tracebacks would bury the table, so the receivers' handler-failure log stays quiet.
-    logging.getLogger("prq.handled").setLevel(logging.CRITICAL)
+    logging.getLogger("prq.serve.handled").setLevel(logging.CRITICAL)
     try:
         if spec.facade == "async":
             counts = asyncio.run(_serve_async_node(url, prefix, spec, stop, reports))

@@ -20,17 +20,17 @@ import redis
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
-from prq.admin import Inspector
-from prq.config import QueueSettings
+from prq.core.config import QueueSettings
+from prq.core.errors import PrqError
 from prq.demo.config import DemoConfig, NodeSpec
 from prq.demo.nodes import ReceiverNodes
 from prq.demo.senders import DEFAULT_PICKUP_TIMEOUT_S, Senders
 from prq.demo.spark import SPARK_NODE, BulkProgress, SparkBulk, spark_unavailable
 from prq.demo.stats import EndpointStats, percentile
 from prq.demo.table import fmt_ms, render_table, status_line
-from prq.errors import PrqError
-from prq.queue import AsyncQueue
-from prq.topology import close_client, sync_client
+from prq.facade.asyncio_queue import AsyncQueue
+from prq.ops.admin import Inspector
+from prq.transport.topology import close_client, sync_client
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -262,7 +262,7 @@ def _redis_for(config: DemoConfig, console: Console, stack: contextlib.ExitStack
     """The URL the demo runs on: the one given (None if it cannot be reached, said on the
     console), else an embedded server or cluster started for the run."""
     if config.url is None and config.cluster:
-        from prq.embedded_cluster import EmbeddedCluster
+        from prq.embedded.cluster import EmbeddedCluster
 
         cluster = EmbeddedCluster(masters=3).start()
         stack.callback(cluster.cleanup)

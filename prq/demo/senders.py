@@ -14,9 +14,9 @@ import time
 
 from pydantic import JsonValue
 
+from prq.core.errors import PrqError, RemoteError
 from prq.demo.stats import EndpointStats, LatencySample
-from prq.errors import PrqError, RemoteError
-from prq.queue import AsyncQueue
+from prq.facade.asyncio_queue import AsyncQueue
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import random
 
 from pydantic import JsonValue
 
-from prq.models import Request
+from prq.core.models import Request
 
 __all__ = ["DEFAULT_FLAKY_FAILURE_RATE", "SimulatedFailure", "compute", "sleep_ms"]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prq.bulk import BulkClient, LossWatch
-from prq.errors import PrqError
-from prq.scripts import RequestSnapshot
+from prq.core.errors import PrqError
+from prq.protocol.scripts import RequestSnapshot
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks
 from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity
@@ -41,7 +41,7 @@ def _answer(
     rid: str, snapshot: RequestSnapshot, endpoint: str, bulk: BulkClient, lost: bool
 ) -> _Answer:
     """A result row for a request in a final state: the result, or the error a waiting caller
-    would get (prq.outcomes), by its class name. `lost`: Redis lost data while the task
+    would get (prq.protocol.outcomes), by its class name. `lost`: Redis lost data while the task
     waited (LossWatch), so a record found missing was lost, not expired."""
     if snapshot.state in ("missing", "unknown"):
         if lost:

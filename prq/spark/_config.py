@@ -8,11 +8,10 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prq import tracing
 from prq.bulk import BULK_PRODUCER, DEFAULT_LEDGER_TTL_S, MAX_BATCH_SIZE
-from prq.config import check_queue_settings
-from prq.errors import InvalidSettings
-from prq.models import (
+from prq.core.config import check_queue_settings
+from prq.core.errors import InvalidSettings
+from prq.core.models import (
     DELIVERY_MODES,
     MAX_PRIORITY,
     MAX_PRODUCER_LENGTH,
@@ -21,6 +20,7 @@ from prq.models import (
     Delivery,
     validate_endpoint,
 )
+from prq.observe import tracing
 
 __all__ = [
     "CALL_RESULT_SCHEMA",
@@ -136,7 +136,8 @@ class SparkQueueConfig:
     #: Set by the driver per action (see `for_run`): the batch nonce's run part.
     run_token: str = field(default="", repr=False)
     #: Set by the driver per action (see `for_run`): its trace context (W3C traceparent and
-    #: tracestate, prq.tracing) when the action runs in a span, carried in every row's headers.
+    #: tracestate, prq.observe.tracing) when the action runs in a span, carried in every row's
+    #: headers.
     trace_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

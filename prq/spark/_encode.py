@@ -1,8 +1,8 @@
 """Rows to request bodies, without building a Request model per row.
 
-A row becomes the stored form of a detached Request (prq.models.StoredRequest): {"m": method,
+A row becomes the stored form of a detached Request (prq.core.models.StoredRequest): {"m": method,
 "p": {column: value, ...}, "r": producer[, "q": priority][, "d": delivery][, "k": response
-TTL][, "h": the driver's trace context]}, which `prq.models.decode_stored_request` reads back
+TTL][, "h": the driver's trace context]}, which `prq.core.models.decode_stored_request` reads back
 on the receiver with the endpoint and id its record's key names.
 The endpoint, method and namespace are validated once per job (SparkQueueConfig); per row only
 the id (REQUEST_ID_PATTERN) and the body size (max_body_bytes) are checked.
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prq.models import REQUEST_ID_PATTERN
+from prq.core.models import REQUEST_ID_PATTERN
 from prq.spark._config import SparkQueueConfig, request_id
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prq.bulk import BulkClient, BulkResult, Ledger, TaskAttempt
-from prq.config import QueueSettings
+from prq.core.config import QueueSettings
+from prq.core.errors import QueueFull
 from prq.datastreams import FileSystemStore
-from prq.errors import QueueFull
 from prq.spark._config import InjectedTaskFailure, SparkQueueConfig
 
 if TYPE_CHECKING:

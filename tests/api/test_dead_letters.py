@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from prq import AsyncQueue, Request, RequestState, Response
-from prq.dead import dead_letter_call
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
+from prq.protocol.dead import dead_letter_call
 from tests.api.conftest import QUEUE_SETTINGS
 from tests.api.test_limits import queued_request
 from tests.api.test_metrics import gauge, scrape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from prq.errors import InvalidEndpoint, PrqError, QueueUnavailable
+from prq.core.errors import InvalidEndpoint, PrqError, QueueUnavailable
 from tests.api.conftest import MakeApi
 
 pytestmark = pytest.mark.integration

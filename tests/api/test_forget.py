@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from prq import AsyncQueue
-from prq.keys import KeySchema, encode_endpoint
+from prq.core.keys import KeySchema, encode_endpoint
 from tests.redis_servers import async_wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from prq import AsyncQueue
-from prq.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES, dead_letter_call
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
+from prq.protocol.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES, dead_letter_call
 from tests.stored_bodies import read_body
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from prq import AsyncQueue, Request, RequestState
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.api.test_metrics import gauge, scrape
 from tests.queue_facades import wait_for_state
 from tests.redis_servers import async_wait_until, scan_keys
@@ -287,7 +287,7 @@ async def test_a_malformed_stored_limit_shows_as_none_with_a_warning(
     value: str,
 ) -> None:
     # Given a listed endpoint whose limits hash someone else wrote: one bad value, one good
-    caplog.set_level(logging.WARNING, logger="prq.admin")
+    caplog.set_level(logging.WARNING, logger="prq.ops.admin")
     redis_client.hset(limits_key(key_prefix, ENDPOINT), mapping={"mif": value, "mp": "8"})
     async with queued_request(sender, ENDPOINT):
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from api import ApiSettings, create_app
 from api.auth import Role, TokenChecker
-from prq.errors import ConfigurationError
+from prq.core.errors import ConfigurationError
 
 ADMIN = "admin-token-0123456789"
 ADMIN_2 = "admin-token-abcdefghij"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prq import Queue, QueueSettings, RedisSettings, Request, RequestState
-from prq.dead import dead_letter_call
+from prq.protocol.dead import dead_letter_call
 from tests.redis_servers import url_client, wait_until
 
 __all__ = ["AdminService", "Callers"]

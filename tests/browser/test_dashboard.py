@@ -21,8 +21,8 @@ import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from prq import CancelledBeforePickup, Queue, RedisSettings, RequestState
-from prq.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES
-from prq.keys import KeySchema, encode_endpoint
+from prq.core.keys import KeySchema, encode_endpoint
+from prq.protocol.dead import BODY_READ_MAX_BYTES, PREVIEW_BYTES
 from tests.browser.support import AdminService, Callers
 from tests.redis_servers import url_client
 
@@ -37,7 +37,7 @@ DEAD_LETTERS_SCREENSHOT = SCREENSHOT.with_name("dashboard-dead-letters.png")
 #: An endpoint name with markup in it: shown as typed, never run or parsed.
 EVIL_ENDPOINT = 'poll://dash/<script>window.__pwned=1</script><b>&amp;"bold"</b>'
 TOKEN_KEY = "prq.dashboard.token"
-#: A body no listing reads (prq.dead.BODY_READ_MAX_BYTES), and what the page shows instead.
+#: A body no listing reads (prq.protocol.dead.BODY_READ_MAX_BYTES), and what the page shows instead.
 LARGE_BODY = 3 * BODY_READ_MAX_BYTES
 NOT_READ = "(body too large to read here)"
 #: A number above zero, as an attribute holds it.

@@ -1,7 +1,7 @@
 """The series prq exports, as Prometheus stores them: sample name -> label names.
 
-Taken from the metrics prq registers (prq.metrics), not from a list kept by hand: the counters
-and histograms with their label names, and the collectors' gauges and counters as they come
+Taken from the metrics prq registers (prq.observe.metrics), not from a list kept by hand: the
+counters and histograms with their label names, and the collectors' gauges and counters as they come
 out of a collect with one endpoint and one Redis server. prometheus_client names a counter's
 samples `<name>_total` and `<name>_created`, a histogram's `_bucket` (with `le`), `_sum`,
 `_count` and `_created`. `metrics_sample.prom` beside this file is a real scrape of the admin
@@ -18,8 +18,8 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
-from prq import metrics
-from prq.admin import EndpointInfo, PriorityDepth, RedisMemory
+from prq.observe import metrics
+from prq.ops.admin import EndpointInfo, PriorityDepth, RedisMemory
 
 __all__ = ["SAMPLE", "SCRAPE_LABELS", "exported_series", "metric_names", "sample_series"]
 

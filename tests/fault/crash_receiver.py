@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from prq import Queue, QueueSettings, Request, current_request
-from prq import node as prq_node
+from prq.node import base as prq_node
 
 #: Where a receiver may be killed; see the module docstring.
 CRASH_POINTS = ("after_take", "after_handler", "after_response")

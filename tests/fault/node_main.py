@@ -106,7 +106,7 @@ class NodeConfig:
     #: Sleeping and waiting handlers return early when the request is cancelled.
     honour_cancel: bool = True
     #: Serve `endpoint` as the README's quickstart receiver does: `serve` in the main thread
-    #: with no stop of the node's own, so SIGTERM is prq's to handle (prq.sigterm). Not with
+    #: with no stop of the node's own, so SIGTERM is prq's to handle (prq.serve.sigterm). Not with
     #: `duration_s`, extra endpoints or switches.
     plain_serve: bool = False
     # -- sender
@@ -214,7 +214,12 @@ def main(argv: list[str]) -> int:
     )
     # What a node's watch loop did when a check failed or said nothing: the lines that tell
     # why a node did not declare a loss (they come only then, so they stay few).
-    for name in ("prq.data_loss", "prq.watch", "prq.queue", "prq.sync"):
+    for name in (
+        "prq.node.data_loss",
+        "prq.node.watch",
+        "prq.facade.asyncio_queue",
+        "prq.facade.blocking_queue",
+    ):
         logging.getLogger(name).setLevel(logging.DEBUG)
     start_watchdog(config)
     from tests.fault import node_roles  # after the watchdog: importing prq takes a while

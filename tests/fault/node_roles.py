@@ -30,7 +30,7 @@ from prq import (
     Response,
     current_request,
 )
-from prq.send import BlockingSendHandle, SendHandle
+from prq.facade.send import BlockingSendHandle, SendHandle
 from tests.fault.node_main import (
     EXIT_UNFINISHED,
     SWITCH_POLL_S,
@@ -232,7 +232,7 @@ def _receiver_sync(config: NodeConfig, service: Service) -> None:
 
 
 def _receiver_plain(config: NodeConfig, service: Service) -> None:
-    """`serve` in the main thread, with no stop of ours: SIGTERM is prq's (prq.sigterm)."""
+    """`serve` in the main thread, with no stop of ours: SIGTERM is prq's (prq.serve.sigterm)."""
     if config.duration_s is not None or config.extra_endpoints or config.switch_dir:
         raise ValueError("plain_serve serves one endpoint until it is stopped")
     redis_settings, kwargs = _queue_args(config)

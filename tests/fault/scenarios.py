@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.fault.nodes import NodeProcess
 from tests.fault.timings import FAULT_REDIS_SETTINGS, FAULT_TIMINGS
 from tests.redis_servers import wait_until
@@ -151,7 +151,7 @@ def freeze_when(
 
 
 def data_loss_declared(node: NodeProcess) -> list[str]:
-    """The data-loss declarations a node logged (prq.data_loss warns "redis lost data ...")."""
+    """The data-loss declarations a node logged (prq.node.data_loss warns "redis lost data ...")."""
     try:
         text = node.log_path.read_text(errors="replace")
     except FileNotFoundError:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.proxy import FaultProxy

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from prq import QueueShutdown, Request, Response
-from prq.keys import KeySchema
-from prq.models import Delivery
+from prq.core.keys import KeySchema
+from prq.core.models import Delivery
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory
 from tests.fault.proxy import FaultProxy

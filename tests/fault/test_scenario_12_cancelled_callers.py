@@ -27,7 +27,7 @@ import redis
 
 from prq import AsyncQueue, Response
 from prq.embedded import EmbeddedRedis
-from prq.send import SendHandle
+from prq.facade.send import SendHandle
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory, NodeProcess
 from tests.fault.proxy import FaultProxy

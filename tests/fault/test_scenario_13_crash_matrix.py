@@ -22,9 +22,9 @@ import pytest
 import redis
 
 from prq import AsyncQueue, QueueSettings, Request
-from prq.dedup import delivery_hash
+from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.keys import KeySchema
+from prq.protocol.dedup import delivery_hash
 from tests.fault.crash_receiver import CRASH_POINTS, DedupingService
 from tests.redis_servers import async_wait_until, wait_until
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.fault.checker import check_nodes
 from tests.fault.node_main import switch_path
 from tests.fault.nodes import NodeFactory

@@ -42,8 +42,8 @@ import pytest
 import redis
 
 from prq import Queue
+from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.keys import KeySchema
 from tests.fault.checker import Call, CheckResult, check_nodes
 from tests.fault.node_main import switch_path
 from tests.fault.nodes import NodeFactory, NodeProcess

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.keys import KeySchema
 from tests.cluster_servers import ClusterSet
 from tests.fault.checker import check_nodes
 from tests.fault.nodes import NodeFactory, NodeProcess

@@ -99,7 +99,7 @@ def test_a_shard_flushed_under_load_fails_only_its_own_calls(
             raise AssertionError(f"{exc}; silent: {[n.name for n in silent]}\n{tails}") from None
         # (by now every node declared; each receiver's first counter reading sent since its
         # declaration marks the ghosts, and the calls queued before that reading are refused
-        # with them, by design (prq.data_loss): the window ends once that reading came back on
+        # with them, by design (prq.node.data_loss): the window ends once that reading came back on
         # every receiver of the shard, which can be later than this; see ghosts_marked below)
         all_declared_at = time.monotonic()
         declared_by = max(

@@ -2,7 +2,7 @@
 
 `FAULT_TIMINGS` / `FAULT_REDIS_SETTINGS` are the reliability knobs, shrunk (heartbeat 1 s,
 receiver timeout 5 s, sender timeout 6 s, poll 1 s, data-loss check 1 s, pickup 10 s, retry
-budget 5 s, socket timeout 2 s); production values are prq.config's defaults (the README's
+budget 5 s, socket timeout 2 s); production values are prq.core.config's defaults (the README's
 Configuration table), so every bound a scenario asserts scales to production.
 `fault_settings(**overrides)` and `fault_redis_settings(url, **overrides)` build the typed
 objects; `FaultQueueFactory` is the integration suite's `QueueFactory` with these timings.
@@ -23,7 +23,7 @@ __all__ = [
     "fault_settings",
 ]
 
-#: QueueSettings of every fault scenario (production values: prq.config's defaults).
+#: QueueSettings of every fault scenario (production values: prq.core.config's defaults).
 FAULT_TIMINGS: dict[str, Any] = {
     "heartbeat_interval_s": 1.0,
     # The first beat must come well inside the receiver timeout (7 s in production, of 60 s).

@@ -33,10 +33,10 @@ from prq import (
     Response,
     current_request,
 )
-from prq.admin import Inspector
 from prq.bulk import BulkClient
+from prq.core.keys import KeySchema, encode_endpoint
 from prq.embedded import free_port
-from prq.keys import KeySchema, encode_endpoint
+from prq.ops.admin import Inspector
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
 from tests.redis_servers import adapt_acl, async_wait_until, redis7_binary, wait_until
 

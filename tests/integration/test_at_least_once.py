@@ -21,11 +21,11 @@ from prq import (
     Response,
     current_request,
 )
-from prq._types import Call, Reply
 from prq.bulk import BulkClient
-from prq.errors import PrqError
-from prq.keys import KeySchema
-from prq.scripts import APPLY_RESPONSE
+from prq.core.errors import PrqError
+from prq.core.keys import KeySchema
+from prq.protocol.effects import Call, Reply
+from prq.protocol.scripts import APPLY_RESPONSE
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
@@ -74,7 +74,7 @@ async def test_a_request_whose_receiver_dies_is_handed_out_again_with_the_same_h
 
 
 def delivery_hash_of(request: Request) -> str:
-    from prq.dedup import delivery_hash
+    from prq.protocol.dedup import delivery_hash
 
     return delivery_hash(request.endpoint, request.id)
 

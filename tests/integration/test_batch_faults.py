@@ -3,7 +3,8 @@ race answers going out together, and max_in_flight when receivers take in batche
 
 A receiver takes as many requests in one take as it has free slots (AsyncQueue.serve), or as
 it has idle workers (Queue.serve); the answers that are ready together go to Redis as one script
-call (prq.scripts.merge_answers). Each request in a batch must keep every guarantee it has alone.
+call (prq.protocol.scripts.merge_answers). Each request in a batch must keep every guarantee it has
+alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import redis
 
 from prq import CancelledAfterPickup, ReceiverLost, Request, RequestState, Response
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.integration.test_handoff import serve_child, stop_child
 from tests.queue_facades import QueueFactory, RunningCount, run_all, wait_for_state
 from tests.redis_servers import async_wait_until

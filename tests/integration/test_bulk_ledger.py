@@ -12,8 +12,8 @@ import redis
 
 from prq import QueueSettings, Request
 from prq.bulk import BulkClient, Ledger, LossWatch
+from prq.core.keys import ledger_token
 from prq.embedded import EmbeddedRedis
-from prq.keys import ledger_token
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until

@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from prq import QueueSettings, RedisSettings, Request
-from prq.dead import dead_letter_call
-from prq.keys import KeySchema, encode_endpoint
-from prq.sync import Queue
+from prq.core.keys import KeySchema, encode_endpoint
+from prq.facade.blocking_queue import Queue
+from prq.protocol.dead import dead_letter_call
 from tests.integration.test_cli import PrqRunner
 from tests.queued import queue_depth
 

@@ -22,10 +22,10 @@ from redis.crc import key_slot
 
 from prq import AsyncQueue, DataLoss, Queue, QueueSettings, Request, Response
 from prq.bulk import BulkClient
+from prq.core.errors import ConfigurationError
+from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.embedded_cluster import form_cluster, node_args
-from prq.errors import ConfigurationError
-from prq.keys import KeySchema
+from prq.embedded.cluster import form_cluster, node_args
 from tests import cluster_servers
 from tests.cluster_servers import ClusterSet
 from tests.queue_facades import call_after_loss

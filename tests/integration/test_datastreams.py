@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from prq import ConfigurationError, Request, Response, SerializationError
+from prq.core.keys import KeySchema
 from prq.datastreams import DataStream, FileSystemStore
-from prq.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
 from tests.stored_bodies import read_body

@@ -1,5 +1,5 @@
-"""Dead letters (prq.dead): malformed bytes in Redis never stall a receiver and are kept with a
-reason; dead letters are listed, replayed once, purged, and bounded."""
+"""Dead letters (prq.protocol.dead): malformed bytes in Redis never stall a receiver and are kept
+with a reason; dead letters are listed, replayed once, purged, and bounded."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import redis
 from prometheus_client import REGISTRY
 
 from prq import Request, RequestState, Response
-from prq._types import Call
-from prq.dead import dead_letter_call
+from prq.protocol.dead import dead_letter_call
+from prq.protocol.effects import Call
 from tests.queue_facades import AnyQueue, QueueFactory, wait_for_state
 from tests.queued import queued_ids
 from tests.stored_bodies import write_body

@@ -13,7 +13,7 @@ import redis
 
 from prq import AsyncQueue, ConfigurationError, Request, Response
 from prq.embedded import EmbeddedRedis, find_server_binary
-from prq.embedded_cluster import node_args
+from prq.embedded.cluster import node_args
 from tests.redis_servers import redis7_binary
 
 pytestmark = pytest.mark.integration

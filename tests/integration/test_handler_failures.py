@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from prq import RemoteError, Request
-from prq.models import Response, ServerError
+from prq.core.models import Response, ServerError
 from tests.queue_facades import QueueFactory
 
 pytestmark = pytest.mark.integration
 
-LOGGER = "prq.handled"
+LOGGER = "prq.serve.handled"
 
 
 class StockMissing(Exception):

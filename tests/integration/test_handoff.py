@@ -26,9 +26,9 @@ import redis
 
 from prq import PickupTimeout, Request, RequestState, Response
 from prq.bulk import BulkClient
-from prq.config import QueueSettings
-from prq.keys import EndpointKeys, KeySchema
-from prq.scripts import (
+from prq.core.config import QueueSettings
+from prq.core.keys import EndpointKeys, KeySchema
+from prq.protocol.scripts import (
     TAKE,
     UNPARK,
     Redelivery,

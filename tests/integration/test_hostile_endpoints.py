@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from prq import InvalidEndpoint, Request, RequestState, Response
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.queued import queue_depth
 from tests.redis_servers import CommandMonitor, async_wait_until, request_keys

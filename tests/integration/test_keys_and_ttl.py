@@ -20,8 +20,8 @@ from prq import (
     RequestState,
 )
 from prq.bulk import BulkClient
-from prq.keys import encode_endpoint
-from prq.models import encode_stored_request
+from prq.core.keys import encode_endpoint
+from prq.core.models import encode_stored_request
 from tests.queue_facades import QueueFactory, run_all, wait_for_state
 from tests.redis_servers import async_wait_until, request_keys, scan_keys
 from tests.stored_bodies import body_field_names, read_body, record_fields
@@ -146,7 +146,7 @@ async def test_a_queued_request_is_one_record_and_a_locator_only_when_asked_for(
         fields -= body_field_names(fields)
         assert fields <= QUEUED_FIELDS, (request_id, fields - QUEUED_FIELDS)
         # ...in Redis's compact encoding (a hash's body over 64 bytes is kept in pieces:
-        # prq.records; a bulk or notify request is one string until its pickup), its body
+        # prq.core.records; a bulk or notify request is one string until its pickup), its body
         # saying nothing the key says (the id, the endpoint)
         body = read_body(redis_client, record) or b""
         assert len(body) > 64 and request_id.encode() not in body, body

@@ -1,4 +1,4 @@
-"""Bodies over inline_limit_bytes kept beside Redis (prq.bodies), on real Redis and a real
+"""Bodies over inline_limit_bytes kept beside Redis (prq.core.bodies), on real Redis and a real
 shared directory.
 
 A request or response whose JSON is over the limit is written to the DataStreamStore; Redis
@@ -28,12 +28,12 @@ from prq import (
     Response,
     SerializationError,
 )
-from prq.admin import Inspector
-from prq.bodies import MARKER, parse
 from prq.bulk import BulkClient
+from prq.core.bodies import MARKER, parse
+from prq.core.keys import KeySchema
+from prq.core.models import encode_stored_request
 from prq.datastreams import DataStream, FileSystemStore
-from prq.keys import KeySchema
-from prq.models import encode_stored_request
+from prq.ops.admin import Inspector
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
 from tests.stored_bodies import read_body

@@ -11,10 +11,15 @@ from typing import Any
 import pytest
 import redis
 
-from prq.admin import Inspector, QueuedItem
-from prq.dead import BODY_READ_BUDGET_BYTES, BODY_READ_MAX_BYTES, PREVIEW_BYTES, dead_letter_call
+from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.keys import KeySchema
+from prq.ops.admin import Inspector, QueuedItem
+from prq.protocol.dead import (
+    BODY_READ_BUDGET_BYTES,
+    BODY_READ_MAX_BYTES,
+    PREVIEW_BYTES,
+    dead_letter_call,
+)
 from tests.queue_facades import AnyQueue, QueueFactory
 from tests.stored_bodies import read_body
 

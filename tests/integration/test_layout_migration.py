@@ -14,7 +14,7 @@ import redis
 
 from prq import ConfigurationError, Request
 from prq.bulk import BulkClient
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.queue_facades import QueueFactory
 from tests.queued import queue_depth
 

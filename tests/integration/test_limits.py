@@ -1,5 +1,5 @@
-"""Per-endpoint capacity limits (prq.limits): max_pending refuses enqueues, max_in_flight caps
-what all receivers hold at once, and a dead receiver's slot frees by itself."""
+"""Per-endpoint capacity limits (prq.protocol.limits): max_pending refuses enqueues, max_in_flight
+caps what all receivers hold at once, and a dead receiver's slot frees by itself."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ import pytest_asyncio
 import redis
 import redis.asyncio
 
-from prq._types import Call
+from prq.core.errors import QueueShutdown
 from prq.embedded import EmbeddedRedis
-from prq.errors import QueueShutdown
-from prq.links import AsyncLink, SyncLink
+from prq.protocol.effects import Call
+from prq.transport.links import AsyncLink, SyncLink
 from tests.fault.proxy import FaultProxy
 from tests.redis_servers import async_wait_until, wait_until
 

@@ -23,9 +23,9 @@ from prq import (
     Request,
     RequestState,
 )
-from prq.admin import Inspector
 from prq.embedded import EmbeddedRedis
-from prq.metrics import refresh_endpoint_gauges
+from prq.observe.metrics import refresh_endpoint_gauges
+from prq.ops.admin import Inspector
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.redis_servers import async_wait_until
 

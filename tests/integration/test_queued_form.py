@@ -1,4 +1,4 @@
-"""The queued form (prq.records, scripts/_body.lua): a request BulkClient queues is one string
+"""The queued form (prq.core.records, scripts/_body.lua): a request BulkClient queues is one string
 until something changes it. Every way of reading or changing a request works on it, from any
 node; what changes it first turns it into the hash form, keeping its TTL; damaged bytes in it
 are dead-lettered, not lost; and a reused id meets either form without an error. Each test runs
@@ -12,9 +12,10 @@ import asyncio
 import pytest
 import redis
 
-from prq import QueueSettings, Request, RequestState, Response, scripts
+from prq import QueueSettings, Request, RequestState, Response
 from prq.bulk import BulkClient
-from prq.records import queued_fields
+from prq.core.records import queued_fields
+from prq.protocol import scripts
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until

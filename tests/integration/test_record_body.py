@@ -1,5 +1,5 @@
-"""A request's body in its record (prq.records, scripts/_body.lua): whole in the queued form of a
-bulk request, then, from its pickup, kept in pieces of at most 64 bytes while it is small, so
+"""A request's body in its record (prq.core.records, scripts/_body.lua): whole in the queued form of
+a bulk request, then, from its pickup, kept in pieces of at most 64 bytes while it is small, so
 the record stays in Redis's compact encoding; handed out whole, byte for byte, at every size
 around the piece boundaries."""
 
@@ -10,8 +10,8 @@ import redis
 
 from prq import Request, Response
 from prq.bulk import BulkClient
-from prq.models import encode_stored_request
-from prq.records import BODY_PIECE_BYTES, CHUNKED_MAX_BYTES, body_fields
+from prq.core.models import encode_stored_request
+from prq.core.records import BODY_PIECE_BYTES, CHUNKED_MAX_BYTES, body_fields
 from tests.queue_facades import QueueFactory
 from tests.stored_bodies import body_field_names, read_body
 
@@ -41,13 +41,13 @@ async def test_bodies_of_every_size_are_stored_in_pieces_and_handed_out_whole(
         assert bulk.enqueue_many([request for request, _ in made]).accepted == len(made)
     keys = make_queue().keys.endpoint(ENDPOINT)
 
-    # Then each waits as one string in the queued form (prq.records), its body whole
+    # Then each waits as one string in the queued form (prq.core.records), its body whole
     for request, body in made:
         record = keys.request(request.id)
         assert redis_client.type(record) == b"string", len(body)
         assert read_body(redis_client, record) == body
 
-    # And its pickup turns it into a hash holding the body in the fields prq.records names, in
+    # And its pickup turns it into a hash holding the body in the fields prq.core.records names, in
     # Redis's compact encoding while small; the receiver gets every request whole, and
     # answering it leaves no piece of it behind
     # (the fields are kept, emptied, by the write that stores the answer)

@@ -14,11 +14,11 @@ import redis
 from pydantic import SecretStr
 
 from prq import Request, SignatureError
-from prq.bodies import is_spilled, parse
 from prq.bulk import BulkClient
+from prq.core.bodies import is_spilled, parse
 from prq.datastreams import FileSystemStore
-from prq.scripts import RequestSnapshot
-from prq.signing import Signer
+from prq.protocol.scripts import RequestSnapshot
+from prq.protocol.signing import Signer
 from tests.queue_facades import QueueFactory
 from tests.redis_servers import async_wait_until
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from prq import PickupTimeout, Request
-from prq.models import Delivery
+from prq.core.models import Delivery
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter
 from tests.redis_servers import async_wait_until
 

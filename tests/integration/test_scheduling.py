@@ -23,7 +23,7 @@ from prq import (
     Response,
 )
 from prq.bulk import BatchRefused, BulkClient
-from prq.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
+from prq.core.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
 from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
 from tests.queued import level_ids, queue_depth, queued_ids, silent_take
 from tests.redis_servers import async_wait_until, wait_until

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from prq import QueueFull, QueueSettings, Request
-from prq._types import Call, Exec, Flow, Reply
-from prq.dead import dead_letter_call, replay_dead_letter_flow
-from prq.flows import Context
-from prq.keys import KeySchema
-from prq.scripts import (
+from prq.core.keys import KeySchema
+from prq.protocol.dead import dead_letter_call, replay_dead_letter_flow
+from prq.protocol.effects import Call, Exec, Flow, Reply
+from prq.protocol.flows import Context
+from prq.protocol.scripts import (
     ALL_SCRIPTS,
     Redelivery,
     apply_response_call,

@@ -22,7 +22,7 @@ from prq import (
     RequestState,
     Response,
 )
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.queue_facades import QueueFactory, wait_for_state
 from tests.queued import silent_take
 from tests.redis_servers import async_wait_until

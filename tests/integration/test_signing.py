@@ -1,4 +1,4 @@
-"""Signed envelopes (prq.signing) on real Redis, both facades.
+"""Signed envelopes (prq.protocol.signing) on real Redis, both facades.
 
 An attacker is anyone who can write prq's keys: here the tests' own superuser client, which
 edits stored bodies, moves them between requests, and stores envelopes signed with another key
@@ -19,8 +19,8 @@ import redis
 from pydantic import SecretStr
 
 from prq import ReceiverLost, RemoteError, Request, RequestState, Response, SignatureError
-from prq.keys import KeySchema
-from prq.signing import ENVELOPE_MAGIC, Signer, unwrap
+from prq.core.keys import KeySchema
+from prq.protocol.signing import ENVELOPE_MAGIC, Signer, unwrap
 from tests.queue_facades import AnyQueue, QueueFactory, run_all, wait_for_state
 from tests.queued import silent_take
 from tests.redis_servers import async_wait_until

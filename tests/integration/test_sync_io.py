@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from prq._types import Call, Reply
-from prq.config import QueueSettings, RedisSettings
+from prq.core.config import QueueSettings, RedisSettings
+from prq.core.errors import QueueShutdown
 from prq.embedded import EmbeddedRedis
-from prq.errors import QueueShutdown
-from prq.sync_io import SyncRedisIO
+from prq.protocol.effects import Call, Reply
+from prq.transport.sync_io import SyncRedisIO
 from tests.redis_servers import wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,5 @@
-"""Tracing across processes (prq.tracing): W3C trace context in the headers, OpenTelemetry spans.
+"""Tracing across processes (prq.observe.tracing): W3C trace context in the headers, OpenTelemetry
+spans.
 
 A receiver process and a caller process, each with the SDK's in-memory exporter
 (tracing_child.py), print their finished spans; one trace must show the caller's enqueue, the

@@ -231,7 +231,7 @@ def test_the_sdist_carries_what_a_build_needs(built: Built) -> None:
 
     # Then it has the project's files, every Lua script and every dashboard asset
     assert {"README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml"} <= names
-    assert _source_files("prq/scripts", "*.lua") <= names
+    assert _source_files("prq/protocol/scripts", "*.lua") <= names
     assert _source_files("api/static", "*") <= names
 
 
@@ -261,13 +261,13 @@ def test_the_package_data_is_installed(installed: Installed) -> None:
     found = installed.python_json(
         "import json; from importlib import resources; print(json.dumps("
         "[sorted(p.name for p in resources.files(n).iterdir() if p.is_file()) "
-        "for n in ('prq.scripts', 'api.static')]))"
+        "for n in ('prq.protocol.scripts', 'api.static')]))"
     )
 
     # Then they are every script and asset of the source tree
     assert isinstance(found, list)
     scripts, assets = (set(names) for names in found)
-    assert {Path(p).name for p in _source_files("prq/scripts", "*.lua")} <= scripts
+    assert {Path(p).name for p in _source_files("prq/protocol/scripts", "*.lua")} <= scripts
     assert {Path(p).name for p in _source_files("api/static", "*")} <= assets
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.integration.test_cli import Prq
 from tests.queued import queue_depth
 

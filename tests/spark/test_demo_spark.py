@@ -12,8 +12,8 @@ import redis
 from typer.testing import CliRunner
 
 from prq.cli import app
+from prq.core.keys import KeySchema
 from prq.demo.spark import SPARK_ENDPOINT, spark_unavailable
-from prq.keys import KeySchema
 from tests.integration.test_cli import PrqRunner
 
 pytestmark = pytest.mark.spark

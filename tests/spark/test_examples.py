@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from prq.keys import KeySchema
+from prq.core.keys import KeySchema
 from tests.queued import queue_depth
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

@@ -27,12 +27,12 @@ import pytest
 import redis
 
 from prq import Queue, QueueFull, RedisSettings, RequestState
-from prq.admin import EndpointInfo, Inspector
-from prq.bodies import MARKER
+from prq.core.bodies import MARKER
+from prq.core.keys import EndpointKeys, KeySchema
+from prq.core.models import Request, decode_stored_request
 from prq.embedded import EmbeddedRedis
-from prq.keys import EndpointKeys, KeySchema
-from prq.models import Request, decode_stored_request
-from prq.signing import ENVELOPE_MAGIC
+from prq.ops.admin import EndpointInfo, Inspector
+from prq.protocol.signing import ENVELOPE_MAGIC
 from prq.spark import (
     CALL_RESULT_SCHEMA,
     PartitionCounts,
@@ -637,7 +637,7 @@ def test_call_with_at_least_once_outlives_a_receiver_killed_mid_job(
         assert set(runs) == set(by_id)
 
 
-#: The signing key of the signed call test (prq.signing).
+#: The signing key of the signed call test (prq.protocol.signing).
 SIGNING_KEY = "spark-signing-key-" + "s" * 20
 
 

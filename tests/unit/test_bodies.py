@@ -1,5 +1,5 @@
-"""The marker Redis keeps for a body over inline_limit_bytes (prq.bodies), and the store
-chores around it (prq.stream_keeper), without Redis."""
+"""The marker Redis keeps for a body over inline_limit_bytes (prq.core.bodies), and the store
+chores around it (prq.protocol.stream_keeper), without Redis."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from prq import ConfigurationError, QueueSettings, Request, SerializationError
-from prq.bodies import MARKER, is_spilled, marker, parse, stub
+from prq.core.bodies import MARKER, is_spilled, marker, parse, stub
+from prq.core.models import decode_request, decode_stored_request
 from prq.datastreams import FileSystemStore
-from prq.models import decode_request, decode_stored_request
-from prq.stream_keeper import StreamKeeper
+from prq.protocol.stream_keeper import StreamKeeper
 
 BODY = b'{"endpoint":"poll://x","method":"m","params":"' + b"p" * 5000 + b'"}'
 STUB = b'{"endpoint":"poll://x","method":"m"}'

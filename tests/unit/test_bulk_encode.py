@@ -16,12 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prq import bodies
 from prq.bulk import BULK_PRODUCER, BulkClient, Lane, new_batch_nonce
-from prq.config import QueueSettings
-from prq.datastreams import DataStream, FileSystemStore
-from prq.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
-from prq.models import (
+from prq.core import bodies
+from prq.core.config import QueueSettings
+from prq.core.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
+from prq.core.models import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     REQUEST_ID_PATTERN,
@@ -29,6 +28,7 @@ from prq.models import (
     decode_stored_request,
     encode_stored_request,
 )
+from prq.datastreams import DataStream, FileSystemStore
 
 SETTINGS = QueueSettings(max_body_bytes=2000, inline_limit_bytes=1000)
 
@@ -211,12 +211,14 @@ json_values = st.recursive(
     max_leaves=12,
 )
 printable = st.text(st.characters(codec="utf-8").filter(str.isprintable), min_size=1, max_size=30)
+#: Endpoint names: printable, without the outer whitespace a name may not have.
+endpoints = printable.filter(lambda name: name == name.strip())
 
 
 @settings(max_examples=200, deadline=None)
 @given(
     params=json_values,
-    endpoint=printable,
+    endpoint=endpoints,
     method=printable,
     service=st.text(max_size=20),
     priority=st.integers(MIN_PRIORITY, MAX_PRIORITY),

@@ -11,7 +11,7 @@ import typer
 
 from prq import QueueSettings
 from prq.cli.worker import WorkerConfig, run_worker
-from prq.collector import FIRST_THRESHOLD, relax_collector
+from prq.serve.collector import FIRST_THRESHOLD, relax_collector
 
 
 @pytest.fixture(autouse=True)

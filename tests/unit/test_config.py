@@ -10,7 +10,7 @@ import pytest
 import prq
 from prq import InvalidSettings, PrqError, QueueSettings, RedisSettings
 from prq.bulk import BulkClient
-from prq.errors import ConfigurationError
+from prq.core.errors import ConfigurationError
 
 
 def test_defaults_follow_the_design() -> None:

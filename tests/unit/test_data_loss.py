@@ -9,11 +9,11 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from prq._types import Reply
-from prq.config import QueueSettings
-from prq.data_loss import UNJUDGED_WARN, Check, DataLossWatch, Layout, Loss
-from prq.flows import Context
-from prq.keys import KeySchema
+from prq.core.config import QueueSettings
+from prq.core.keys import KeySchema
+from prq.node.data_loss import UNJUDGED_WARN, Check, DataLossWatch, Layout, Loss
+from prq.protocol.effects import Reply
+from prq.protocol.flows import Context
 
 #: A list TTL of 100 s: a check's refresh vouches for a counter 50 s from when it was sent.
 LIST_TTL_S = 100.0
@@ -272,7 +272,7 @@ def test_a_check_reply_that_is_no_reading_bounds_no_ghosts() -> None:
 
 # On a cluster: a canary on every master, and a loss scoped to the master that lost it.
 
-#: Three masters of a cluster, as prq.links.shard_layout gives them.
+#: Three masters of a cluster, as prq.transport.links.shard_layout gives them.
 THREE: dict[str, list[int]] = {
     "m1": list(range(0, 5461)),
     "m2": list(range(5461, 10923)),
@@ -456,7 +456,7 @@ def test_checks_whose_canary_replies_are_not_counts_warn_once_they_come_in_a_row
     dl = watch()
     first = dl.check(0.0)
     assert dl.settle(first, answer(first), 0.0) is None
-    caplog.set_level(logging.INFO, logger="prq.data_loss")
+    caplog.set_level(logging.INFO, logger="prq.node.data_loss")
     # When checks come back with an error in place of a canary's count, several in a row
     for n in range(1, UNJUDGED_WARN + 1):
         check = dl.check(float(n))

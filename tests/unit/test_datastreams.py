@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from prq import Request, SerializationError
+from prq.core.models import decode_request
 from prq.datastreams import DataStream, FileSystemStore
-from prq.models import decode_request
 
 GOOD = {"id": "a" * 32, "length": 3, "ref": "1-" + "a" * 32}
 

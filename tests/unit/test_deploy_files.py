@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from prq.cli import app
 from prq.cli.options import DEFAULT_PREFIX
-from prq.topology import locate
+from prq.transport.topology import locate
 
 ROOT = Path(__file__).resolve().parents[2]
 PRQ_SERVICES = ("api", "worker", "demo")
@@ -352,9 +352,10 @@ def commands_of(*paths: Path) -> dict[str, set[str]]:
 
 def library_files() -> list[Path]:
     package = ROOT / "prq"
-    # (prq.embedded_cluster forms a local cluster as the nodes' own default user, not as prq)
-    files = [*package.rglob("*.py"), *package.glob("scripts/*.lua")]
-    return sorted(f for f in files if f.name != "embedded_cluster.py")
+    # (prq.embedded.cluster forms a local cluster as the nodes' own default user, not as prq)
+    files = [*package.rglob("*.py"), *package.rglob("*.lua")]
+    assert any(f.suffix == ".lua" for f in files), "the Lua steps were not found"
+    return sorted(f for f in files if f.relative_to(package).as_posix() != "embedded/cluster.py")
 
 
 def test_acl_file_disables_the_default_user_and_confines_prq() -> None:
@@ -396,9 +397,11 @@ def test_the_app_user_is_granted_exactly_the_commands_prq_sends() -> None:
 
 
 def test_the_admin_user_is_granted_exactly_the_reads_of_the_inspector() -> None:
-    # prq.levels: the Inspector lists levels and queued ids through its flows
+    # prq.protocol.levels: the Inspector lists levels and queued ids through its flows
+    package = ROOT / "prq"
+    inspector = sorted((package / "ops").glob("*.py"))
     sent = commands_of(
-        ROOT / "prq" / "admin.py", ROOT / "prq" / "health.py", ROOT / "prq" / "levels.py"
+        *inspector, package / "protocol" / "health.py", package / "protocol" / "levels.py"
     )
     allowed = granted(acl_users()["prq-admin"])
     missing = {command: files for command, files in sent.items() if command not in allowed}

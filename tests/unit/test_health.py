@@ -1,10 +1,10 @@
-"""Judging a Redis configuration from INFO (prq.health)."""
+"""Judging a Redis configuration from INFO (prq.protocol.health)."""
 
 from __future__ import annotations
 
 import pytest
 
-from prq.health import parse_info, redis_persistence, redis_warnings
+from prq.protocol.health import parse_info, redis_persistence, redis_warnings
 
 INFO_TEXT = b"""# Memory
 maxmemory:0

@@ -1,4 +1,4 @@
-"""prq's backoff jitter comes from a generator of its own (prq.jitter): a node's background
+"""prq's backoff jitter comes from a generator of its own (prq.core.jitter): a node's background
 threads never move the `random` module's shared sequence, which an application, or a
 property-based test running beside a node, may have seeded."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 from tenacity import RetryCallState, Retrying
 
-from prq import redis_io, worker
-from prq.jitter import jitter, wait_jittered_exponential
+from prq.core.jitter import jitter, wait_jittered_exponential
+from prq.serve import worker
+from prq.transport import redis_io
 
 PACKAGE = Path(redis_io.__file__).parent
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prq import InvalidEndpoint
-from prq.keys import KeySchema, decode_endpoint, encode_endpoint
-from prq.models import MAX_ENDPOINT_LENGTH
+from prq.core.keys import KeySchema, decode_endpoint, encode_endpoint
+from prq.core.models import MAX_ENDPOINT_LENGTH
 
 printable = st.text(
     alphabet=st.characters(codec="utf-8").filter(str.isprintable),

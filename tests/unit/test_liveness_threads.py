@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from prq import QueueSettings, Request
-from prq.flows import Context
-from prq.heartbeats import Liveness
-from prq.keys import KeySchema
-from prq.models import DeliveryInfo, PendingRequest
+from prq.core.keys import KeySchema
+from prq.core.models import DeliveryInfo, PendingRequest
+from prq.node.heartbeats import Liveness
+from prq.protocol.flows import Context
 
 #: Holds and releases made while the plan is read again and again.
 CHURN = 20_000

@@ -1,13 +1,13 @@
 """Enqueues to one endpoint that go out in one round trip are merged into one script call
-(prq.scripts.merge_enqueues), and each caller still gets its own reply."""
+(prq.protocol.scripts.merge_enqueues), and each caller still gets its own reply."""
 
 from __future__ import annotations
 
 from redis.exceptions import NoScriptError
 
-from prq._types import Call, Reply
-from prq.keys import KeySchema
-from prq.scripts import (
+from prq.core.keys import KeySchema
+from prq.protocol.effects import Call, Reply
+from prq.protocol.scripts import (
     ENQUEUE_ARGS,
     MAX_MERGED_ENQUEUES,
     apply_response_call,

@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from prq import metrics
+from prq.observe import metrics
 
 
 def _sample(name: str, endpoint: str, **labels: str) -> float:

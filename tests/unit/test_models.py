@@ -17,7 +17,7 @@ from prq import (
     SerializationError,
     ServerError,
 )
-from prq.models import (
+from prq.core.models import (
     COMPACT_ID_LENGTH,
     DeliveryInfo,
     StoredRequest,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from prq.pulses import PulseRouter, ThreadSignal
+from prq.transport.pulses import PulseRouter, ThreadSignal
 
 
 def make_router() -> PulseRouter[ThreadSignal]:

@@ -3,7 +3,7 @@ generation (the node's epoch and the counter's life); answers belong to the late
 
 from __future__ import annotations
 
-from prq.ran import RanRequests
+from prq.node.ran import RanRequests
 
 E = "poll://e"
 

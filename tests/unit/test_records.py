@@ -1,10 +1,11 @@
-"""prq.records: the Python reading of a record's two forms, as scripts/_body.lua writes them."""
+"""prq.core.records: the Python reading of a record's two forms, as scripts/_body.lua writes
+them."""
 
 from __future__ import annotations
 
 import pytest
 
-from prq.records import (
+from prq.core.records import (
     BODY_PIECE_BYTES,
     CHUNKED_MAX_BYTES,
     body_fields,

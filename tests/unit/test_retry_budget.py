@@ -1,6 +1,6 @@
-"""The retry policy (prq.redis_io.StepBudgets) on a fake clock: a step is given up no sooner than
-its budget and no later than the attempt that crosses it, each step of a batch on its own
-budget. Driven by tenacity's Retrying as the I/O layers drive it, with its sleep injected."""
+"""The retry policy (prq.transport.redis_io.StepBudgets) on a fake clock: a step is given up no
+sooner than its budget and no later than the attempt that crosses it, each step of a batch on its
+own budget. Driven by tenacity's Retrying as the I/O layers drive it, with its sleep injected."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from hypothesis import strategies as st
 from redis.exceptions import AskError, MovedError, TryAgainError
 from tenacity import Retrying
 
-from prq._types import Call, Reply
-from prq.errors import PrqError, QueueUnavailable
-from prq.redis_io import DEFAULT_RETRY_MAX_S, RedisUnavailable, StepBudgets, translate_errors
+from prq.core.errors import PrqError, QueueUnavailable
+from prq.protocol.effects import Call, Reply
+from prq.transport.redis_io import (
+    DEFAULT_RETRY_MAX_S,
+    RedisUnavailable,
+    StepBudgets,
+    translate_errors,
+)
 
 #: What one attempt costs on the fake clock (a refused connection, say), unless a test says.
 ATTEMPT_S = 0.001

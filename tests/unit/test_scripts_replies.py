@@ -8,7 +8,7 @@ from importlib import resources
 import pytest
 
 from prq import SerializationError
-from prq.scripts import (
+from prq.protocol.scripts import (
     ALL_SCRIPTS,
     TakeReply,
     parse_apply_response,
@@ -125,7 +125,7 @@ def test_parse_snapshot() -> None:
 
 
 def test_parse_beat_reads_the_progress_and_ignores_junk_in_it() -> None:
-    from prq.scripts import parse_beat
+    from prq.protocol.scripts import parse_beat
 
     assert parse_beat([b"taken", b"", b"5/10"]) == ("taken", "", (5, 10))
     assert parse_beat([b"taken", b"", b""]) == ("taken", "", None)
@@ -142,7 +142,7 @@ def _code(lua: str) -> str:
 def test_every_helper_a_script_calls_is_in_it_and_the_helpers_keep_their_layout() -> None:
     # The helper files: every function starts a line with `local function` and ends at the
     # first line that is `end` alone (Script.load leaves out those a script does not call)
-    files = resources.files("prq.scripts")
+    files = resources.files("prq.protocol.scripts")
     helpers: set[str] = set()
     for path in files.iterdir():
         if path.name.startswith("_") and path.name.endswith(".lua"):

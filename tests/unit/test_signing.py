@@ -1,5 +1,5 @@
-"""Signature renewals (prq.signing): only an authentic envelope is renewed; a renewal makes the
-same request's same body valid again, nothing else; renewals come a moment after a take, then
+"""Signature renewals (prq.protocol.signing): only an authentic envelope is renewed; a renewal makes
+the same request's same body valid again, nothing else; renewals come a moment after a take, then
 once a period."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from prq import SignatureError
-from prq.signing import Renewals, Signer
+from prq.protocol.signing import Renewals, Signer
 
 KEY = b"k" * 32
 ENDPOINT = "poll://renewed"

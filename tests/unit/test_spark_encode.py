@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prq.models import decode_stored_request
+from prq.core.models import decode_stored_request
 from prq.spark import SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks, row_chunks
 

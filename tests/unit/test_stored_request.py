@@ -8,8 +8,8 @@ import json
 import pytest
 
 from prq import Request, SerializationError
+from prq.core.models import decode_stored_request, encode_stored_request
 from prq.datastreams import DataStream
-from prq.models import decode_stored_request, encode_stored_request
 
 E = "poll://stored"
 

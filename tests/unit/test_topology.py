@@ -1,4 +1,4 @@
-"""Where Redis is, by URL (prq.topology): one server, a Sentinel-managed primary, or a
+"""Where Redis is, by URL (prq.transport.topology): one server, a Sentinel-managed primary, or a
 cluster; what is malformed or not supported is refused at once with ConfigurationError."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prq import ConfigurationError, RedisSettings
-from prq.topology import Location, locate
+from prq.transport.topology import Location, locate
 
 
 def test_a_server_url_is_left_as_given() -> None:

@@ -1,5 +1,5 @@
-"""prq.tracing's propagation, in one process and without a tracer provider: a span made current
-by hand (as a service that extracted its caller's context has one) is what gets passed on.
+"""prq.observe.tracing's propagation, in one process and without a tracer provider: a span made
+current by hand (as a service that extracted its caller's context has one) is what gets passed on.
 
 (The spans themselves, across processes and with the SDK, are in
 tests/integration/test_tracing.py.)
@@ -14,10 +14,10 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from prq import tracing
 from prq.bulk import BulkClient
-from prq.config import QueueSettings
-from prq.models import Request, decode_stored_request
+from prq.core.config import QueueSettings
+from prq.core.models import Request, decode_stored_request
+from prq.observe import tracing
 from prq.spark import SparkQueueConfig
 from prq.spark._encode import arrow_chunks
 

@@ -32,7 +32,7 @@ def test_pyproject_reads_the_version_from_prq() -> None:
     assert "version" not in project["project"]
     assert "version" in project["project"]["dynamic"]
     dynamic = project["tool"]["setuptools"]["dynamic"]["version"]
-    assert dynamic == {"attr": "prq.__version__"}
+    assert dynamic == {"attr": "prq._version.__version__"}
 
 
 def test_prq_version_prints_the_version() -> None:

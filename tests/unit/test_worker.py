@@ -12,9 +12,8 @@ from typing import Any, cast
 
 import pytest
 
-from prq.errors import PrqError
-from prq.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
-from prq.worker import (
+from prq.core.errors import PrqError
+from prq.serve.worker import (
     PACE_WEIGHT,
     SHARE_S,
     TAKE_AHEAD_BELOW_S,
@@ -24,6 +23,7 @@ from prq.worker import (
     _TakeTurns,
     build_response,
 )
+from prq.transport.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 #: Bound of every wait in the _AsyncAnswers tests.
 WAIT_S = 5.0

@@ -1,0 +1,1 @@
+"""The two facades applications use: AsyncQueue (asyncio) and Queue (blocking)."""

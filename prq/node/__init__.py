@@ -1,0 +1,1 @@
+"""One node: identity, its sender and receiver halves, and its watch loop."""

@@ -1,0 +1,192 @@
+"""The node's watch: one loop that beats for in-flight requests and checks for data loss.
+
+Each turn the facade asks `plan()` for what is due (beats, holders' cancellation looks, a
+data-loss check), sends it as independent steps in one round trip, and gives the results to
+`settle()`, which acts on them: a held request that was cancelled (or whose sender was lost, or
+that Redis lost) gets its PendingRequest cancelled; a sent request that ended wakes its caller;
+a data-loss sign starts a new epoch. A failed turn (Redis away) is simply tried again next turn,
+so heartbeats resume by themselves after a blip. Pure; the facades own the loop (an asyncio task
+or a daemon thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prq.core.errors import PrqError
+from prq.core.models import PendingRequest
+from prq.node.data_loss import Check, DataLossWatch, Layout
+from prq.node.heartbeats import Lease, Liveness
+from prq.observe import metrics
+from prq.protocol.effects import Call, Reply
+from prq.protocol.flows import Context
+from prq.protocol.health import INFO_CALLS, parse_info, redis_warnings
+from prq.protocol.presence import Presence
+from prq.transport.pulses import PulseRouter
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NodeWatch", "WatchPlan"]
+
+
+@dataclass(slots=True)
+class WatchPlan:
+    """One turn's work: a step per beat, then (maybe) the data-loss check as one step."""
+
+    beats: list[Lease] = field(default_factory=list)
+    check: Check | None = None
+    #: The presence report rides with the check (its replies are not read).
+    presence: bool = False
+    #: INFO, re-read with each data-loss check: the step's index, or None.
+    server_step: int | None = None
+    steps: list[list[Call]] = field(default_factory=list)
+
+
+class NodeWatch:
+    """Liveness and data-loss bookkeeping of one node."""
+
+    def __init__(
+        self, ctx: Context, router: PulseRouter[Any], layout: Callable[[], Layout] = lambda: None
+    ) -> None:
+        self.liveness = Liveness(ctx)
+        self.data_loss = DataLossWatch(ctx, layout)
+        self.presence = Presence(ctx.keys, ctx.settings, ctx.node_id)
+        #: Why Redis would defeat prq's guarantees, as last read from INFO (prq.protocol.health).
+        self.server_warnings: list[str] = []
+        #: Wakes the facade's watch loop for a turn now (set by the facade).
+        self.wake: Callable[[], None] = lambda: None
+        self.data_loss.wake = lambda: self.wake()
+        self.router = router
+        router.on_cancel = self.cancelled_by_pulse
+
+    @property
+    def epoch(self) -> int:
+        return self.data_loss.epoch
+
+    def epoch_of(self, endpoint: str) -> tuple[str, int]:
+        """A call on `endpoint` started now fails with DataLoss once this changes."""
+        return endpoint, self.data_loss.epoch_of(endpoint)
+
+    def same_epoch(self, mark: tuple[str, int]) -> bool:
+        return self.data_loss.epoch_of(mark[0]) == mark[1]
+
+    def plan(self, now: float, *, check_only: bool = False) -> WatchPlan:
+        """What is due now; with `check_only`, just a data-loss check (whether due or not)."""
+        plan = WatchPlan()
+        if not check_only:
+            for lease, call in self.liveness.due(now):
+                plan.beats.append(lease)
+                plan.steps.append([call])
+        if check_only or self.data_loss.check_due(now):
+            plan.check = self.data_loss.check(now, self._in_flight())
+            plan.steps.append(plan.check.calls)
+            if not check_only:
+                plan.server_step = len(plan.steps)
+                plan.steps.append([Call(args) for args in INFO_CALLS])
+        if not check_only and self.presence.due(now):
+            report = self.presence.calls(now)
+            if report:
+                plan.presence = True
+                plan.steps.append(report)
+        return plan
+
+    def settle(self, plan: WatchPlan, results: list[list[Reply] | PrqError], now: float) -> None:
+        if any(not isinstance(result, PrqError) for result in results):
+            self.liveness.last_contact = now
+        beat_replies: list[Reply] = [
+            result if isinstance(result, PrqError) else result[0]
+            for result in results[: len(plan.beats)]
+        ]
+        for verdict in self.liveness.settle(plan.beats, beat_replies):
+            self._ended(verdict.lease, verdict.reason)
+        if plan.server_step is not None:
+            self.server_checked(results[plan.server_step])
+        if plan.check is not None:
+            check = results[len(plan.beats)]
+            if isinstance(check, PrqError):
+                logger.debug("data-loss check failed error=%s", check)
+                self.data_loss.forget(plan.check)
+                return
+            loss = self.data_loss.settle(plan.check, check, now)
+            if loss:
+                self.declare_data_loss(loss.reason, loss.slots, loss.readings)
+
+    def forget(self, plan: WatchPlan) -> None:
+        """A plan whose steps got no reply at all (the round trip failed)."""
+        if plan.check is not None:
+            self.data_loss.forget(plan.check)
+
+    def server_checked(self, info: list[Reply] | PrqError) -> None:
+        """Judge an INFO reading; log each warning once, when it first appears (loudly: a
+        Redis that evicts or persists defeats what prq promises)."""
+        if isinstance(info, PrqError):
+            logger.info("could not read Redis INFO to check its configuration: %s", info)
+            return
+        warnings = redis_warnings(parse_info(*info))
+        for warning in warnings:
+            if warning not in self.server_warnings:
+                logger.warning("redis configuration defeats prq's guarantees: %s", warning)
+        self.server_warnings = warnings
+
+    def _ended(self, lease: Lease, reason: str) -> None:
+        self.liveness.release(lease.request_id)
+        if lease.pending is not None:
+            logger.info("held request ended request_id=%s reason=%s", lease.request_id, reason)
+            if reason == "sender_lost":
+                metrics.HEARTBEATS_MISSED.labels(lease.pending.request.endpoint, "sender").inc()
+            lease.pending.mark_cancelled(reason)
+        else:
+            self.router.poke_response(lease.request_id)  # its caller reads the outcome now
+
+    def cancelled_by_pulse(self, request_id: str, reason: str) -> None:
+        """A `c|<id>|<reason>` pulse: the request this node holds was cancelled."""
+        lease = self.liveness.held.get(request_id)
+        if lease is not None:
+            self._ended(lease, reason or "cancelled")
+
+    def observe_counter(self, endpoint: str, counter: int, sent_epoch: int) -> None:
+        """An enqueue sent in epoch `sent_epoch` reported the endpoint's counter (the next check
+        compares against it)."""
+        now = time.monotonic()
+        self.data_loss.observe(endpoint, counter, now, sent_epoch)
+        if self.presence.sent(endpoint, now):
+            self.wake()
+
+    def declare_data_loss(
+        self,
+        reason: str,
+        slots: frozenset[int] | None = None,
+        readings: Mapping[str, int] | None = None,
+    ) -> None:
+        """Data was lost in `slots` (None: everywhere): the requests held there are cancelled,
+        and every waiting caller looks whether its call is one of those that fail.
+        `readings`: counters read after the loss (Loss.readings)."""
+        self.data_loss.declare(reason, slots, readings)
+        for lease in list(self.liveness.held.values()):
+            if self.data_loss.covers(lease.endpoint, slots):
+                self._ended(lease, "data_loss")
+        self.router.wake_all()
+
+    def hold(self, pending: PendingRequest, now: float) -> None:
+        self.liveness.hold(pending, now)
+
+    def _in_flight(self) -> set[str]:
+        """Endpoints this node has requests in flight on (sent or held): their enqueue counters
+        stay watched however long ago the node last enqueued or took there."""
+        leases = [*self.liveness.sent.values(), *self.liveness.held.values()]
+        return {lease.endpoint for lease in leases}
+
+    def wait_s(self, now: float) -> float:
+        """How long the loop may sleep before its next turn."""
+        return max(
+            0.01,
+            min(
+                self.liveness.next_due_in(now),
+                self.data_loss.next_check - now,
+                self.presence.next_report - now,
+            ),
+        )

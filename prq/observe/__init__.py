@@ -1,0 +1,1 @@
+"""Observability hooks every layer may call: Prometheus counters and tracing spans."""

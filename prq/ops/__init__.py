@@ -1,0 +1,1 @@
+"""The operator's view: endpoints, queues and Redis's health, read without running a node."""

@@ -1,0 +1,1 @@
+"""The serve loop: run handlers, answer, stop gracefully."""

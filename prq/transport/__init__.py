@@ -1,0 +1,1 @@
+"""The I/O boundary: where Redis is, connections, batching and retries, pub/sub."""
