@@ -74,8 +74,9 @@ class SyncRedisIO(IOCounters):
 
     Batches like AsyncRedisIO, by group commit: the thread that finds no batch in flight
     leads and sends every waiting step; the others wait. When the leader's batch is done, or
-    its own steps are (the rest go back first in line), it passes the lead to the oldest
-    waiting step's thread, so no thread serves others past its own bound.
+    its own steps are (the rest go back first in line; unsent, if its own were given up as
+    late before the round trip), it passes the lead to the oldest waiting step's thread, so no
+    thread serves others past its own bound.
 
     An express step (a receiver's take that does not park, while work waits) that finds a
     batch in flight on one server goes beside it, on a connection of its own, instead of
@@ -219,6 +220,14 @@ class SyncRedisIO(IOCounters):
                 )
         batch = [step for step in batch if not step.done]
         if not batch:
+            return
+        if all(step.done for step in mine):
+            # This thread's own steps were just given up (or were never in the batch): it
+            # sends nothing for the others, as one attempt could keep its caller a socket
+            # timeout past its own bound. They go back first in line, and the lead passes to
+            # the oldest one's thread (_lead), which sends them with its own.
+            with self._lock:
+                self._pending[:0] = batch
             return
         # The leading thread retries for the batch only while a step of its own is in it: once
         # its own are settled it hands the others back, first in line with their budgets still

@@ -1,6 +1,7 @@
 """The blocking batcher (SyncRedisIO): a step sent while a batch is in flight waits for it and
 goes in the batch after, unless it is an express step (a receiver's take that does not park),
-which goes beside the batch on a connection of its own."""
+which goes beside the batch on a connection of its own. A thread handed the lead after its own
+step waited past its bound gives that step up and sends nothing for the steps behind it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 import redis
 
 from prq.core.config import QueueSettings, RedisSettings
-from prq.core.errors import QueueShutdown
+from prq.core.errors import PrqError, QueueShutdown, QueueUnavailable
 from prq.embedded import EmbeddedRedis
 from prq.protocol.effects import Call, Reply
+from prq.transport.redis_io import STEP_GRACE_S
 from prq.transport.sync_io import SyncRedisIO
 from tests.redis_servers import wait_until
 
@@ -33,15 +35,23 @@ def io(own_redis: EmbeddedRedis) -> Iterator[SyncRedisIO]:
 
 
 class Batch(threading.Thread):
-    """A step of its own thread: its connection's id, then a BLPOP that waits for the test."""
+    """A step of its own thread: its connection's id, then a BLPOP on `key` that waits for the
+    test (`replies`, or the prq error the step ended with in `error`)."""
 
-    def __init__(self, io: SyncRedisIO) -> None:
+    def __init__(self, io: SyncRedisIO, key: str = "go") -> None:
         super().__init__(daemon=True)
         self.io = io
+        self.key = key
         self.replies: list[Reply] | None = None
+        self.error: PrqError | None = None
 
     def run(self) -> None:
-        self.replies = self.io.execute([Call(("CLIENT", "ID")), Call(("BLPOP", "go", BLOCK_S))])
+        try:
+            self.replies = self.io.execute(
+                [Call(("CLIENT", "ID")), Call(("BLPOP", self.key, BLOCK_S))]
+            )
+        except PrqError as exc:
+            self.error = exc
 
 
 @pytest.fixture
@@ -104,3 +114,39 @@ def test_a_closed_batcher_sends_no_express_step(io: SyncRedisIO) -> None:
     io.close()
     with pytest.raises(QueueShutdown):
         io.execute([Call(("PING",))], express=True)
+
+
+def test_a_thread_whose_own_step_waited_past_its_bound_sends_nothing_for_the_steps_behind_it(
+    io: SyncRedisIO, own_redis_client: redis.Redis, batch: Batch
+) -> None:
+    # Given a batch in flight (waiting in BLPOP), and behind it a step that has waited past its
+    # budget and the grace (its age set back rather than waited out)
+    late = Batch(io, "never")
+    late.start()
+    wait_until(lambda: len(io._pending) == 1, 5, 0.01, "the late step in line")
+    with io._lock:
+        io._pending[0].asked -= io.settings.retry_budget_s + STEP_GRACE_S + 1.0
+    # And behind that one a step still in time, which waits in BLPOP once sent
+    young = Batch(io, "young")
+    young.start()
+    wait_until(lambda: len(io._pending) == 2, 5, 0.01, "the young step in line")
+
+    # When the batch in flight ends (the lead passes to the late step's thread)
+    own_redis_client.rpush("go", "x")
+    batch.join(5)
+
+    # Then the late step's thread gives its step up and returns at once: it does not send the
+    # young step and wait a round trip (up to a socket timeout) past its own bound for it
+    late.join(5)
+    assert not late.is_alive(), "the late step's thread is serving the step behind it"
+    assert late.replies is None and isinstance(late.error, QueueUnavailable)
+    # And the young step goes out on its own thread, and is answered
+    wait_until(
+        lambda: any(c["cmd"] == "blpop" for c in own_redis_client.client_list()),
+        5, 0.01, "the young step in flight",
+    )  # fmt: skip
+    assert young.is_alive()
+    own_redis_client.rpush("young", "y")
+    young.join(5)
+    assert young.error is None and young.replies is not None
+    assert young.replies[1] == [b"young", b"y"]
