@@ -25,15 +25,12 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from prq.core.errors import CancelledBeforePickup, PrqError
 from prq.core.models import Request, Response
-from prq.protocol.flows import withdraw_own_flow
-
-if TYPE_CHECKING:
-    from prq.facade.asyncio_queue import AsyncQueue
-    from prq.facade.blocking_queue import Queue
+from prq.protocol.effects import Flow
+from prq.protocol.flows import Context, withdraw_own_flow
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +39,48 @@ __all__ = ["BlockingSendHandle", "OnFailure", "OnResponse", "SendHandle"]
 #: The callbacks of `send` (on the asyncio queue they may also be coroutine functions).
 OnResponse = Callable[[Response], Any]
 OnFailure = Callable[[PrqError], Any]
+
+T = TypeVar("T")
+
+
+class AsyncSendingQueue(Protocol):
+    """What a `SendHandle` needs of its queue (AsyncQueue is one): the node's context, the
+    flow driver, and the call it waits on. Typed here so that this module imports no facade."""
+
+    ctx: Context
+
+    async def _run(
+        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+    ) -> T: ...
+
+    async def _queue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Response: ...
+
+
+class BlockingSendingQueue(Protocol):
+    """What a `BlockingSendHandle` needs of its queue (Queue is one): as AsyncSendingQueue,
+    with blocking calls."""
+
+    ctx: Context
+
+    def _run(
+        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+    ) -> T: ...
+
+    def _queue_and_wait(
+        self,
+        request: Request,
+        pickup_timeout_s: float | None,
+        timeout_s: float | None,
+        on_enqueued: Callable[[], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Response: ...
 
 
 class SendState:
@@ -75,7 +114,7 @@ class SendHandle:
     """What `AsyncQueue.send` returns: the request id, whether the outcome was delivered, and
     `withdraw()`."""
 
-    def __init__(self, queue: AsyncQueue, state: SendState) -> None:
+    def __init__(self, queue: AsyncSendingQueue, state: SendState) -> None:
         self._queue = queue
         self._state = state
         self._enqueued = asyncio.Event()
@@ -149,7 +188,7 @@ class SendHandle:
 class BlockingSendHandle:
     """What `Queue.send` returns: as `SendHandle`, with a blocking `withdraw()`."""
 
-    def __init__(self, queue: Queue, state: SendState) -> None:
+    def __init__(self, queue: BlockingSendingQueue, state: SendState) -> None:
         self._queue = queue
         self._state = state
         self._enqueued = threading.Event()
