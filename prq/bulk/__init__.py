@@ -45,15 +45,14 @@ from prq.core.errors import ConfigurationError, PrqError, QueueFull, Serializati
 from prq.core.keys import EndpointKeys, KeySchema, ledger_token
 from prq.core.models import (
     DELIVERY_MODES,
-    REQUEST_ID_PATTERN,
     Delivery,
     Request,
     Response,
     check_body_size,
     decode_stored_request,
     encode_stored_request,
-    validate_endpoint,
 )
+from prq.core.names import REQUEST_ID_PATTERN, validate_endpoint
 from prq.observe import tracing
 from prq.protocol.effects import Call, Exec
 from prq.protocol.flows import old_layout_message, registry_calls

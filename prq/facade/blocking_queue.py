@@ -19,14 +19,9 @@ from pydantic import JsonValue
 
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import DataLoss, PrqError, QueueShutdown
-from prq.core.models import (
-    Delivery,
-    PendingRequest,
-    Request,
-    RequestStatus,
-    Response,
-    validate_endpoint,
-)
+from prq.core.lifecycle import PendingRequest, RequestStatus
+from prq.core.models import Delivery, Request, Response
+from prq.core.names import validate_endpoint
 from prq.facade.send import BlockingSendHandle, OnFailure, OnResponse, SendState
 from prq.node.base import SHUTDOWN_POLL_S, QueueBase
 from prq.node.watch import NodeWatch
