@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import RedisTimeout
 from api.settings import ApiSettings
 from api.throughput import ThroughputSampler
-from prq.core.models import MAX_ENDPOINT_LENGTH, REQUEST_ID_PATTERN
+from prq.core.names import MAX_ENDPOINT_LENGTH, REQUEST_ID_PATTERN
 from prq.facade.asyncio_queue import AsyncQueue
 from prq.ops.admin import MAX_PAGE, Inspector
 
@@ -47,7 +47,7 @@ T = TypeVar("T")
 #: non-printable characters (e.g. U+200B) pass the pattern and are refused with 422 by prq.
 ENDPOINT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 
-#: A name new work may be sent to (`prq.core.models.validate_endpoint`): the same, and no whitespace
+#: A name new work may be sent to (`prq.core.names.validate_endpoint`): the same, and no whitespace
 #: at either end (names an earlier version took with it are still read, listed and forgotten).
 NEW_WORK_ENDPOINT_PATTERN = (
     r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"

@@ -76,7 +76,8 @@ from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
 from prq.core.errors import PrqError
 from prq.core.keys import KeySchema
-from prq.core.models import Response, new_request_id
+from prq.core.models import Response
+from prq.core.names import new_request_id
 from prq.embedded import redis_url_or_embedded
 
 #: The scripted baseline: one SET PX NX per key/payload pair of ARGV (ARGV[1]: the TTL, ms).

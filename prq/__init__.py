@@ -28,15 +28,8 @@ from prq.core.errors import (
     SerializationError,
     SignatureError,
 )
-from prq.core.models import (
-    DeliveryInfo,
-    PendingRequest,
-    Request,
-    RequestState,
-    RequestStatus,
-    Response,
-    ServerError,
-)
+from prq.core.lifecycle import DeliveryInfo, PendingRequest, RequestState, RequestStatus
+from prq.core.models import Request, Response, ServerError
 from prq.facade.asyncio_queue import AsyncQueue
 from prq.facade.blocking_queue import Queue
 from prq.facade.send import BlockingSendHandle, SendHandle

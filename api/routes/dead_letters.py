@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.auth import require_admin, require_read
 from api.deps import MAX_QUEUED_OFFSET, EndpointParams, EndpointQuery, NewWorkQuery, ServiceDep
 from api.errors import error_responses
-from prq.core.models import REQUEST_ID_PATTERN
+from prq.core.names import REQUEST_ID_PATTERN
 from prq.protocol.dead import MAX_LISTED, DeadLetter
 
 __all__ = [

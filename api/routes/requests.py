@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from api.auth import require_admin, require_read
 from api.deps import RequestIdPath, ServiceDep
 from api.errors import error_responses
-from prq.core.models import RequestState, RequestStatus
+from prq.core.lifecycle import RequestState, RequestStatus
 
 __all__ = ["CancelResult", "router"]
 

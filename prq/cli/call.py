@@ -43,7 +43,8 @@ from prq.cli.options import (
 )
 from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
 from prq.core.errors import InvalidEndpoint, PrqError, RemoteError
-from prq.core.models import Request, validate_endpoint
+from prq.core.models import Request
+from prq.core.names import validate_endpoint
 from prq.datastreams import store_from_env
 from prq.demo.stats import percentile
 from prq.facade.blocking_queue import Queue

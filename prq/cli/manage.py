@@ -36,7 +36,7 @@ from prq.cli.options import (
 )
 from prq.core.config import RedisSettings
 from prq.core.errors import InvalidEndpoint, InvalidSettings, PrqError
-from prq.core.models import readable_endpoint, validate_endpoint
+from prq.core.names import readable_endpoint, validate_endpoint
 from prq.facade.blocking_queue import Queue
 
 __all__ = ["dead_letters", "endpoints", "limits"]

@@ -51,7 +51,7 @@ from prq.cli.options import (
 )
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import InvalidEndpoint, PrqError
-from prq.core.models import validate_endpoint
+from prq.core.names import validate_endpoint
 from prq.datastreams import store_from_env
 from prq.facade.asyncio_queue import AsyncQueue
 from prq.facade.blocking_queue import Queue

@@ -30,10 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from prq.core.models import ServerError
+from typing import Any, Protocol
 
 __all__ = [
     "CallTimeout",
@@ -238,12 +235,30 @@ class ReceiverLost(RequestError):
     maybe_executed = True
 
 
+class ServerErrorFields(Protocol):
+    """What a RemoteError carries of the service's error: the fields of a ServerError
+    (prq.core.models). Typed by its shape, so that errors, the lowest module, imports no model
+    (the models import errors)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def details(self) -> object: ...
+
+    @property
+    def retryable(self) -> bool: ...
+
+
 class RemoteError(RequestError):
     """The service ran the request and raised."""
 
     maybe_executed = True
 
-    def __init__(self, error: ServerError, *, request_id: str, endpoint: str) -> None:
+    def __init__(self, error: ServerErrorFields, *, request_id: str, endpoint: str) -> None:
         super().__init__(f"{error.type}: {error.message}", request_id=request_id, endpoint=endpoint)
         self.error = error
         self.retryable = error.retryable

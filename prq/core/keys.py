@@ -78,7 +78,7 @@ import hashlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from prq.core.models import readable_endpoint
+from prq.core.names import readable_endpoint
 
 __all__ = ["EndpointKeys", "KeySchema", "decode_endpoint", "encode_endpoint", "ledger_token"]
 

@@ -1,23 +1,14 @@
-"""Wire models: what travels through Redis, always as JSON (never pickle).
+"""Wire models: what travels through Redis, always as JSON (never pickle): a Request, its
+Response (with the ServerError a service raised), and a request's stored form (StoredRequest),
+with their encoding and decoding.
 
-A request moves through these states (`RequestState`):
-
-    queued ──take──▶ taken ──apply_response──▶ done
-       │                 │
-       └─withdraw─▶ withdrawn   (pickup timeout, or cancel before pickup)
-                         └─cancel─▶ cancelled
-
-`done`, `withdrawn` and `cancelled` are final; a response that arrives after a final state is
-dropped. `unknown` means Redis holds nothing for the id (never enqueued, expired, or lost).
+Endpoint names and request ids are checked by prq.core.names; a request's states, its status
+and a taken request are in prq.core.lifecycle.
 """
 
 from __future__ import annotations
 
-import enum
-import os
 import re
-import string
-import threading
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
@@ -37,19 +28,15 @@ from prq.core.errors import (
     SerializationError,
     typed_validation,
 )
+from prq.core.names import REQUEST_ID_PATTERN, new_request_id, readable_endpoint, validate_endpoint
 from prq.datastreams import DataStream
 
 __all__ = [
     "DELIVERY_MODES",
-    "MAX_ENDPOINT_LENGTH",
     "MAX_PRIORITY",
     "MAX_PRODUCER_LENGTH",
     "MIN_PRIORITY",
-    "DeliveryInfo",
-    "PendingRequest",
     "Request",
-    "RequestState",
-    "RequestStatus",
     "Response",
     "ServerError",
     "StoredRequest",
@@ -58,19 +45,12 @@ __all__ = [
     "decode_response",
     "decode_stored_request",
     "encode_stored_request",
-    "readable_endpoint",
-    "validate_endpoint",
 ]
 
-#: Longest endpoint name accepted (characters); longer names are rejected, never truncated.
-MAX_ENDPOINT_LENGTH = 200
 #: Priorities are 32-bit signed integers.
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 #: Longest producer name.
 MAX_PRODUCER_LENGTH = 200
-#: Request ids: what a uuid4, a uuid5 or a caller's own stable key looks like. No `|`, which
-#: separates fields in pulses, and nothing that needs escaping in a key.
-REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 
 Delivery = Literal["at_most_once", "at_least_once"]
@@ -93,58 +73,6 @@ Producer = Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)]
 StreamName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 #: The delivery modes, as text.
 DELIVERY_MODES: tuple[Delivery, ...] = get_args(Delivery)
-
-
-def validate_endpoint(endpoint: object) -> str:
-    """Return `endpoint` if it is a valid name for new work, else raise InvalidEndpoint.
-
-    A valid name is 1-200 printable characters (`str.isprintable`: no control characters,
-    line breaks or tabs) that neither start nor end with whitespace. prq does not parse it:
-    `poll://billing-7`, `billing-7` and `poll://` are three different, valid names (the scheme
-    is a convention). Names already in Redis are read with the looser `readable_endpoint`."""
-    endpoint = readable_endpoint(endpoint)
-    if endpoint != endpoint.strip():
-        raise InvalidEndpoint(
-            f"endpoint {endpoint!r} starts or ends with whitespace; a name that differs only "
-            "in its spaces would be another endpoint: remove them"
-        )
-    return endpoint
-
-
-def readable_endpoint(endpoint: object) -> str:
-    """Return `endpoint` if it is 1-200 printable characters, else raise InvalidEndpoint: what
-    earlier versions took for a name, so names they left in Redis (e.g. with a leading space)
-    can still be read, shown and forgotten, while new work is refused them
-    (`validate_endpoint`)."""
-    if not isinstance(endpoint, str):
-        raise InvalidEndpoint(f"endpoint must be a string, not {type(endpoint).__name__}")
-    if not 1 <= len(endpoint) <= MAX_ENDPOINT_LENGTH:
-        raise InvalidEndpoint(
-            f"endpoint must be 1-{MAX_ENDPOINT_LENGTH} characters, got {len(endpoint)}"
-        )
-    if not endpoint.isprintable():
-        bad = next(c for c in endpoint if not c.isprintable())
-        raise InvalidEndpoint(
-            f"endpoint {endpoint!r} has a non-printable character {bad!r}; "
-            "use printable characters only"
-        )
-    return endpoint
-
-
-#: The alphabet of the ids prq makes: letters and digits only, so an id is URL-safe, needs no
-#: escaping in a key or a log line, and starts with a letter or digit (REQUEST_ID_PATTERN).
-_ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
-#: Characters of an id prq makes: 22 random ones of 62 hold about 131 bits, more than a uuid4.
-COMPACT_ID_LENGTH = 22
-#: Random byte -> id character (byte % 62: the first 8 characters come 5 times in 256, the
-#: others 4 times, which costs each character 0.004 of its 5.95 bits).
-_ID_TABLE = bytes(ord(_ID_ALPHABET[b % len(_ID_ALPHABET)]) for b in range(256))
-
-
-def new_request_id() -> str:
-    """A fresh random request id: 22 letters and digits from the OS's random source (one
-    urandom call and one table lookup per character: a call makes one, so it stays cheap)."""
-    return os.urandom(COMPACT_ID_LENGTH).translate(_ID_TABLE).decode("ascii")
 
 
 class ServerError(BaseModel):
@@ -210,41 +138,6 @@ class Response(BaseModel):
     #: Binary payloads kept beside Redis, by name (prq.datastreams); left out of the JSON
     #: when there are none.
     streams: dict[StreamName, DataStream] = Field(default_factory=dict, exclude_if=_empty)
-
-
-class RequestState(enum.StrEnum):
-    """Where a request is in its life (see the module docstring)."""
-
-    QUEUED = "queued"
-    TAKEN = "taken"
-    DONE = "done"
-    WITHDRAWN = "withdrawn"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
-
-
-class RequestStatus(BaseModel):
-    """A snapshot of one request, as `status(request_id)` reports it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    state: RequestState
-    endpoint: str | None = None
-    reason: str | None = None
-    attempt: int = 0
-    created_ms: int | None = None
-    taken_ms: int | None = None
-    done_ms: int | None = None
-
-
-class DeliveryInfo(BaseModel):
-    """Which attempt this is, and a hash that stays the same on every attempt."""
-
-    model_config = ConfigDict(frozen=True)
-
-    attempt: int = 1
-    delivery_hash: str
 
 
 def check_body_size(body: bytes, limit: int, what: str, request_id: str) -> None:
@@ -376,66 +269,3 @@ def decode_response(raw: bytes | str) -> Response:
         return Response.model_validate_json(raw)
     except (ValidationError, ValueError) as exc:
         raise SerializationError(f"stored response is not valid: {exc}") from exc
-
-
-#: Guards the making of a PendingRequest's cancellation event against its setting (rare,
-#: brief: one lock for all of them costs less than one per request).
-_CANCEL_LOCK = threading.Lock()
-
-
-class PendingRequest:
-    """A request a receiver has taken: the request, its delivery and its cancellation signal.
-
-    `owner_token` proves to Redis that this receiver holds the request; `apply_response`
-    presents it, so a receiver that lost the request can no longer answer it.
-    """
-
-    __slots__ = ("_cancel_reason", "_cancelled", "delivery", "owner_token", "request")
-
-    def __init__(self, request: Request, delivery: DeliveryInfo, owner_token: str) -> None:
-        self.request = request
-        self.delivery = delivery
-        self.owner_token = owner_token
-        # made by the first wait_cancelled (most requests are never waited on that way)
-        self._cancelled: threading.Event | None = None
-        self._cancel_reason: str | None = None
-
-    @property
-    def id(self) -> str:
-        return self.request.id
-
-    @property
-    def cancelled(self) -> bool:
-        """True once the request was cancelled (by its caller, or because a node was lost)."""
-        return self._cancel_reason is not None
-
-    @property
-    def cancel_reason(self) -> str | None:
-        """Why it was cancelled: `cancelled`, `sender_lost`, `data_loss`, ...; None if not."""
-        return self._cancel_reason
-
-    def mark_cancelled(self, reason: str) -> None:
-        """Signal cancellation; the first reason sticks."""
-        with _CANCEL_LOCK:
-            if self._cancel_reason is not None:
-                return
-            self._cancel_reason = reason
-            event = self._cancelled
-        if event is not None:
-            event.set()
-
-    def wait_cancelled(self, timeout_s: float | None = None) -> bool:
-        """Block until cancelled or `timeout_s` passes; True if cancelled."""
-        with _CANCEL_LOCK:
-            event = self._cancelled
-            if event is None:
-                event = self._cancelled = threading.Event()
-                if self._cancel_reason is not None:
-                    event.set()
-        return event.wait(timeout_s)
-
-    def __repr__(self) -> str:
-        return (
-            f"PendingRequest(id={self.id!r}, endpoint={self.request.endpoint!r}, "
-            f"method={self.request.method!r}, attempt={self.delivery.attempt})"
-        )

@@ -34,10 +34,9 @@ from prq.core.errors import (
     SignatureError,
 )
 from prq.core.keys import KeySchema
+from prq.core.lifecycle import DeliveryInfo, PendingRequest
 from prq.core.models import (
     Delivery,
-    DeliveryInfo,
-    PendingRequest,
     Request,
     Response,
     ServerError,
@@ -45,8 +44,8 @@ from prq.core.models import (
     checked_model,
     decode_stored_request,
     encode_stored_request,
-    validate_endpoint,
 )
+from prq.core.names import validate_endpoint
 from prq.node.data_loss import Floor
 from prq.node.ran import RanRequests
 from prq.node.taken import TakenRequests

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prq.core.errors import PrqError
-from prq.core.models import PendingRequest
+from prq.core.lifecycle import PendingRequest
 from prq.protocol.effects import Call, Reply
 from prq.protocol.flows import Context
 from prq.protocol.scripts import beat_call, parse_beat

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prq.core.errors import PrqError
-from prq.core.models import PendingRequest
+from prq.core.lifecycle import PendingRequest
 from prq.node.data_loss import Check, DataLossWatch, Layout
 from prq.node.heartbeats import Lease, Liveness
 from prq.observe import metrics

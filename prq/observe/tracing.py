@@ -39,7 +39,8 @@ from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from prq.core.models import PendingRequest, Request, Response
+from prq.core.lifecycle import PendingRequest
+from prq.core.models import Request, Response
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

@@ -42,7 +42,8 @@ from prq.core import bodies
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import QueueUnavailable, SerializationError
 from prq.core.keys import EndpointKeys, KeySchema, decode_endpoint, encode_endpoint
-from prq.core.models import decode_stored_request, readable_endpoint
+from prq.core.models import decode_stored_request
+from prq.core.names import readable_endpoint
 from prq.core.records import (
     QUEUED_HEAD_BYTES,
     body_size_bound,

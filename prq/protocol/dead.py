@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from prq.core.errors import SerializationError, SignatureError
-from prq.core.models import readable_endpoint, validate_endpoint
+from prq.core.names import readable_endpoint, validate_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.protocol.flows import Context, locator_calls, registry_calls
 from prq.protocol.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD

@@ -31,14 +31,9 @@ from prq.core.errors import (
     SerializationError,
 )
 from prq.core.keys import KeySchema, decode_endpoint, encode_endpoint
-from prq.core.models import (
-    Request,
-    RequestState,
-    RequestStatus,
-    Response,
-    decode_response,
-    readable_endpoint,
-)
+from prq.core.lifecycle import RequestState, RequestStatus
+from prq.core.models import Request, Response, decode_response
+from prq.core.names import readable_endpoint
 from prq.core.records import QUEUED_HEAD_BYTES, queued_head
 from prq.protocol.effects import Call, Exec, Flow, Offload, Reply, Wait, Waitable
 from prq.protocol.outcomes import open_response, resolve, response_of

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from prq.core.keys import encode_endpoint
-from prq.core.models import readable_endpoint
+from prq.core.names import readable_endpoint
 from prq.protocol.effects import Call, Exec, Flow
 from prq.protocol.flows import Context
 from prq.protocol.levels import levels_flow

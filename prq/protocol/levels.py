@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prq.core.keys import EndpointKeys
-from prq.core.models import MAX_PRIORITY, MIN_PRIORITY, readable_endpoint
+from prq.core.models import MAX_PRIORITY, MIN_PRIORITY
+from prq.core.names import readable_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
 from prq.protocol.flows import Context
 

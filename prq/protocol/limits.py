@@ -19,7 +19,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from prq.core.errors import InvalidSettings, SerializationError, typed_validation
-from prq.core.models import validate_endpoint
+from prq.core.names import validate_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply
 from prq.protocol.flows import Context
 

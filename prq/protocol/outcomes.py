@@ -19,7 +19,8 @@ from prq.core.errors import (
     ReceiverLost,
     SerializationError,
 )
-from prq.core.models import RequestState, Response, decode_response
+from prq.core.lifecycle import RequestState
+from prq.core.models import Response, decode_response
 from prq.protocol.scripts import HANDED, RequestSnapshot
 from prq.protocol.signing import Signer, unwrap
 

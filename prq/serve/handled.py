@@ -29,7 +29,8 @@ from typing import cast
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
-from prq.core.models import PendingRequest, Response, ServerError
+from prq.core.lifecycle import PendingRequest
+from prq.core.models import Response, ServerError
 from prq.observe.metrics import HANDLER_ERRORS
 
 logger = logging.getLogger(__name__)

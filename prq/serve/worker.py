@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, cast
 
 from prq.core.errors import PrqError, QueueShutdown
 from prq.core.jitter import jitter
-from prq.core.models import PendingRequest, Request, validate_endpoint
+from prq.core.lifecycle import PendingRequest
+from prq.core.models import Request
+from prq.core.names import validate_endpoint
 from prq.observe import tracing
 from prq.protocol.effects import Handler
 from prq.serve.handled import build_response, handler_response

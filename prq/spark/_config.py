@@ -16,10 +16,9 @@ from prq.core.models import (
     MAX_PRIORITY,
     MAX_PRODUCER_LENGTH,
     MIN_PRIORITY,
-    REQUEST_ID_PATTERN,
     Delivery,
-    validate_endpoint,
 )
+from prq.core.names import REQUEST_ID_PATTERN, validate_endpoint
 from prq.observe import tracing
 
 __all__ = [

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prq.core.models import REQUEST_ID_PATTERN
+from prq.core.names import REQUEST_ID_PATTERN
 from prq.spark._config import SparkQueueConfig, request_id
 
 if TYPE_CHECKING:

@@ -23,11 +23,11 @@ from prq.core.errors import InvalidEndpoint, PayloadTooLarge, SerializationError
 from prq.core.models import (
     MAX_PRIORITY,
     MIN_PRIORITY,
-    REQUEST_ID_PATTERN,
     Request,
     decode_stored_request,
     encode_stored_request,
 )
+from prq.core.names import REQUEST_ID_PATTERN
 from prq.datastreams import DataStream, FileSystemStore
 
 SETTINGS = QueueSettings(max_body_bytes=2000, inline_limit_bytes=1000)

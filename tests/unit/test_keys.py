@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from prq import InvalidEndpoint
 from prq.core.keys import KeySchema, decode_endpoint, encode_endpoint
-from prq.core.models import MAX_ENDPOINT_LENGTH
+from prq.core.names import MAX_ENDPOINT_LENGTH
 
 printable = st.text(
     alphabet=st.characters(codec="utf-8").filter(str.isprintable),

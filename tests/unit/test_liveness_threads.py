@@ -11,7 +11,7 @@ import pytest
 
 from prq import QueueSettings, Request
 from prq.core.keys import KeySchema
-from prq.core.models import DeliveryInfo, PendingRequest
+from prq.core.lifecycle import DeliveryInfo, PendingRequest
 from prq.node.heartbeats import Liveness
 from prq.protocol.flows import Context
 

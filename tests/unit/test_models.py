@@ -17,19 +17,16 @@ from prq import (
     SerializationError,
     ServerError,
 )
+from prq.core.lifecycle import DeliveryInfo
 from prq.core.models import (
-    COMPACT_ID_LENGTH,
-    DeliveryInfo,
     StoredRequest,
     checked_model,
     decode_request,
     decode_response,
     decode_stored_request,
     encode_stored_request,
-    new_request_id,
-    readable_endpoint,
-    validate_endpoint,
 )
+from prq.core.names import COMPACT_ID_LENGTH, new_request_id, readable_endpoint, validate_endpoint
 
 
 def test_request_defaults() -> None:

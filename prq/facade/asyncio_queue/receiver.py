@@ -13,7 +13,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from prq.core.errors import PrqError, QueueShutdown
-from prq.core.models import PendingRequest, Response, validate_endpoint
+from prq.core.lifecycle import PendingRequest
+from prq.core.models import Response
+from prq.core.names import validate_endpoint
 from prq.facade.asyncio_queue.driver import AsyncDriver
 from prq.protocol.effects import Reply
 

@@ -16,7 +16,8 @@ from functools import partial
 
 from pydantic import JsonValue
 
-from prq.core.models import Delivery, Request, RequestStatus, Response
+from prq.core.lifecycle import RequestStatus
+from prq.core.models import Delivery, Request, Response
 from prq.facade.asyncio_queue.driver import AsyncDriver
 from prq.facade.send import OnFailure, OnResponse, SendHandle, SendState
 from prq.observe import metrics, tracing

@@ -12,7 +12,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 from prq.core.errors import PrqError
-from prq.core.models import PendingRequest, Response, validate_endpoint
+from prq.core.lifecycle import PendingRequest
+from prq.core.models import Response
+from prq.core.names import validate_endpoint
 from prq.facade.blocking_queue.driver import BlockingDriver
 from prq.protocol.effects import Reply
 

@@ -16,7 +16,8 @@ from functools import partial
 
 from pydantic import JsonValue
 
-from prq.core.models import Delivery, Request, RequestStatus, Response
+from prq.core.lifecycle import RequestStatus
+from prq.core.models import Delivery, Request, Response
 from prq.facade.blocking_queue.driver import BlockingDriver
 from prq.facade.send import BlockingSendHandle, OnFailure, OnResponse, SendState
 from prq.observe import metrics, tracing

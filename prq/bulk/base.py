@@ -1,0 +1,66 @@
+"""A bulk client's state and connection (BulkBase): its settings, key schema, owned Redis I/O,
+signer and DataStream keeper, shared by the mixins that make BulkClient (prq.bulk.encode,
+prq.bulk.send, prq.bulk.outcomes)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Self
+
+from prq.core.config import QueueSettings, RedisSettings
+from prq.core.keys import KeySchema
+from prq.protocol.signing import Signer
+from prq.protocol.stream_keeper import StreamKeeper
+from prq.transport.sync_io import SyncRedisIO
+from prq.transport.topology import is_cluster_url
+
+if TYPE_CHECKING:
+    from prq.datastreams import DataStreamStore
+
+__all__ = ["BulkBase"]
+
+
+class BulkBase:
+    """The state a BulkClient's parts share, and its connection's life."""
+
+    def __init__(
+        self,
+        redis_settings: RedisSettings,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+    ) -> None:
+        self.settings = settings or QueueSettings()
+        self.redis_settings = redis_settings
+        self.keys = KeySchema(prefix, sharded=is_cluster_url(redis_settings.url))
+        self._io = SyncRedisIO(redis_settings, self.settings)
+        #: Endpoints checked for the previous layout's lanes (flows.layout_flow), once each.
+        self._layout_checked: set[str] = set()
+        #: Signs the requests and checks the responses (None: no signing key; prq.protocol.signing).
+        self.signer = Signer.from_settings(self.settings)
+        #: Keeps bodies over inline_limit_bytes beside Redis, and reads them back (prq.core.bodies).
+        self.streams = StreamKeeper(datastreams, self.settings)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        prefix: str = "prq",
+        settings: QueueSettings | None = None,
+        datastreams: DataStreamStore | None = None,
+        redis_settings: RedisSettings | None = None,
+    ) -> Self:
+        """A client for `url` (else `PRQ_REDIS_URL`, or `redis_settings.url`), with the
+        connection settings of `redis_settings` (a `url` given beside them replaces theirs)."""
+        redis = RedisSettings.from_url(url) if redis_settings is None else redis_settings
+        return cls(redis.with_url(url), prefix=prefix, settings=settings, datastreams=datastreams)
+
+    def close(self) -> None:
+        self._io.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
