@@ -48,10 +48,12 @@ from prq.protocol.forget import ForgetOutcome, forget_endpoint_flow
 from prq.protocol.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.protocol.scripts import script_load_calls
 from prq.serve.sigterm import stop_on_sigterm_async
-from prq.transport.links import async_pubsub_connector, shard_layout
-from prq.transport.pulses import AsyncPulses, AsyncSignal, PulseRouter
-from prq.transport.redis_io import AsyncRedisIO
+from prq.transport.async_io import AsyncRedisIO
+from prq.transport.connectors import async_pubsub_connector, shard_layout
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.pulses import AsyncPulses
 from prq.transport.shard_pulses import AsyncShardPulses
+from prq.transport.signals import AsyncSignal
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -48,9 +48,11 @@ from prq.protocol.forget import ForgetOutcome, forget_endpoint_flow
 from prq.protocol.limits import EndpointLimits, limits_flow, set_limits_flow
 from prq.protocol.scripts import script_load_calls
 from prq.serve.sigterm import stop_on_sigterm
-from prq.transport.links import shard_layout, sync_pubsub_connector
-from prq.transport.pulses import PulseRouter, ThreadPulses, ThreadSignal
+from prq.transport.connectors import shard_layout, sync_pubsub_connector
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.pulses import ThreadPulses
 from prq.transport.shard_pulses import ThreadShardPulses
+from prq.transport.signals import ThreadSignal
 from prq.transport.sync_io import SyncRedisIO
 
 if TYPE_CHECKING:
