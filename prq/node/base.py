@@ -77,8 +77,9 @@ from prq.protocol.scripts import (
 )
 from prq.protocol.signing import Renewals, Signer, unwrap
 from prq.protocol.stream_keeper import StreamKeeper
-from prq.transport.pulses import PulseRouter, PulsesBase
-from prq.transport.redis_io import IOCounters
+from prq.transport.batches import IOCounters
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.subscriptions import PulsesBase
 from prq.transport.topology import is_cluster_url
 
 if TYPE_CHECKING:

@@ -81,7 +81,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Check", "DataLossWatch", "Floor", "Layout", "Loss"]
 
-#: A cluster's masters and the slots each serves (prq.transport.links.shard_layout); None: one
+#: A cluster's masters and the slots each serves (prq.transport.connectors.shard_layout); None: one
 #: server.
 Layout = dict[str, list[int]] | None
 

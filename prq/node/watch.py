@@ -26,7 +26,7 @@ from prq.protocol.effects import Call, Reply
 from prq.protocol.flows import Context
 from prq.protocol.health import INFO_CALLS, parse_info, redis_warnings
 from prq.protocol.presence import Presence
-from prq.transport.pulses import PulseRouter
+from prq.transport.pulse_router import PulseRouter
 
 logger = logging.getLogger(__name__)
 

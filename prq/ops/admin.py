@@ -62,8 +62,9 @@ from prq.protocol.levels import levels_call, levels_from, queued_ids_flow
 from prq.protocol.limits import MAX_LIMIT, EndpointLimits
 from prq.protocol.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 from prq.protocol.signing import unwrap
-from prq.transport.redis_io import RedisUnavailable, client_kwargs, translate_errors
+from prq.transport.client_options import client_kwargs
 from prq.transport.topology import aclose_client, async_client, is_cluster
+from prq.transport.translate import RedisUnavailable, translate_errors
 
 __all__ = [
     "EndpointInfo",

@@ -32,7 +32,7 @@ from prq.core.names import validate_endpoint
 from prq.observe import tracing
 from prq.protocol.effects import Handler
 from prq.serve.handled import build_response, handler_response
-from prq.transport.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
+from prq.transport.async_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from prq.facade.asyncio_queue import AsyncQueue

@@ -27,23 +27,18 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from prq.transport.links import async_node_connector, sync_node_connector
-from prq.transport.pulses import (
-    DEFAULT_SUBSCRIBE_CONFIRM_S,
-    AsyncPulses,
-    AsyncSignal,
-    PulseRouter,
-    PulsesBase,
-    ThreadPulses,
-    ThreadSignal,
-)
+from prq.transport.connectors import async_node_connector, sync_node_connector
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.pulses import AsyncPulses, ThreadPulses
+from prq.transport.signals import AsyncSignal, ThreadSignal
+from prq.transport.subscriptions import DEFAULT_SUBSCRIBE_CONFIRM_S, PulsesBase
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncShardPulses", "ThreadShardPulses"]
 
 #: How long a caller waits for another thread's first subscription of a channel (that one's
-#: own wait is bounded by prq.transport.pulses.DEFAULT_SUBSCRIBE_CONFIRM_S).
+#: own wait is bounded by prq.transport.subscriptions.DEFAULT_SUBSCRIBE_CONFIRM_S).
 FIRST_SUBSCRIBE_WAIT_S = DEFAULT_SUBSCRIBE_CONFIRM_S + 1.0
 
 

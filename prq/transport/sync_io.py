@@ -1,9 +1,9 @@
-"""SyncRedisIO: the blocking twin of AsyncRedisIO (redis_io.py), batching by group commit.
+"""SyncRedisIO: the blocking twin of AsyncRedisIO (async_io.py), batching by group commit.
 
-Error translation, the retry policy and the reply splitting are redis_io.py's; only the way
-steps wait for their round trip differs: the thread that finds no round trip in flight leads
-and sends every waiting step, the others wait on their call's event (an express step may go
-beside the batch in flight: see SyncRedisIO).
+Error translation (translate.py), the retry policy (budgets.py) and the reply splitting
+(batches.py) are the same for both; only the way steps wait for their round trip differs: the
+thread that finds no round trip in flight leads and sends every waiting step, the others wait
+on their call's event (an express step may go beside the batch in flight: see SyncRedisIO).
 """
 
 from __future__ import annotations
@@ -21,25 +21,15 @@ from prq.core.errors import PrqError, QueueShutdown
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts import merge_calls, script_load_calls
-from prq.transport.links import SyncClusterLink, SyncLink, sync_link
-from prq.transport.redis_io import (
-    DEFAULT_MAX_BATCH_STEPS,
-    STEP_GRACE_S,
-    IOCounters,
-    Reachability,
-    RedisUnavailable,
-    StepBudgets,
-    _closed_error,
-    _needs_scripts,
-    _split,
-    _unavailable,
-    client_kwargs,
-    tls_configuration_error,
-    tls_eof,
-    tls_probe,
-    translate_errors,
-)
+from prq.transport.batches import DEFAULT_MAX_BATCH_STEPS, IOCounters, _needs_scripts, _split
+from prq.transport.budgets import STEP_GRACE_S, StepBudgets
+from prq.transport.client_options import client_kwargs
+from prq.transport.cluster_links import SyncClusterLink
+from prq.transport.links import SyncLink, sync_link
+from prq.transport.reachability import Reachability
+from prq.transport.tls import tls_configuration_error, tls_eof, tls_probe
 from prq.transport.topology import close_client, sync_client
+from prq.transport.translate import RedisUnavailable, _closed_error, _unavailable, translate_errors
 
 logger = logging.getLogger(__name__)
 

@@ -203,7 +203,7 @@ def _cluster_kwargs(where: Location, kwargs: dict[str, Any]) -> dict[str, Any]:
     # Every failure reaches prq's one retry policy; redis-py follows redirections itself.
     # No CLIENT MAINT_NOTIFICATIONS on connect (redis-py's default for a RESP3 cluster client):
     # a server before Redis 8 refuses it, and that error reply, like CLIENT SETINFO's
-    # (redis_io.client_kwargs), can be read as the reply of a command on a connection the
+    # (client_options.client_kwargs), can be read as the reply of a command on a connection the
     # client opened while following a redirection (seen in fault scenario 20: a call failed
     # with that refusal although its request ran).
     return chosen | {

@@ -16,7 +16,7 @@ import redis.asyncio
 
 from prq import AsyncQueue, CancelledAfterPickup, CancelledBeforePickup, Request, Response
 from prq.embedded import EmbeddedRedis
-from prq.transport.links import send_packed
+from prq.transport.wire import send_packed
 from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
 from tests.redis_servers import async_wait_until, request_keys
 

@@ -15,7 +15,7 @@ from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import PrqError, QueueShutdown, QueueUnavailable
 from prq.embedded import EmbeddedRedis
 from prq.protocol.effects import Call, Reply
-from prq.transport.redis_io import STEP_GRACE_S
+from prq.transport.budgets import STEP_GRACE_S
 from prq.transport.sync_io import SyncRedisIO
 from tests.redis_servers import wait_until
 

@@ -21,7 +21,7 @@ import trustme
 
 from prq import ConfigurationError, QueueUnavailable, RedisSettings, Response
 from prq.embedded import find_server_binary, free_port
-from prq.transport.redis_io import tls_failure, tls_probe
+from prq.transport.tls import tls_failure, tls_probe
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import wait_until
 

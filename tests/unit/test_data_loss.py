@@ -272,7 +272,7 @@ def test_a_check_reply_that_is_no_reading_bounds_no_ghosts() -> None:
 
 # On a cluster: a canary on every master, and a loss scoped to the master that lost it.
 
-#: Three masters of a cluster, as prq.transport.links.shard_layout gives them.
+#: Three masters of a cluster, as prq.transport.connectors.shard_layout gives them.
 THREE: dict[str, list[int]] = {
     "m1": list(range(0, 5461)),
     "m2": list(range(5461, 10923)),

@@ -12,9 +12,9 @@ from tenacity import RetryCallState, Retrying
 
 from prq.core.jitter import jitter, wait_jittered_exponential
 from prq.serve import worker
-from prq.transport import redis_io
+from prq.transport import budgets
 
-PACKAGE = Path(redis_io.__file__).parent
+PACKAGE = Path(budgets.__file__).parent
 
 
 def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from prq.transport.pulses import PulseRouter, ThreadSignal
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.signals import ThreadSignal
 
 
 def make_router() -> PulseRouter[ThreadSignal]:

@@ -1,5 +1,5 @@
 """A node says once that Redis does not answer, once that it answers again, and again at the
-next outage (prq.transport.redis_io.Reachability); the URL it names never shows the password."""
+next outage (prq.transport.reachability.Reachability); the URL it names never shows the password."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from prq.transport.redis_io import Reachability
+from prq.transport.reachability import Reachability
 
 
 def test_each_outage_is_said_once_and_its_end_too(caplog: pytest.LogCaptureFixture) -> None:

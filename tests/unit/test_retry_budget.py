@@ -1,4 +1,4 @@
-"""The retry policy (prq.transport.redis_io.StepBudgets) on a fake clock: a step is given up no
+"""The retry policy (prq.transport.budgets.StepBudgets) on a fake clock: a step is given up no
 sooner than its budget and no later than the attempt that crosses it, each step of a batch on its
 own budget. Driven by tenacity's Retrying as the I/O layers drive it, with its sleep injected."""
 
@@ -13,12 +13,8 @@ from tenacity import Retrying
 
 from prq.core.errors import PrqError, QueueUnavailable
 from prq.protocol.effects import Call, Reply
-from prq.transport.redis_io import (
-    DEFAULT_RETRY_MAX_S,
-    RedisUnavailable,
-    StepBudgets,
-    translate_errors,
-)
+from prq.transport.budgets import DEFAULT_RETRY_MAX_S, StepBudgets
+from prq.transport.translate import RedisUnavailable, translate_errors
 
 #: What one attempt costs on the fake clock (a refused connection, say), unless a test says.
 ATTEMPT_S = 0.001

@@ -23,7 +23,7 @@ from prq.serve.worker import (
     _TakeTurns,
     build_response,
 )
-from prq.transport.redis_io import MAX_ROUND_TRIPS_IN_FLIGHT
+from prq.transport.async_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 #: Bound of every wait in the _AsyncAnswers tests.
 WAIT_S = 5.0

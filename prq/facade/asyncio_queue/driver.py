@@ -22,10 +22,12 @@ from prq.node.base import SHUTDOWN_POLL_S, QueueBase
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
 from prq.protocol.scripts import script_load_calls
-from prq.transport.links import async_pubsub_connector, shard_layout
-from prq.transport.pulses import AsyncPulses, AsyncSignal, PulseRouter
-from prq.transport.redis_io import AsyncRedisIO
+from prq.transport.async_io import AsyncRedisIO
+from prq.transport.connectors import async_pubsub_connector, shard_layout
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.pulses import AsyncPulses
 from prq.transport.shard_pulses import AsyncShardPulses
+from prq.transport.signals import AsyncSignal
 
 if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore

@@ -22,9 +22,11 @@ from prq.node.base import SHUTDOWN_POLL_S, QueueBase
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
 from prq.protocol.scripts import script_load_calls
-from prq.transport.links import shard_layout, sync_pubsub_connector
-from prq.transport.pulses import PulseRouter, ThreadPulses, ThreadSignal
+from prq.transport.connectors import shard_layout, sync_pubsub_connector
+from prq.transport.pulse_router import PulseRouter
+from prq.transport.pulses import ThreadPulses
 from prq.transport.shard_pulses import ThreadShardPulses
+from prq.transport.signals import ThreadSignal
 from prq.transport.sync_io import SyncRedisIO
 
 if TYPE_CHECKING:
