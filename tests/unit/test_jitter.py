@@ -14,7 +14,7 @@ from prq.core.jitter import jitter, wait_jittered_exponential
 from prq.serve import worker
 from prq.transport import budgets
 
-PACKAGE = Path(budgets.__file__).parent
+PACKAGE = Path(budgets.__file__).parents[1]  # prq/
 
 
 def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:
@@ -36,6 +36,7 @@ def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:
 
 def test_no_module_of_the_library_draws_from_the_shared_generator() -> None:
     # (the demo's made-up traffic may: it is an application, not the library)
+    assert PACKAGE.name == "prq" and (PACKAGE / "__init__.py").is_file()
     drawing = []
     for path in PACKAGE.rglob("*.py"):
         if "demo" in path.relative_to(PACKAGE).parts or path.name == "jitter.py":
