@@ -26,10 +26,11 @@ from prq.core.errors import (
     RemoteError,
     RequestError,
     SerializationError,
+    ServerError,
     SignatureError,
 )
 from prq.core.lifecycle import DeliveryInfo, PendingRequest, RequestState, RequestStatus
-from prq.core.models import Request, Response, ServerError
+from prq.core.models import Request, Response
 from prq.facade.asyncio_queue import AsyncQueue
 from prq.facade.blocking_queue import Queue
 from prq.facade.send import BlockingSendHandle, SendHandle

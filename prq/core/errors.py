@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, JsonValue
+
 __all__ = [
     "CallTimeout",
     "CancelledAfterPickup",
@@ -78,7 +80,7 @@ class PayloadTooLarge(PrqError, ValueError):
 
 
 class _Validation(Protocol):
-    """What prq reads of a pydantic ValidationError (errors.py imports nothing of pydantic)."""
+    """What prq reads of a pydantic ValidationError: its `errors()`, typed by shape."""
 
     def errors(self, *, include_url: bool = ..., include_input: bool = ...) -> Sequence[Any]: ...
 
@@ -235,22 +237,15 @@ class ReceiverLost(RequestError):
     maybe_executed = True
 
 
-class ServerErrorFields(Protocol):
-    """What a RemoteError carries of the service's error: the fields of a ServerError
-    (prq.core.models). Typed by its shape, so that errors, the lowest module, imports no model
-    (the models import errors)."""
+class ServerError(BaseModel):
+    """What a service raised, as carried in `Response.error`."""
 
-    @property
-    def type(self) -> str: ...
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    @property
-    def message(self) -> str: ...
-
-    @property
-    def details(self) -> object: ...
-
-    @property
-    def retryable(self) -> bool: ...
+    type: str
+    message: str
+    details: JsonValue = None
+    retryable: bool = False
 
 
 class RemoteError(RequestError):
@@ -258,7 +253,7 @@ class RemoteError(RequestError):
 
     maybe_executed = True
 
-    def __init__(self, error: ServerErrorFields, *, request_id: str, endpoint: str) -> None:
+    def __init__(self, error: ServerError, *, request_id: str, endpoint: str) -> None:
         super().__init__(f"{error.type}: {error.message}", request_id=request_id, endpoint=endpoint)
         self.error = error
         self.retryable = error.retryable

@@ -26,6 +26,7 @@ from prq.core.errors import (
     InvalidRequest,
     PayloadTooLarge,
     SerializationError,
+    ServerError,
     typed_validation,
 )
 from prq.core.names import REQUEST_ID_PATTERN, new_request_id, readable_endpoint, validate_endpoint
@@ -73,17 +74,6 @@ Producer = Annotated[str, Field(max_length=MAX_PRODUCER_LENGTH)]
 StreamName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 #: The delivery modes, as text.
 DELIVERY_MODES: tuple[Delivery, ...] = get_args(Delivery)
-
-
-class ServerError(BaseModel):
-    """What a service raised, as carried in `Response.error`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str
-    message: str
-    details: JsonValue = None
-    retryable: bool = False
 
 
 class Request(BaseModel):
