@@ -47,7 +47,7 @@ from prq.core.models import (
     encode_stored_request,
     validate_endpoint,
 )
-from prq.node.data_loss import Floor
+from prq.node.data_loss.counters import Floor
 from prq.node.ran import RanRequests
 from prq.node.taken import TakenRequests
 from prq.node.watch import NodeWatch
