@@ -19,7 +19,9 @@ from typing import Any
 
 from prq.core.errors import PrqError
 from prq.core.lifecycle import PendingRequest
-from prq.node.data_loss import Check, DataLossWatch, Layout
+from prq.node.data_loss.checks import Check
+from prq.node.data_loss.scopes import Layout
+from prq.node.data_loss.watch import DataLossWatch
 from prq.node.heartbeats import Lease, Liveness
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply

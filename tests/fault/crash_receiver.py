@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from prq import Queue, QueueSettings, Request, current_request
-from prq.node import base as prq_node
+from prq.node.receiver import answering
 
 #: Where a receiver may be killed; see the module docstring.
 CRASH_POINTS = ("after_take", "after_handler", "after_response")
@@ -72,16 +72,16 @@ def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     service = DedupingService(config["url"], config["prefix"], config["crash_at"])
     if config["crash_at"] == "after_response":
-        after_respond = prq_node.QueueBase._after_respond
+        after_respond = answering.Answerer._after_respond
 
         def answered_then_crash(
-            self: prq_node.QueueBase, request_id: str, outcome: str, body: bytes
+            self: answering.Answerer, request_id: str, outcome: str, body: bytes
         ) -> Callable[[], None] | None:
             clean_up = after_respond(self, request_id, outcome, body)
             service.crash("after_response")
             return clean_up
 
-        prq_node.QueueBase._after_respond = answered_then_crash  # type: ignore[method-assign]
+        answering.Answerer._after_respond = answered_then_crash  # type: ignore[method-assign]
     # a watchdog: a test that goes wrong must not leave this process behind
     lifetime = float(config["max_lifetime_s"])
     threading.Timer(lifetime, lambda: os._exit(3)).start()

@@ -11,7 +11,9 @@ from redis.exceptions import ResponseError
 
 from prq.core.config import QueueSettings
 from prq.core.keys import KeySchema
-from prq.node.data_loss import UNJUDGED_WARN, Check, DataLossWatch, Layout, Loss
+from prq.node.data_loss.checks import UNJUDGED_WARN, Check, Loss
+from prq.node.data_loss.scopes import Layout
+from prq.node.data_loss.watch import DataLossWatch
 from prq.protocol.effects import Reply
 from prq.protocol.flows import Context
 
