@@ -37,7 +37,7 @@ from api.throughput import ReadTotals, ThroughputSampler
 from prq.core.config import QueueSettings
 from prq.core.errors import ConfigurationError, PrqError, QueueShutdown
 from prq.facade.asyncio_queue import AsyncQueue
-from prq.ops.admin import Inspector
+from prq.ops.inspector import Inspector
 
 __all__ = ["create_app", "service_version"]
 

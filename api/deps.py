@@ -20,7 +20,8 @@ from api.settings import ApiSettings
 from api.throughput import ThroughputSampler
 from prq.core.names import MAX_ENDPOINT_LENGTH, REQUEST_ID_PATTERN
 from prq.facade.asyncio_queue import AsyncQueue
-from prq.ops.admin import MAX_PAGE, Inspector
+from prq.ops.inspector import Inspector
+from prq.ops.queue_view import MAX_PAGE
 
 __all__ = [
     "ENDPOINT_PATTERN",

@@ -10,7 +10,7 @@ from api.auth import require_admin, require_read
 from api.deps import EndpointQuery, ForgetQuery, QueuedQuery, ServiceDep
 from api.errors import error_responses
 from api.throughput import Throughput
-from prq.ops.admin import EndpointInfo, QueuedPage
+from prq.ops.answers import EndpointInfo, QueuedPage
 from prq.protocol.forget import ForgetOutcome
 
 __all__ = ["router"]

@@ -18,7 +18,7 @@ from api.auth import Role, require_read
 from api.deps import ServiceDep
 from api.errors import error_responses
 from prq.core.errors import PrqError
-from prq.ops.admin import RedisHealth
+from prq.ops.answers import RedisHealth
 
 __all__ = ["Health", "WhoAmI", "router"]
 

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from api.auth import require_read
 from api.deps import ServiceDep
 from api.errors import error_responses
-from prq.observe.metrics import refresh_endpoint_gauges, refresh_redis_gauges
+from prq.ops.exporter import refresh_endpoint_gauges, refresh_redis_gauges
 
 __all__ = ["router"]
 

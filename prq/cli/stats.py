@@ -1,6 +1,6 @@
 """`prq stats`: the endpoints of one key prefix as Redis sees them, and Redis's health.
 
-Reads through `prq.ops.admin.Inspector`, which never writes: it runs as the read-only ACL user
+Reads through `prq.ops.inspector.Inspector`, which never writes: it runs as the read-only ACL user
 (`prq-admin` in redis-conf/users.acl). A table on stdout (`--json`: one JSON document, or one
 per line with `--watch`), then Redis health warnings (eviction, persistence) below it.
 """
@@ -33,7 +33,8 @@ from prq.cli.options import (
 )
 from prq.core.config import RedisSettings
 from prq.core.errors import PrqError
-from prq.ops.admin import EndpointInfo, Inspector, RedisHealth
+from prq.ops.answers import EndpointInfo, RedisHealth
+from prq.ops.inspector import Inspector
 
 __all__ = ["Snapshot", "format_age", "render", "stats"]
 

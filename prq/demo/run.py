@@ -29,7 +29,7 @@ from prq.demo.spark import SPARK_NODE, BulkProgress, SparkBulk, spark_unavailabl
 from prq.demo.stats import EndpointStats, percentile
 from prq.demo.table import fmt_ms, render_table, status_line
 from prq.facade.asyncio_queue import AsyncQueue
-from prq.ops.admin import Inspector
+from prq.ops.inspector import Inspector
 from prq.transport.topology import close_client, sync_client
 
 __all__ = ["DemoResult", "run_demo"]

@@ -2,7 +2,7 @@
 
     run_demo ─┬─ SparkBulk thread: local[2] SparkSession → enqueue_dataframe(N rows) → stop
               ├─ node S (spawned, SPARK_NODE): AsyncQueue.serve poll://spark-bulk (drains it)
-              └─ BulkProgress task: reads the endpoint (prq.ops.admin.Inspector) 4 times a second
+              └─ BulkProgress task: reads the endpoint (prq.ops.inspector) 4 times a second
 
 The session starts before the live table (the JVM prints its start-up lines on stderr) and
 waits for `go`, so the endpoint's enqueue counter is read before the first row lands. Progress
@@ -30,7 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prq.core.errors import PrqError
 from prq.demo.config import NodeSpec
-from prq.ops.admin import EndpointInfo, Inspector
+from prq.ops.answers import EndpointInfo
+from prq.ops.inspector import Inspector
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -43,8 +43,8 @@ __all__ = [
 PREVIEW_BYTES = 1024
 #: Most dead letters one listing returns.
 MAX_LISTED = 1000
-#: A listing (of dead letters, or of queued requests: prq.ops.admin) reads a stored body only when
-#: it is at most this long, and only while the bodies it read total at most the budget: one
+#: A listing (of dead letters, or of queued requests: prq.ops.queue_view) reads a stored body only
+#: when it is at most this long, and only while the bodies it read total at most the budget: one
 #: listing moves a bounded number of bytes through Redis and its reader, however large the
 #: bodies (up to max_body_bytes each) and however many are listed. The others show their size
 #: only, marked `body_read=False`.

@@ -17,7 +17,7 @@ taken soonest) and at most offset + limit ids of each; a level served over more 
 that is listed without the others' ids (its depth still counts them). Ids withdrawn or
 cancelled while queued stay in their list until a take skips them, so a listing may show them
 (and positions past them shift by as many); callers that show records drop ids that are no
-longer queued (prq.ops.admin).
+longer queued (prq.ops.queue_view).
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ async def test_a_malformed_stored_limit_shows_as_none_with_a_warning(
     value: str,
 ) -> None:
     # Given a listed endpoint whose limits hash someone else wrote: one bad value, one good
-    caplog.set_level(logging.WARNING, logger="prq.ops.admin")
+    caplog.set_level(logging.WARNING, logger="prq.ops.endpoint_view")
     redis_client.hset(limits_key(key_prefix, ENDPOINT), mapping={"mif": value, "mp": "8"})
     async with queued_request(sender, ENDPOINT):
 

@@ -1,11 +1,11 @@
 """The series prq exports, as Prometheus stores them: sample name -> label names.
 
-Taken from the metrics prq registers (prq.observe.metrics), not from a list kept by hand: the
-counters and histograms with their label names, and the collectors' gauges and counters as they come
-out of a collect with one endpoint and one Redis server. prometheus_client names a counter's
-samples `<name>_total` and `<name>_created`, a histogram's `_bucket` (with `le`), `_sum`,
-`_count` and `_created`. `metrics_sample.prom` beside this file is a real scrape of the admin
-service's /metrics (the admin service, a receiver and a sender in one process, after a few
+Taken from the metrics prq registers (prq.observe.metrics, prq.ops.exporter), not from a list kept
+by hand: the counters and histograms with their label names, and the collectors' gauges and
+counters as they come out of a collect with one endpoint and one Redis server. prometheus_client
+names a counter's samples `<name>_total` and `<name>_created`, a histogram's `_bucket` (with `le`),
+`_sum`, `_count` and `_created`. `metrics_sample.prom` beside this file is a real scrape of the
+admin service's /metrics (the admin service, a receiver and a sender in one process, after a few
 calls and one request left queued); a test checks it agrees with these.
 """
 
@@ -19,7 +19,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 from prq.observe import metrics
-from prq.ops.admin import EndpointInfo, PriorityDepth, RedisMemory
+from prq.ops import exporter
+from prq.ops.answers import EndpointInfo, PriorityDepth, RedisMemory
 
 __all__ = ["SAMPLE", "SCRAPE_LABELS", "exported_series", "metric_names", "sample_series"]
 
@@ -45,7 +46,7 @@ def _wrapped() -> Iterable[tuple[Metric, list[str]]]:
 def _collected() -> Iterable[Metric]:
     """The collectors' families (what the admin service reads from Redis at each scrape), as
     they come out with one endpoint and one Redis server."""
-    endpoint = metrics.EndpointCollector()
+    endpoint = exporter.EndpointCollector()
     endpoint.update(
         [
             EndpointInfo(
@@ -55,7 +56,7 @@ def _collected() -> Iterable[Metric]:
             )
         ]
     )  # fmt: skip
-    redis = metrics.RedisCollector()
+    redis = exporter.RedisCollector()
     redis.update(
         [RedisMemory(node="h:6379", used_memory_bytes=1, maxmemory_bytes=0, evicted_keys=0)]
     )

@@ -36,7 +36,7 @@ from prq import (
 from prq.bulk import BulkClient
 from prq.core.keys import KeySchema, encode_endpoint
 from prq.embedded import free_port
-from prq.ops.admin import Inspector
+from prq.ops.inspector import Inspector
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
 from tests.redis_servers import adapt_acl, async_wait_until, redis7_binary, wait_until
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prq import AsyncQueue, QueueSettings, ReceiverLost, Request, RequestState
 from prq.datastreams import DataStream, FileSystemStore
 from prq.embedded import EmbeddedRedis, free_port
-from prq.ops.admin import Inspector
+from prq.ops.inspector import Inspector
 from tests.queue_facades import wait_for_state
 from tests.redis_servers import async_wait_until
 

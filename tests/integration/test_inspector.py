@@ -1,4 +1,4 @@
-"""The operator's view (prq.ops.admin.Inspector) against what nodes really do in Redis.
+"""The operator's view (prq.ops.inspector.Inspector) against what nodes really do in Redis.
 
 Depth, in flight, oldest age and live receivers must follow a request through its life: queued,
 taken, answered, cancelled, withdrawn by a pickup timeout, orphaned by a dead receiver.
@@ -29,7 +29,8 @@ from prq import (
 from prq.bulk import BulkClient
 from prq.core.keys import KeySchema, encode_endpoint
 from prq.embedded import EmbeddedRedis
-from prq.ops.admin import EndpointInfo, Inspector
+from prq.ops.answers import EndpointInfo
+from prq.ops.inspector import Inspector
 from prq.protocol.dead import dead_letter_call, purge_dead_letters_flow
 from prq.protocol.flows import Context
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
@@ -414,7 +415,7 @@ async def test_limits_show_in_the_same_round_trips_and_malformed_ones_as_none(
         return pipe
 
     inspector.client.pipeline = counting_pipeline  # type: ignore[method-assign]
-    caplog.set_level(logging.WARNING, logger="prq.ops.admin")
+    caplog.set_level(logging.WARNING, logger="prq.ops.endpoint_view")
     try:
         listed = {i.endpoint: i for i in await inspector.endpoints()}
     finally:

@@ -33,7 +33,7 @@ from prq.core.bodies import MARKER, parse
 from prq.core.keys import KeySchema
 from prq.core.models import encode_stored_request
 from prq.datastreams import DataStream, FileSystemStore
-from prq.ops.admin import Inspector
+from prq.ops.inspector import Inspector
 from tests.queue_facades import QueueFactory, run_all
 from tests.redis_servers import async_wait_until
 from tests.stored_bodies import read_body

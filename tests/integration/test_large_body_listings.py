@@ -13,7 +13,8 @@ import redis
 
 from prq.core.keys import KeySchema
 from prq.embedded import EmbeddedRedis
-from prq.ops.admin import Inspector, QueuedItem
+from prq.ops.answers import QueuedItem
+from prq.ops.inspector import Inspector
 from prq.protocol.dead import (
     BODY_READ_BUDGET_BYTES,
     BODY_READ_MAX_BYTES,

@@ -24,8 +24,8 @@ from prq import (
     RequestState,
 )
 from prq.embedded import EmbeddedRedis
-from prq.observe.metrics import refresh_endpoint_gauges
-from prq.ops.admin import Inspector
+from prq.ops.exporter import refresh_endpoint_gauges
+from prq.ops.inspector import Inspector
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.redis_servers import async_wait_until
 

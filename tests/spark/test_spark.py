@@ -31,7 +31,8 @@ from prq.core.bodies import MARKER
 from prq.core.keys import EndpointKeys, KeySchema
 from prq.core.models import Request, decode_stored_request
 from prq.embedded import EmbeddedRedis
-from prq.ops.admin import EndpointInfo, Inspector
+from prq.ops.answers import EndpointInfo
+from prq.ops.inspector import Inspector
 from prq.protocol.signing import ENVELOPE_MAGIC
 from prq.spark import (
     CALL_RESULT_SCHEMA,

@@ -25,7 +25,7 @@ from prq.cli.stats import Snapshot, format_age, render
 from prq.cli.worker import is_coroutine_handler, load_handler
 from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings
 from prq.core.errors import QueueUnavailable
-from prq.ops.admin import EndpointInfo, RedisHealth
+from prq.ops.answers import EndpointInfo, RedisHealth
 
 COMMANDS = ("worker", "call", "stats", "limits", "dead-letters", "api", "demo", "bench")
 #: A URL nothing listens on: commands must refuse bad input before they connect.
