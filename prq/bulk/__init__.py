@@ -56,17 +56,16 @@ from prq.core.models import (
 )
 from prq.observe import tracing
 from prq.protocol.effects import Call, Exec
-from prq.protocol.flows import old_layout_message, registry_calls
+from prq.protocol.flows.layout import old_layout_message
+from prq.protocol.flows.registry import registry_calls
 from prq.protocol.levels import levels_call, levels_from
 from prq.protocol.outcomes import open_response, resolve, response_of
-from prq.protocol.scripts import (
+from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
+from prq.protocol.scripts.liveness import canary_call, parse_canary
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.replies import RequestSnapshot
+from prq.protocol.scripts.request_state import (
     MAX_READ_IDS,
-    Redelivery,
-    RequestSnapshot,
-    canary_call,
-    enqueue_many_call,
-    parse_canary,
-    parse_enqueue_many,
     parse_snapshots,
     parse_withdraw,
     read_response_call,
@@ -300,7 +299,7 @@ class BulkClient:
         self.redis_settings = redis_settings
         self.keys = KeySchema(prefix, sharded=is_cluster_url(redis_settings.url))
         self._io = SyncRedisIO(redis_settings, self.settings)
-        #: Endpoints checked for the previous layout's lanes (flows.layout_flow), once each.
+        #: Endpoints checked for the previous layout's lanes (flows.layout.layout_flow), once each.
         self._layout_checked: set[str] = set()
         #: Signs the requests and checks the responses (None: no signing key; prq.protocol.signing).
         self.signer = Signer.from_settings(self.settings)

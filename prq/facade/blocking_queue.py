@@ -39,14 +39,12 @@ from prq.protocol.dead import (
     replay_dead_letter_flow,
 )
 from prq.protocol.effects import Exec, Flow, Handler, Offload, Reply
-from prq.protocol.flows import (
-    call_flow,
-    cancel_flow,
-    status_flow,
-)
+from prq.protocol.flows.call import call_flow
+from prq.protocol.flows.cancel import cancel_flow
+from prq.protocol.flows.status import status_flow
 from prq.protocol.forget import ForgetOutcome, forget_endpoint_flow
 from prq.protocol.limits import EndpointLimits, limits_flow, set_limits_flow
-from prq.protocol.scripts import script_load_calls
+from prq.protocol.scripts.loading import script_load_calls
 from prq.serve.sigterm import stop_on_sigterm
 from prq.transport.links import shard_layout, sync_pubsub_connector
 from prq.transport.pulses import PulseRouter, ThreadPulses, ThreadSignal

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from prq.core.errors import CancelledBeforePickup, PrqError
 from prq.core.models import Request, Response
-from prq.protocol.flows import withdraw_own_flow
+from prq.protocol.flows.cancel import withdraw_own_flow
 
 if TYPE_CHECKING:
     from prq.facade.asyncio_queue import AsyncQueue

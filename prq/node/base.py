@@ -1,7 +1,7 @@
 """One node of the queue: identity, settings, keys, and the request handling both facades share.
 
 Nothing here does I/O. `AsyncQueue` (queue.py) and `Queue` (sync.py) add the I/O path: they
-drive the flows of flows.py and own the connections. The node keeps two local maps:
+drive the flows of prq.protocol.flows and own the connections. The node keeps two local maps:
 `_sent` (requests it waits for: id → endpoint) and `_held` (requests it took and has not
 answered: id → PendingRequest with the owner token that answering needs).
 """
@@ -55,27 +55,15 @@ from prq.observe import metrics, tracing
 from prq.protocol.dead import dead_letter_call
 from prq.protocol.dedup import delivery_hash
 from prq.protocol.effects import Call, Exec, Flow, Offload, Reply
-from prq.protocol.flows import (
-    Context,
-    TakeResult,
-    cancel_flow,
-    layout_flow,
-    locator_calls,
-    new_token,
-    registry_calls,
-    respond_flow,
-    take_flow,
-)
+from prq.protocol.flows.cancel import cancel_flow
+from prq.protocol.flows.context import Context, new_token
+from prq.protocol.flows.layout import layout_flow
+from prq.protocol.flows.receiver import TakeResult, respond_flow, take_flow
+from prq.protocol.flows.registry import locator_calls, registry_calls
 from prq.protocol.health import INFO_CALLS
-from prq.protocol.scripts import (
-    Redelivery,
-    TakenItem,
-    enqueue_many_call,
-    hand_back_call,
-    parse_enqueue_many,
-    parse_unpark,
-    unpark_call,
-)
+from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import TakenItem, hand_back_call, parse_unpark, unpark_call
 from prq.protocol.signing import Renewals, Signer, unwrap
 from prq.protocol.stream_keeper import StreamKeeper
 from prq.transport.pulses import PulseRouter, PulsesBase
@@ -456,7 +444,7 @@ class QueueBase:
         rolled-back Redis handed out again are cancelled, undecodable ones are answered with an
         error. Returns what the handler may run. `current` gets the token of the take under
         way, so a driver whose take is cut short can give back what it got (`_unpark_flow`).
-        The node's first take of an endpoint checks its layout first (flows.layout_flow)."""
+        The node's first take of an endpoint checks its layout first (flows.layout.layout_flow)."""
         yield from self._check_layout_flow(endpoint)
         while True:
             if self._watch.presence.took(endpoint, time.monotonic()):
@@ -535,7 +523,7 @@ class QueueBase:
 
     def _check_layout_flow(self, endpoint: str) -> Flow[None]:
         """Once per endpoint (until it passes): refuse one that holds the previous scheduling
-        layout (flows.layout_flow; ConfigurationError)."""
+        layout (flows.layout.layout_flow; ConfigurationError)."""
         if endpoint not in self._layout_checked:
             yield from layout_flow(self.ctx, endpoint)
             self._layout_checked.add(endpoint)

@@ -74,8 +74,8 @@ from redis.crc import key_slot
 
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
-from prq.protocol.flows import Context
-from prq.protocol.scripts import canary_call
+from prq.protocol.flows.context import Context
+from prq.protocol.scripts.liveness import canary_call
 
 logger = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from prq.core.records import (
 )
 from prq.protocol.dead import DeadLetter, bodies_to_read, dead_letters_flow
 from prq.protocol.effects import Call, Exec, Flow
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from prq.protocol.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
 from prq.protocol.levels import levels_call, levels_from, queued_ids_flow
 from prq.protocol.limits import MAX_LIMIT, EndpointLimits

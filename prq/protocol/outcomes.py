@@ -20,7 +20,7 @@ from prq.core.errors import (
     SerializationError,
 )
 from prq.core.models import RequestState, Response, decode_response
-from prq.protocol.scripts import HANDED, RequestSnapshot
+from prq.protocol.scripts.replies import HANDED, RequestSnapshot
 from prq.protocol.signing import Signer, unwrap
 
 __all__ = ["open_response", "resolve", "response_of"]

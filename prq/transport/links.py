@@ -49,7 +49,7 @@ from redis.exceptions import (
 
 from prq.core.errors import QueueShutdown
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import for_cluster
+from prq.protocol.scripts.loading import for_cluster
 
 logger = logging.getLogger(__name__)
 

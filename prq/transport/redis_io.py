@@ -56,7 +56,8 @@ from prq.core.errors import ConfigurationError, PrqError, QueueFull, QueueShutdo
 from prq.core.jitter import wait_jittered_exponential
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import merge_calls, script_load_calls
+from prq.protocol.scripts.loading import script_load_calls
+from prq.protocol.scripts.merging import merge_calls
 from prq.transport.links import AsyncClusterLink, async_link
 from prq.transport.topology import aclose_client, async_client, locate, redact_url
 

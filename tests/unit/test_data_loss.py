@@ -13,7 +13,7 @@ from prq.core.config import QueueSettings
 from prq.core.keys import KeySchema
 from prq.node.data_loss import UNJUDGED_WARN, Check, DataLossWatch, Layout, Loss
 from prq.protocol.effects import Reply
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 #: A list TTL of 100 s: a check's refresh vouches for a counter 50 s from when it was sent.
 LIST_TTL_S = 100.0
