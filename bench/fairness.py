@@ -43,7 +43,9 @@ from prq import AsyncQueue, QueueSettings, Request
 from prq.bulk import BulkClient
 from prq.core.keys import EndpointKeys, KeySchema
 from prq.embedded import redis_url_or_embedded
-from prq.protocol.scripts import TAKE, Redelivery, take_call
+from prq.protocol.scripts.loading import TAKE
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import take_call
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The scheduling helpers the scripts include (scripts/_queue.lua).

@@ -18,7 +18,9 @@ import redis
 
 from prq import QueueSettings
 from prq.core.keys import EndpointKeys, KeySchema
-from prq.protocol.scripts import TAKE, Redelivery, TakenItem, parse_take, take_call
+from prq.protocol.scripts.loading import TAKE
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import TakenItem, parse_take, take_call
 
 
 def queued_ids(client: redis.Redis, keys: EndpointKeys) -> list[bytes]:

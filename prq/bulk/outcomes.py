@@ -19,12 +19,11 @@ from prq.core.models import Response
 from prq.core.names import validate_endpoint
 from prq.protocol.effects import Call
 from prq.protocol.outcomes import open_response, resolve, response_of
-from prq.protocol.scripts import (
+from prq.protocol.scripts.liveness import canary_call, parse_canary
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.replies import RequestSnapshot
+from prq.protocol.scripts.request_state import (
     MAX_READ_IDS,
-    Redelivery,
-    RequestSnapshot,
-    canary_call,
-    parse_canary,
     parse_snapshots,
     parse_withdraw,
     read_response_call,

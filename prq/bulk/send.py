@@ -15,8 +15,9 @@ from prq.bulk.results import BatchRefused, BulkResult
 from prq.core.errors import ConfigurationError, SerializationError
 from prq.core.models import decode_stored_request
 from prq.protocol.effects import Call
-from prq.protocol.flows import old_layout_message, registry_calls
-from prq.protocol.scripts import enqueue_many_call, parse_enqueue_many
+from prq.protocol.flows.layout import old_layout_message
+from prq.protocol.flows.registry import registry_calls
+from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
 
 __all__ = ["BulkSending"]
 

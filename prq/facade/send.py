@@ -30,7 +30,8 @@ from typing import Any, Protocol, TypeVar
 from prq.core.errors import CancelledBeforePickup, PrqError
 from prq.core.models import Request, Response
 from prq.protocol.effects import Flow
-from prq.protocol.flows import Context, withdraw_own_flow
+from prq.protocol.flows.cancel import withdraw_own_flow
+from prq.protocol.flows.context import Context
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from prq.node.receiver.answering import Answerer
 from prq.node.receiver.taking import Taker
 from prq.node.sender import SenderHalf
 from prq.node.taken import TakenRequests
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from prq.protocol.signing import Renewals, Signer
 from prq.protocol.stream_keeper import StreamKeeper
 from prq.transport.topology import is_cluster_url

@@ -17,7 +17,8 @@ from prq.core.keys import KeySchema
 from prq.core.models import check_body_size
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Call, Flow, Reply
-from prq.protocol.flows import Context, layout_flow
+from prq.protocol.flows.context import Context
+from prq.protocol.flows.layout import layout_flow
 from prq.protocol.health import INFO_CALLS
 from prq.protocol.stream_keeper import StreamKeeper
 from prq.transport.batches import IOCounters

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from prq.core.errors import PrqError
 from prq.core.lifecycle import PendingRequest
 from prq.protocol.effects import Call, Reply
-from prq.protocol.flows import Context
-from prq.protocol.scripts import beat_call, parse_beat
+from prq.protocol.flows.context import Context
+from prq.protocol.scripts.liveness import beat_call, parse_beat
 
 logger = logging.getLogger(__name__)
 

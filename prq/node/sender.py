@@ -37,8 +37,8 @@ from prq.core.names import (
 from prq.node.core import NodeCore
 from prq.observe import metrics
 from prq.protocol.effects import Exec, Flow
-from prq.protocol.flows import locator_calls, registry_calls
-from prq.protocol.scripts import enqueue_many_call, parse_enqueue_many
+from prq.protocol.flows.registry import locator_calls, registry_calls
+from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
 
 __all__ = ["SenderHalf"]
 

@@ -25,7 +25,7 @@ from prq.node.data_loss.watch import DataLossWatch
 from prq.node.heartbeats import Lease, Liveness
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from prq.protocol.health import INFO_CALLS, parse_info, redis_warnings
 from prq.protocol.presence import Presence
 from prq.transport.pulse_router import PulseRouter

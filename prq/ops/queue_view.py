@@ -31,7 +31,7 @@ from prq.ops.reading import (
     _text,
 )
 from prq.protocol.dead import DeadLetter, bodies_to_read, dead_letters_flow
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from prq.protocol.levels import queued_ids_flow
 from prq.protocol.signing import unwrap
 

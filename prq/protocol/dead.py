@@ -23,8 +23,9 @@ from pydantic import BaseModel, ConfigDict
 from prq.core.errors import SerializationError, SignatureError
 from prq.core.names import readable_endpoint, validate_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
-from prq.protocol.flows import Context, locator_calls, registry_calls
-from prq.protocol.scripts import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
+from prq.protocol.flows.context import Context
+from prq.protocol.flows.registry import locator_calls, registry_calls
+from prq.protocol.scripts.loading import DEAD_LETTER, PURGE_DEAD, REPLAY_DEAD
 from prq.protocol.signing import unwrap
 
 __all__ = [

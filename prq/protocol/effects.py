@@ -1,4 +1,7 @@
-"""Aliases and Protocols shared by the modules (never a module named typing.py)."""
+"""Aliases and Protocols shared by the modules (never a module named typing.py): the effects a
+flow yields (`Exec` of `Call`s, `Wait`, `Offload`), the raw `Reply`, and the `Script` a call
+may run. It imports nothing of the protocol: the scripts' builders (prq.protocol.scripts) and
+the flows build on it, never the other way round."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ from prq.core.errors import SerializationError
 
 if TYPE_CHECKING:
     from prq.core.models import Request
-    from prq.protocol.scripts import Script
 
 #: A raw reply as redis-py hands it over (bytes, ints, lists of those, None, or an error).
 Reply: TypeAlias = bytes | str | int | float | list["Reply"] | Exception | None
@@ -26,6 +28,19 @@ class Call:
 
     args: tuple[str | int | bytes, ...]
     script: Script | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script, identified by the SHA1 of its source (read from its file by
+    prq.protocol.scripts.loading)."""
+
+    name: str
+    source: str
+    sha: str
+
+    def call(self, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]) -> Call:
+        return Call(("EVALSHA", self.sha, len(keys), *keys, *args), self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from prq.core.keys import encode_endpoint
 from prq.core.names import readable_endpoint
 from prq.protocol.effects import Call, Exec, Flow
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from prq.protocol.levels import levels_flow
 from prq.protocol.presence import RECEIVER_LIVE_REPORTS, presence_interval_s
 

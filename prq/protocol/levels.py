@@ -28,7 +28,7 @@ from prq.core.keys import EndpointKeys
 from prq.core.models import MAX_PRIORITY, MIN_PRIORITY
 from prq.core.names import readable_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply, first_reply, reply_list, reply_text
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 __all__ = [
     "MAX_LEVELS",

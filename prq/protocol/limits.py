@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prq.core.errors import InvalidSettings, SerializationError, typed_validation
 from prq.core.names import validate_endpoint
 from prq.protocol.effects import Call, Exec, Flow, Reply
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 __all__ = ["MAX_LIMIT", "EndpointLimits", "limits_flow", "set_limits_flow"]
 

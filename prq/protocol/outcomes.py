@@ -21,7 +21,7 @@ from prq.core.errors import (
 )
 from prq.core.lifecycle import RequestState
 from prq.core.models import Response, decode_response
-from prq.protocol.scripts import HANDED, RequestSnapshot
+from prq.protocol.scripts.replies import HANDED, RequestSnapshot
 from prq.protocol.signing import Signer, unwrap
 
 __all__ = ["open_response", "resolve", "response_of"]

@@ -20,7 +20,7 @@ import time
 from prq.core.config import QueueSettings
 from prq.core.keys import KeySchema, encode_endpoint
 from prq.protocol.effects import Call
-from prq.protocol.scripts import presence_call
+from prq.protocol.scripts.liveness import presence_call
 
 __all__ = ["RECEIVER_LIVE_REPORTS", "Presence", "presence_interval_s"]
 

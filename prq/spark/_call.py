@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from prq.bulk import BulkClient, LossWatch
 from prq.core.errors import PrqError
-from prq.protocol.scripts import RequestSnapshot
+from prq.protocol.scripts.replies import RequestSnapshot
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
 from prq.spark._encode import Chunk, arrow_chunks
 from prq.spark._runtime import Enqueuer, FailureHook, map_in_arrow, task_identity

@@ -36,7 +36,7 @@ from redis.exceptions import (
 
 from prq.core.errors import QueueShutdown
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import for_cluster
+from prq.protocol.scripts.loading import for_cluster
 from prq.transport.wire import _cancels, _exchange, raise_if_cancelled
 
 logger = logging.getLogger(__name__)

@@ -2,11 +2,12 @@
 
 Every channel prq publishes to on a cluster is a shard channel of one endpoint's slot: the
 endpoint's pulse channel, and the node channels of its requests (`<endpoint tag>:n:<node>`,
-keys.EndpointKeys.node_channel). The scripts publish with SPUBLISH (scripts.for_cluster), which
-only the master that serves the slot (and its replicas) hears. So a node keeps one pub/sub
-connection per master that serves a channel it wants (prq.transport.pulses.AsyncPulses or
-ThreadPulses reading SSUBSCRIBE replies), never one per request: it subscribes to a node channel
-once per endpoint it calls or serves, and to a pulse channel once per endpoint it serves.
+keys.EndpointKeys.node_channel). The scripts publish with SPUBLISH
+(scripts.loading.for_cluster), which only the master that serves the slot (and its replicas)
+hears. So a node keeps one pub/sub connection per master that serves a channel it wants
+(prq.transport.pulses.AsyncPulses or ThreadPulses reading SSUBSCRIBE replies), never one per
+request: it subscribes to a node channel once per endpoint it calls or serves, and to a pulse
+channel once per endpoint it serves.
 
 Which master serves a channel is read from the slot table redis-py keeps for the node's cluster
 client (refreshed by redis-py on MOVED and connection errors). A channel is routed again when

@@ -20,7 +20,8 @@ from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import PrqError, QueueShutdown
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import merge_calls, script_load_calls
+from prq.protocol.scripts.loading import script_load_calls
+from prq.protocol.scripts.merging import merge_calls
 from prq.transport.batches import DEFAULT_MAX_BATCH_STEPS, IOCounters, _needs_scripts, _split
 from prq.transport.budgets import STEP_GRACE_S, StepBudgets
 from prq.transport.client_options import client_kwargs

@@ -25,7 +25,7 @@ from prq.bulk import BulkClient
 from prq.core.errors import PrqError
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import APPLY_RESPONSE
+from prq.protocol.scripts.loading import APPLY_RESPONSE
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until

@@ -3,8 +3,8 @@ race answers going out together, and max_in_flight when receivers take in batche
 
 A receiver takes as many requests in one take as it has free slots (AsyncQueue.serve), or as
 it has idle workers (Queue.serve); the answers that are ready together go to Redis as one script
-call (prq.protocol.scripts.merge_answers). Each request in a batch must keep every guarantee it has
-alone.
+call (prq.protocol.scripts.merging.merge_answers). Each request in a batch must keep every
+guarantee it has alone.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ async def test_calls_made_at_once_share_enqueue_script_calls(
     # Then each caller got its own answer
     assert results == list(range(MERGED_CALLS))
     # And the sender sent fewer script calls than it made calls: enqueues to one endpoint that
-    # went out together were one script call (prq.protocol.scripts.merge_enqueues)
+    # went out together were one script call (prq.protocol.scripts.merging.merge_enqueues)
     sent = sender.stats.redis_commands - sender_0
     assert sent < MERGED_CALLS, sent
     assert own_redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] > evalsha_0

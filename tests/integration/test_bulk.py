@@ -14,7 +14,7 @@ import redis
 from prq import QueueSettings, Request, RequestState
 from prq.bulk import BulkClient, LossWatch
 from prq.core.keys import KeySchema
-from prq.protocol.scripts import enqueue_many_call, parse_enqueue_many
+from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth, queued_ids, silent_take
 from tests.redis_servers import async_wait_until, server_ms, wait_until

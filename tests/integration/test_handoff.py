@@ -28,15 +28,9 @@ from prq import PickupTimeout, Request, RequestState, Response
 from prq.bulk import BulkClient
 from prq.core.config import QueueSettings
 from prq.core.keys import EndpointKeys, KeySchema
-from prq.protocol.scripts import (
-    TAKE,
-    UNPARK,
-    Redelivery,
-    parse_take,
-    parse_unpark,
-    take_call,
-    unpark_call,
-)
+from prq.protocol.scripts.loading import TAKE, UNPARK
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import parse_take, parse_unpark, take_call, unpark_call
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
 from tests.redis_servers import async_wait_until
 

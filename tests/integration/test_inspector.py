@@ -32,7 +32,7 @@ from prq.embedded import EmbeddedRedis
 from prq.ops.answers import EndpointInfo
 from prq.ops.inspector import Inspector
 from prq.protocol.dead import dead_letter_call, purge_dead_letters_flow
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
 from tests.redis_servers import async_wait_until
 

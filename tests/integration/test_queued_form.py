@@ -15,7 +15,7 @@ import redis
 from prq import QueueSettings, Request, RequestState, Response
 from prq.bulk import BulkClient
 from prq.core.records import queued_fields
-from prq.protocol import scripts
+from prq.protocol.scripts import enqueue as enqueue_steps
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
@@ -29,7 +29,7 @@ ENDPOINT = "poll://queued-form"
 @pytest.fixture(autouse=True, params=["Q1", "Q2"])
 def shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every batch goes in this shape of the queued form, whatever its size."""
-    monkeypatch.setattr(scripts, "SHARED_HEAD_MIN", 10**9 if request.param == "Q1" else 1)
+    monkeypatch.setattr(enqueue_steps, "SHARED_HEAD_MIN", 10**9 if request.param == "Q1" else 1)
     return str(request.param)
 
 
@@ -271,13 +271,13 @@ def test_a_batch_sent_whole_shares_one_head_that_outlives_its_requests(
         redis_client.hset(keys.limits, "mp", 5)  # (max_pending 5, as a node sets it)
         # When it is sent, refused in part, and its call is run again as it was (same nonce:
         # a reply that was lost) once there is room
-        call = scripts.enqueue_many_call(
+        call = enqueue_steps.enqueue_many_call(
             keys, "nonce-h", [(r.id, b'{"m":"m"}') for r in requests], 1_000, 60_000,
             600_000, 600_000,
         )  # fmt: skip
-        first = scripts.parse_enqueue_many(bulk._io.execute([call])[0], 8)
+        first = enqueue_steps.parse_enqueue_many(bulk._io.execute([call])[0], 8)
         redis_client.hdel(keys.limits, "mp")
-        again = scripts.parse_enqueue_many(bulk._io.execute([call])[0], 8)
+        again = enqueue_steps.parse_enqueue_many(bulk._io.execute([call])[0], 8)
 
     # Then the first run queued 5 and refused 3; the rerun queued those 3 and counted the 5
     assert (first.accepted, first.refused_ids) == (5, ["h5", "h6", "h7"])

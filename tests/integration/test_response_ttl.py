@@ -17,7 +17,7 @@ from prq import Request, SignatureError
 from prq.bulk import BulkClient
 from prq.core.bodies import is_spilled, parse
 from prq.datastreams import FileSystemStore
-from prq.protocol.scripts import RequestSnapshot
+from prq.protocol.scripts.replies import RequestSnapshot
 from prq.protocol.signing import Signer
 from tests.queue_facades import QueueFactory
 from tests.redis_servers import async_wait_until

@@ -18,22 +18,15 @@ from prq import QueueFull, QueueSettings, Request
 from prq.core.keys import KeySchema
 from prq.protocol.dead import dead_letter_call, replay_dead_letter_flow
 from prq.protocol.effects import Call, Exec, Flow, Reply
-from prq.protocol.flows import Context
-from prq.protocol.scripts import (
-    ALL_SCRIPTS,
-    Redelivery,
-    apply_response_call,
-    enqueue_call,
-    merge_answers,
-    merge_enqueues,
-    parse_apply_response,
-    parse_enqueue,
-    parse_take,
-    parse_withdraw,
-    presence_call,
-    take_call,
-    withdraw_call,
-)
+from prq.protocol.flows.context import Context
+from prq.protocol.scripts.answer import apply_response_call, parse_apply_response
+from prq.protocol.scripts.enqueue import enqueue_call, parse_enqueue
+from prq.protocol.scripts.liveness import presence_call
+from prq.protocol.scripts.loading import ALL_SCRIPTS
+from prq.protocol.scripts.merging import merge_answers, merge_enqueues
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.request_state import parse_withdraw, withdraw_call
+from prq.protocol.scripts.take import parse_take, take_call
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import url_client
 

@@ -15,7 +15,7 @@ from prq.node.data_loss.checks import UNJUDGED_WARN, Check, Loss
 from prq.node.data_loss.scopes import Layout
 from prq.node.data_loss.watch import DataLossWatch
 from prq.protocol.effects import Reply
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 #: A list TTL of 100 s: a check's refresh vouches for a counter 50 s from when it was sent.
 LIST_TTL_S = 100.0

@@ -331,7 +331,7 @@ def commands_in(path: Path) -> set[str]:
     for first in re.findall(r'(?:send|execute)_command\(\s*"([A-Z]+)"', text):
         found.add(first.lower())
     # A command named by a choice (pulses: SUBSCRIBE, or SSUBSCRIBE on a cluster), and Lua
-    # written from Python (scripts.for_cluster's twins publish with SPUBLISH).
+    # written from Python (scripts.loading.for_cluster's twins publish with SPUBLISH).
     for choice in re.findall(r'command = "([A-Z]+)" if .* else "([A-Z]+)"', text):
         found.update(word.lower() for word in choice)
     found.update(c.lower() for c in re.findall(r"redis\.p?call\('([A-Z]+)'", text))

@@ -13,7 +13,7 @@ from prq import QueueSettings, Request
 from prq.core.keys import KeySchema
 from prq.core.lifecycle import DeliveryInfo, PendingRequest
 from prq.node.heartbeats import Liveness
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 #: Holds and releases made while the plan is read again and again.
 CHURN = 20_000

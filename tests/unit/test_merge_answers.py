@@ -1,5 +1,5 @@
 """Answers to one endpoint that go out in one round trip are merged into one script call
-(prq.protocol.scripts.merge_answers), and each caller still gets its own reply."""
+(prq.protocol.scripts.merging.merge_answers), and each caller still gets its own reply."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from redis.exceptions import NoScriptError
 
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import MAX_MERGED_ANSWERS, apply_response_call, merge_answers
+from prq.protocol.scripts.answer import apply_response_call
+from prq.protocol.scripts.merging import MAX_MERGED_ANSWERS, merge_answers
 
 KEYS = KeySchema("t")
 

@@ -1,5 +1,5 @@
 """Enqueues to one endpoint that go out in one round trip are merged into one script call
-(prq.protocol.scripts.merge_enqueues), and each caller still gets its own reply."""
+(prq.protocol.scripts.merging.merge_enqueues), and each caller still gets its own reply."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ from redis.exceptions import NoScriptError
 
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import (
-    ENQUEUE_ARGS,
-    MAX_MERGED_ENQUEUES,
-    apply_response_call,
-    enqueue_call,
-    merge_calls,
-    merge_enqueues,
-)
+from prq.protocol.scripts.answer import apply_response_call
+from prq.protocol.scripts.enqueue import ENQUEUE_ARGS, enqueue_call
+from prq.protocol.scripts.merging import MAX_MERGED_ENQUEUES, merge_calls, merge_enqueues
 
 KEYS = KeySchema("t")
 

@@ -8,16 +8,11 @@ from importlib import resources
 import pytest
 
 from prq import SerializationError
-from prq.protocol.scripts import (
-    ALL_SCRIPTS,
-    TakeReply,
-    parse_apply_response,
-    parse_enqueue,
-    parse_enqueue_many,
-    parse_snapshot,
-    parse_take,
-    parse_withdraw,
-)
+from prq.protocol.scripts.answer import parse_apply_response
+from prq.protocol.scripts.enqueue import parse_enqueue, parse_enqueue_many
+from prq.protocol.scripts.loading import ALL_SCRIPTS
+from prq.protocol.scripts.request_state import parse_snapshot, parse_withdraw
+from prq.protocol.scripts.take import TakeReply, parse_take
 
 
 def test_every_script_documents_keys_argv_reply_and_invariants() -> None:
@@ -125,7 +120,7 @@ def test_parse_snapshot() -> None:
 
 
 def test_parse_beat_reads_the_progress_and_ignores_junk_in_it() -> None:
-    from prq.protocol.scripts import parse_beat
+    from prq.protocol.scripts.liveness import parse_beat
 
     assert parse_beat([b"taken", b"", b"5/10"]) == ("taken", "", (5, 10))
     assert parse_beat([b"taken", b"", b""]) == ("taken", "", None)
@@ -141,7 +136,7 @@ def _code(lua: str) -> str:
 
 def test_every_helper_a_script_calls_is_in_it_and_the_helpers_keep_their_layout() -> None:
     # The helper files: every function starts a line with `local function` and ends at the
-    # first line that is `end` alone (Script.load leaves out those a script does not call)
+    # first line that is `end` alone (load_script leaves out those a script does not call)
     files = resources.files("prq.protocol.scripts")
     helpers: set[str] = set()
     for path in files.iterdir():

@@ -21,7 +21,9 @@ from prq.core.models import Delivery, Request, Response
 from prq.facade.asyncio_queue.driver import AsyncDriver
 from prq.facade.send import OnFailure, OnResponse, SendHandle, SendState
 from prq.observe import metrics, tracing
-from prq.protocol.flows import call_flow, cancel_flow, status_flow
+from prq.protocol.flows.call import call_flow
+from prq.protocol.flows.cancel import cancel_flow
+from prq.protocol.flows.status import status_flow
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from prq.core.errors import DataLoss, PrqError, QueueShutdown
 from prq.node.base import SHUTDOWN_POLL_S, QueueBase
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
-from prq.protocol.scripts import script_load_calls
+from prq.protocol.scripts.loading import script_load_calls
 from prq.transport.connectors import shard_layout, sync_pubsub_connector
 from prq.transport.pulse_router import PulseRouter
 from prq.transport.pulses import ThreadPulses

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prq.node.data_loss.counters import EnqueueCounters, Floor, learn_ghosts
 from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts import canary_call
+from prq.protocol.scripts.liveness import canary_call
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from redis.crc import key_slot
 
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 logger = logging.getLogger(__name__)
 

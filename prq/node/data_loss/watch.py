@@ -16,7 +16,7 @@ from prq.node.data_loss.checks import LossChecks
 from prq.node.data_loss.counters import learn_ghosts
 from prq.node.data_loss.scopes import Layout
 from prq.observe import metrics
-from prq.protocol.flows import Context
+from prq.protocol.flows.context import Context
 
 logger = logging.getLogger(__name__)
 

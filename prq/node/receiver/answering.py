@@ -22,7 +22,7 @@ from prq.core.models import Response, ServerError
 from prq.node.receiver.held import HeldRequests
 from prq.observe import metrics
 from prq.protocol.effects import Exec, Flow, Reply
-from prq.protocol.flows import respond_flow
+from prq.protocol.flows.receiver import respond_flow
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from prq.node.core import NodeCore
 from prq.node.ran import RanRequests
 from prq.node.taken import TakenRequests
 from prq.protocol.effects import Exec, Flow
-from prq.protocol.scripts import Redelivery, hand_back_call, parse_unpark, unpark_call
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import hand_back_call, parse_unpark, unpark_call
 from prq.protocol.signing import Renewals
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import time
 from prq.core.errors import SerializationError, SignatureError
 from prq.node.receiver.held import HeldRequests
 from prq.protocol.effects import Call, Exec, Flow
-from prq.protocol.scripts import TakenItem
+from prq.protocol.scripts.take import TakenItem
 from prq.protocol.signing import unwrap
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,10 @@ from prq.observe import metrics, tracing
 from prq.protocol.dead import dead_letter_call
 from prq.protocol.dedup import delivery_hash
 from prq.protocol.effects import Exec, Flow, Offload
-from prq.protocol.flows import TakeResult, cancel_flow, new_token, respond_flow, take_flow
-from prq.protocol.scripts import TakenItem
+from prq.protocol.flows.cancel import cancel_flow
+from prq.protocol.flows.context import new_token
+from prq.protocol.flows.receiver import TakeResult, respond_flow, take_flow
+from prq.protocol.scripts.take import TakenItem
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 --[[ apply_response: store the responses of taken requests of one endpoint (the first one for a
 request wins) and pulse their waiters. One call answers one request or many: a receiver's
-answers that are ready together go in one call (prq.protocol.scripts.merge_answers).
+answers that are ready together go in one call (prq.protocol.scripts.merging.merge_answers).
 
 KEYS[1]  in-flight ids         prq:{e}:run      (the answered ids leave it)
 KEYS[2]  limits                prq:{e}:lim      (a limited endpoint's receivers are woken)

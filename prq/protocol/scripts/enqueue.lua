@@ -1,6 +1,6 @@
 --[[ enqueue: queue requests for one endpoint, or hand them to parked receivers; once per id.
 One call enqueues one request or many: a node's enqueues to one endpoint that go out together
-are merged into one call (prq.protocol.scripts.merge_enqueues), each judged as if it came alone, in order.
+are merged into one call (prq.protocol.scripts.merging.merge_enqueues), each judged as if it came alone, in order.
 
 KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[12..] the others')
 KEYS[2]  queued levels         prq:{e}:pri      (see _queue.lua)
