@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Self
 
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.keys import KeySchema
-from prq.node.ran import RanRequests
 from prq.node.receiver.answering import Answerer
+from prq.node.receiver.ran import RanRequests
+from prq.node.receiver.taken import TakenRequests
 from prq.node.receiver.taking import Taker
 from prq.node.sender import SenderHalf
-from prq.node.taken import TakenRequests
 from prq.protocol.flows.context import Context
 from prq.protocol.signing import Renewals, Signer
 from prq.protocol.stream_keeper import StreamKeeper

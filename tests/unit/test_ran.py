@@ -3,7 +3,7 @@ generation (the node's epoch and the counter's life); answers belong to the late
 
 from __future__ import annotations
 
-from prq.node.ran import RanRequests
+from prq.node.receiver.ran import RanRequests
 
 E = "poll://e"
 

@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from prq.node.seen import SeenSequences
+from prq.node.receiver.seen import SeenSequences
 
 
 def gaps(seen: SeenSequences) -> list[list[int]]:

@@ -3,7 +3,7 @@ request id, so an id sent again is a new request while a rolled-back Redis is st
 
 from __future__ import annotations
 
-from prq.node.taken import TakenRequests
+from prq.node.receiver.taken import TakenRequests
 
 E = "poll://e"
 

@@ -24,8 +24,8 @@ expired in its own time:
   paused), or has not checked a counter it just met (a new endpoint brings a check at once).
 - a floor whose vouching lapsed starts a new *life* of the counter: it may have expired and
   started again, so its sequence numbers repeat, and the receiver's memories of them (what it
-  took, prq.node.taken; what it ran, prq.node.ran) begin afresh with the life. A life is a number
-  that never repeats on one node.
+  took, prq.node.receiver.taken; what it ran, prq.node.receiver.ran) begin afresh with the
+  life. A life is a number that never repeats on one node.
 - a node stops reading, refreshing and remembering the counter of an endpoint it has not used
   (enqueued on, taken from, held or waited on) for a list TTL; the counter then expires a list
   TTL after the last refresh, and the endpoint starts a new life if the node uses it again.
@@ -34,22 +34,21 @@ This needs `data_loss_check_interval_s` below half of `list_ttl_s` (60 s and 12 
 with a longer interval no floor stays vouched for from one check to the next, so only the
 canary tells a loss and every check starts a new life.
 
-On either sign the node declares data loss: its `epoch` advances, so every call in flight fails
-with DataLoss, every request it holds is cancelled with reason `data_loss`, and the next check
-writes a fresh canary and learns the counters anew (a declaration keeps the lives: prq.node.taken
-still refuses what the rolled-back Redis hands out again). What that Redis still queues from
-before the loss (*ghosts*: a stale replica misses the takes and answers of requests that ran)
-must not run again, on this node or any other: a reading of an endpoint's counter made after
-the loss is at least every ghost's sequence number, so takes refuse, and cancel with reason
-`data_loss`, the requests numbered up to it. The first such reading is, on one server, the
-declaring check's own (read behind the canary, on the same connection), or the reading that
-went back; otherwise the first one sent after the declaration (a take's or a check's: one sent
-before it may show the counter before the loss, and mark requests queued since). Requests
-queued between the loss and that reading are refused with the ghosts (their callers get
-DataLoss, which is retryable): on one server only those queued before the check that saw the
-loss; on a cluster also those queued within the round trip after it. Pure, and thread-safe
-(the blocking facade takes from several threads): the facade's watch loop sends the calls and
-reports the replies.
+On either sign the node declares data loss: its `epoch` advances, so every call in flight fails with
+DataLoss, every request it holds is cancelled with reason `data_loss`, and the next check writes a
+fresh canary and learns the counters anew (a declaration keeps the lives: prq.node.receiver.taken
+still refuses what the rolled-back Redis hands out again). What that Redis still queues from before
+the loss (*ghosts*: a stale replica misses the takes and answers of requests that ran) must not run
+again, on this node or any other: a reading of an endpoint's counter made after the loss is at least
+every ghost's sequence number, so takes refuse, and cancel with reason `data_loss`, the requests
+numbered up to it. The first such reading is, on one server, the declaring check's own (read behind
+the canary, on the same connection), or the reading that went back; otherwise the first one sent
+after the declaration (a take's or a check's: one sent before it may show the counter before the
+loss, and mark requests queued since). Requests queued between the loss and that reading are refused
+with the ghosts (their callers get DataLoss, which is retryable): on one server only those queued
+before the check that saw the loss; on a cluster also those queued within the round trip after it.
+Pure, and thread-safe (the blocking facade takes from several threads): the facade's watch loop
+sends the calls and reports the replies.
 
 On a Redis Cluster each master can lose its data alone (flushed, restarted empty, failed over
 to a stale replica), so a loss has a *scope*: the slots of the master that lost it. The node

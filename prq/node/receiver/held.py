@@ -12,8 +12,8 @@ import logging
 from prq.core.bodies import parse as parse_body
 from prq.core.lifecycle import PendingRequest
 from prq.node.core import NodeCore
-from prq.node.ran import RanRequests
-from prq.node.taken import TakenRequests
+from prq.node.receiver.ran import RanRequests
+from prq.node.receiver.taken import TakenRequests
 from prq.protocol.effects import Exec, Flow
 from prq.protocol.scripts.redelivery import Redelivery
 from prq.protocol.scripts.take import hand_back_call, parse_unpark, unpark_call
@@ -35,9 +35,10 @@ class HeldRequests(NodeCore):
     #: Requests this node took and has not answered: id → PendingRequest (owner token).
     _held: dict[str, PendingRequest]
     #: What this node took lately, by sequence number: a second hand-out of the same one
-    #: can only come from a Redis that went back in time, and must not run (prq.node.taken).
+    #: can only come from a Redis that went back in time, and must not run
+    #: (prq.node.receiver.taken).
     _taken: TakenRequests
-    #: at_least_once requests this node ran, and their answers (prq.node.ran).
+    #: at_least_once requests this node ran, and their answers (prq.node.receiver.ran).
     _ran: RanRequests
     #: Take tokens whose take failed on the client side (it may still run in Redis): the
     #: next take of the endpoint uses one, so what it was handed is collected, not orphaned.

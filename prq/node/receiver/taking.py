@@ -1,11 +1,11 @@
 """A receiver's take, and deciding what of it may run.
 
-A take (flows.take_flow) is judged before anything of it runs: a take that shows the enqueue
-counter went back declares data loss and cancels all it got (prq.node.data_loss); requests
-queued before a declared loss (ghosts), and hand-outs this node took before (prq.node.taken),
-are cancelled, not run; undecodable ones and ones whose signature fails are dead-lettered and
-answered with an error; a redelivery of an at_least_once request this node ran already gets
-the answer it keeps (prq.node.ran). What is left is held (`_held`) for the handler to run.
+A take (flows.take_flow) is judged before anything of it runs: a take that shows the enqueue counter
+went back declares data loss and cancels all it got (prq.node.data_loss); requests queued before a
+declared loss (ghosts), and hand-outs this node took before (prq.node.receiver.taken), are
+cancelled, not run; undecodable ones and ones whose signature fails are dead-lettered and answered
+with an error; a redelivery of an at_least_once request this node ran already gets the answer it
+keeps (prq.node.receiver.ran). What is left is held (`_held`) for the handler to run.
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ class Taker(HeldSignatures):
         """Remember a take; False if this node took the same hand-out before (the same
         sequence number in this life of the endpoint's counter, the same id, an attempt not
         later): a Redis that went back in time handed it out again, and it must not run. Data
-        loss is declared, unless it was already when that Redis was met (prq.node.taken)."""
+        loss is declared, unless it was already when that Redis was met
+        (prq.node.receiver.taken)."""
         epoch = self._watch.data_loss.epoch_of(endpoint)
         verdict = self._taken.take(
             endpoint, item.sequence, item.request_id, item.attempt, life, epoch

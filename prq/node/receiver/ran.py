@@ -1,14 +1,14 @@
 """What one receiver node ran of at_least_once requests, so it never runs a redelivery twice.
 
-Per endpoint, the sequence numbers it ran (prq.node.seen: "highest seen + gaps"), and the answers it
-gave, newest last and bounded, to answer a redelivery with the same answer. A sequence number
-names one enqueue only within one *generation* of the endpoint: the node's epoch and the life
+Per endpoint, the sequence numbers it ran (prq.node.receiver.seen: "highest seen + gaps"), and the
+answers it gave, newest last and bounded, to answer a redelivery with the same answer. A sequence
+number names one enqueue only within one *generation* of the endpoint: the node's epoch and the life
 of the endpoint's enqueue counter (prq.node.data_loss). After a declared data loss the counter may
 have gone back, after a lapse it may have expired; either way it hands the same numbers to new
-requests, so an endpoint's numbers are forgotten when its generation changes. An answer is kept
-by request id, for the latest run of that id only: an id sent again after its record expired is
-a new request, and a redelivery of it must not get the answer of the earlier one.
-Thread-safe (the blocking facade adopts requests from several serve threads).
+requests, so an endpoint's numbers are forgotten when its generation changes. An answer is kept by
+request id, for the latest run of that id only: an id sent again after its record expired is a new
+request, and a redelivery of it must not get the answer of the earlier one. Thread-safe (the
+blocking facade adopts requests from several serve threads).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from prq.node.seen import SeenSequences
+from prq.node.receiver.seen import SeenSequences
 
 __all__ = ["DEFAULT_RAN_RESPONSES", "RanRequests"]
 
