@@ -11,7 +11,7 @@ from pathlib import Path
 from tenacity import RetryCallState, Retrying
 
 from prq.core.jitter import jitter, wait_jittered_exponential
-from prq.serve import worker
+from prq.serve import pace
 from prq.transport import redis_io
 
 PACKAGE = Path(redis_io.__file__).parent
@@ -27,7 +27,7 @@ def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:
         retry_state = RetryCallState(Retrying(), None, (), {})
         retry_state.attempt_number = attempt
         waits.append(wait(retry_state))
-    backoffs = [worker._backoff_s(n) for n in range(12)]
+    backoffs = [pace._backoff_s(n) for n in range(12)]
     assert random.getstate() == state
     assert all(0.0 <= f < 1.0 for f in factors) and len(set(factors)) > 90
     assert all(0.0 <= w <= 2.0 for w in waits)
