@@ -44,16 +44,10 @@ import redis.asyncio
 from rich.console import Console
 from rich.table import Table
 
-from bench.rpc import (
-    CALL_TIMEOUT_S,
-    ENDPOINT,
-    REPLY_TIMEOUT_S,
-    SERVER_START_TIMEOUT_S,
-    _cleanup,
-    _request_json,
-    percentile,
-    server_process,
-)
+from bench.rpc import _cleanup
+from bench.rpc_clients import CALL_TIMEOUT_S, REPLY_TIMEOUT_S
+from bench.rpc_measures import _request_json, percentile
+from bench.rpc_servers import ENDPOINT, SERVER_START_TIMEOUT_S, server_process
 from prq import AsyncQueue
 from prq.embedded import redis_url_or_embedded
 from prq.serve.collector import relax_collector

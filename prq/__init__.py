@@ -37,7 +37,7 @@ from prq.facade.send import BlockingSendHandle, SendHandle
 from prq.node.base import QueueStats
 from prq.protocol.dead import DeadLetter
 from prq.protocol.limits import EndpointLimits
-from prq.serve.worker import current_request
+from prq.serve.current import current_request
 
 __all__ = [
     "AsyncQueue",

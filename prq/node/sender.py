@@ -25,12 +25,7 @@ from prq.core.errors import (
     QueueUnavailable,
     RemoteError,
 )
-from prq.core.models import (
-    Delivery,
-    Request,
-    Response,
-    encode_stored_request,
-)
+from prq.core.models import Delivery, Request, Response, encode_stored_request
 from prq.core.names import (
     validate_endpoint,
 )

@@ -29,8 +29,9 @@ from typing import cast
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
+from prq.core.errors import ServerError
 from prq.core.lifecycle import PendingRequest
-from prq.core.models import Response, ServerError
+from prq.core.models import Response
 from prq.observe.metrics import HANDLER_ERRORS
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,8 @@ import pytest
 import redis
 
 from bench import footprint
+from bench.footprint_measures import BULK, KEYED, LIST, NOTIFY, SCRIPTED, SEND
+from bench.footprint_report import HEADERS, PART_HEADERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,42 +45,42 @@ def test_on_its_own_server_every_variant_is_measured_and_compared(
     table = {
         (variant, row[1], row[2]): row
         for variant in (
-            footprint.LIST,
-            footprint.KEYED,
-            footprint.SCRIPTED,
-            footprint.BULK,
-            footprint.NOTIFY,
-            footprint.SEND,
+            LIST,
+            KEYED,
+            SCRIPTED,
+            BULK,
+            NOTIFY,
+            SEND,
         )
         for row in _rows(out, variant)
-        if len(row) == len(footprint.HEADERS)
+        if len(row) == len(HEADERS)
     }
     expected = [
-        (footprint.LIST, "100 B", "300"), (footprint.KEYED, "100 B", "300"),
-        (footprint.SCRIPTED, "100 B", "300"), (footprint.BULK, "100 B", "300"),
-        (footprint.LIST, "1,024 B", "200"), (footprint.KEYED, "1,024 B", "200"),
-        (footprint.SCRIPTED, "1,024 B", "200"), (footprint.BULK, "1,024 B", "200"),
-        (footprint.LIST, "100 B", "50"), (footprint.NOTIFY, "100 B", "50"),
-        (footprint.SEND, "100 B", "50"),
+        (LIST, "100 B", "300"), (KEYED, "100 B", "300"),
+        (SCRIPTED, "100 B", "300"), (BULK, "100 B", "300"),
+        (LIST, "1,024 B", "200"), (KEYED, "1,024 B", "200"),
+        (SCRIPTED, "1,024 B", "200"), (BULK, "1,024 B", "200"),
+        (LIST, "100 B", "50"), (NOTIFY, "100 B", "50"),
+        (SEND, "100 B", "50"),
     ]  # fmt: skip
     assert sorted(table) == sorted(expected)
     for (variant, payload, _), row in table.items():
         assert _number(row[3]) >= int(payload.split()[0].replace(",", "")), (variant, row)
         ratio = row[4]
-        assert (ratio == "-") == (variant == footprint.LIST), row
-    assert table[(footprint.LIST, "100 B", "300")][5] == f"{1 / 300:.5g}"  # one list key
+        assert (ratio == "-") == (variant == LIST), row
+    assert table[(LIST, "100 B", "300")][5] == f"{1 / 300:.5g}"  # one list key
     # And the targets are judged, never asserted
     assert re.search(r"bulk, 100 B, 300 queued: .* B per request .* (PASS|MISS);", out)
     # ...beside the two floors measured in the same run
     assert re.search(r"µs per request \([\d.]+x the keyed write, [\d.]+x the scripted one in", out)
     # And the breakdown of each prq run adds up to its bytes per request
     for variant, payload, queued in expected:
-        if variant in (footprint.LIST, footprint.KEYED, footprint.SCRIPTED):  # (no breakdown)
+        if variant in (LIST, KEYED, SCRIPTED):  # (no breakdown)
             continue
         parts = [
             row
             for row in _rows(out, variant)
-            if len(row) == len(footprint.PART_HEADERS) and row[1:3] == [payload, queued]
+            if len(row) == len(PART_HEADERS) and row[1:3] == [payload, queued]
         ]
         assert any(row[3] == "request record" for row in parts), parts
         total = _number(table[(variant, payload, queued)][3])
@@ -100,6 +102,6 @@ def test_on_a_given_server_it_flushes_nothing_and_leaves_no_key(
     # Then it measured under a prefix of its own, deleted it, and flushed nothing
     out = capsys.readouterr().out
     assert "given server" in out
-    assert _rows(out, footprint.BULK)
+    assert _rows(out, BULK)
     assert redis_client.get(f"{key_prefix}:theirs") == b"kept"
     assert list(redis_client.scan_iter(match="prq:footprint-*", count=1000)) == []

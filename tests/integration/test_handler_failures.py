@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from prq import RemoteError, Request
-from prq.core.models import Response, ServerError
+from prq.core.errors import ServerError
+from prq.core.models import Response
 from tests.queue_facades import QueueFactory
 
 pytestmark = pytest.mark.integration

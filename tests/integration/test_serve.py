@@ -13,7 +13,7 @@ import redis
 import prq
 from prq import RemoteError, Request
 from prq.bulk import BulkClient
-from prq.serve.worker import ANSWER_BACKLOG
+from prq.serve.async_held import ANSWER_BACKLOG
 from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
@@ -219,7 +219,7 @@ async def test_slow_handlers_after_quick_ones_still_run_concurrency_at_once(
     make_queue: QueueFactory,
 ) -> None:
     # Given a receiver with 8 slots whose handler has been quick so far (a blocking receiver
-    # then wakes only a few of its threads for a take's requests: prq.serve.worker._TakeTurns)
+    # then wakes only a few of its threads for a take's requests: prq.serve.take_turns._TakeTurns)
     sender, receiver = make_queue(pickup_timeout_s=60), make_queue()
     endpoint = "poll://quick-then-slow"
     lock = threading.Lock()

@@ -22,7 +22,7 @@ from prq.cli.api import dashboard_url
 from prq.cli.call import CallSummary, exit_code_for, parse_params, pickup_timeout_s
 from prq.cli.options import EXIT_FAILED, EXIT_OK, EXIT_RETRYABLE, EXIT_USAGE, redact_url
 from prq.cli.stats import Snapshot, format_age, render
-from prq.cli.worker import is_coroutine_handler, load_handler
+from prq.cli.worker_handler import is_coroutine_handler, load_handler
 from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings
 from prq.core.errors import QueueUnavailable
 from prq.ops.answers import EndpointInfo, RedisHealth

@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from prq import QueueSettings
-from prq.cli.worker import WorkerConfig, run_worker
+from prq.cli.worker_lifecycle import WorkerConfig, run_worker
 from prq.serve.collector import FIRST_THRESHOLD, relax_collector
 
 

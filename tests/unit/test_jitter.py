@@ -11,10 +11,9 @@ from pathlib import Path
 from tenacity import RetryCallState, Retrying
 
 from prq.core.jitter import jitter, wait_jittered_exponential
-from prq.serve import worker
-from prq.transport import budgets
+from prq.serve import pace
 
-PACKAGE = Path(budgets.__file__).parents[1]  # prq/
+PACKAGE = Path(pace.__file__).parents[1]  # prq/
 
 
 def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:
@@ -27,7 +26,7 @@ def test_jitter_and_the_retry_wait_leave_the_shared_generator_alone() -> None:
         retry_state = RetryCallState(Retrying(), None, (), {})
         retry_state.attempt_number = attempt
         waits.append(wait(retry_state))
-    backoffs = [worker._backoff_s(n) for n in range(12)]
+    backoffs = [pace._backoff_s(n) for n in range(12)]
     assert random.getstate() == state
     assert all(0.0 <= f < 1.0 for f in factors) and len(set(factors)) > 90
     assert all(0.0 <= w <= 2.0 for w in waits)

@@ -13,16 +13,10 @@ from typing import Any, cast
 import pytest
 
 from prq.core.errors import PrqError
-from prq.serve.worker import (
-    PACE_WEIGHT,
-    SHARE_S,
-    TAKE_AHEAD_BELOW_S,
-    TAKE_AHEAD_LEFT_S,
-    _AsyncAnswers,
-    _Pace,
-    _TakeTurns,
-    build_response,
-)
+from prq.serve.async_answers import _AsyncAnswers
+from prq.serve.handled import build_response
+from prq.serve.pace import PACE_WEIGHT, TAKE_AHEAD_BELOW_S, _Pace
+from prq.serve.take_turns import SHARE_S, TAKE_AHEAD_LEFT_S, _TakeTurns
 from prq.transport.async_io import MAX_ROUND_TRIPS_IN_FLIGHT
 
 #: Bound of every wait in the _AsyncAnswers tests.

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from prq.core.bodies import is_spilled
 from prq.core.config import MAX_ATTEMPTS_LIMIT
-from prq.core.errors import PayloadTooLarge, PrqError, SerializationError
+from prq.core.errors import PayloadTooLarge, PrqError, SerializationError, ServerError
 from prq.core.lifecycle import PendingRequest
-from prq.core.models import Response, ServerError
+from prq.core.models import Response
 from prq.node.receiver.held import HeldRequests
 from prq.observe import metrics
 from prq.protocol.effects import Exec, Flow, Reply

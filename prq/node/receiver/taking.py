@@ -17,14 +17,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from prq.core.bodies import is_spilled
-from prq.core.errors import PrqError, SerializationError, SignatureError
+from prq.core.errors import PrqError, SerializationError, ServerError, SignatureError
 from prq.core.lifecycle import DeliveryInfo, PendingRequest
-from prq.core.models import (
-    Response,
-    ServerError,
-    checked_model,
-    decode_stored_request,
-)
+from prq.core.models import Response, checked_model, decode_stored_request
 from prq.node.data_loss.counters import Floor
 from prq.node.receiver.signatures import HeldSignatures
 from prq.observe import metrics, tracing
