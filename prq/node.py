@@ -428,7 +428,7 @@ class QueueBase:
         if running is not None:
             logger.info("redelivery of a running request adopted request_id=%s", request_id)
             running.owner_token = token
-            self._watch.liveness.beat_soon(request_id, time.monotonic())
+            self._watch.beat_soon(request_id, time.monotonic())
             return
         body = self._ran.response(request_id)
         if body is None:
@@ -946,7 +946,7 @@ class QueueBase:
     def _sending(
         self, request: Request, on_progress: Callable[[int, int], None] | None = None
     ) -> None:
-        self._watch.liveness.send(request.id, request.endpoint, time.monotonic(), on_progress)
+        self._watch.send(request.id, request.endpoint, time.monotonic(), on_progress)
 
     def _sent_endpoint(self, request_id: str) -> str | None:
         lease = self._watch.liveness.sent.get(request_id)

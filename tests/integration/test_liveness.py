@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 from prq import QueueShutdown, ReceiverLost, Request, Response
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter
@@ -110,3 +111,37 @@ async def test_a_fast_call_sends_no_heartbeat(make_queue: QueueFactory) -> None:
     assert receiver.stats.heartbeats_sent == 0
     assert sender.stats.subscriptions == 1
     assert receiver.stats.subscriptions == 2
+
+
+async def test_a_request_handed_to_an_idle_receiver_gets_its_first_beat_in_time(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given an idle receiver parked for a request, whose watch loop sleeps a poll interval
+    # (5 s) between turns when nothing is due: far longer than its first-beat delay (0.1 s)
+    # and its callers' receiver timeout (1 s)
+    sender = make_queue()  # (it judges no receiver within the test: the beat is measured)
+    receiver = make_queue(**{**LIVENESS, "poll_interval_s": 5.0})
+    keys = receiver.keys.endpoint("poll://first-beat")
+    take = asyncio.create_task(receiver.dequeue("poll://first-beat", timeout_s=10))
+    await async_wait_until(lambda: redis_client.llen(keys.parked) > 0, 5, 0.02, "parked")
+    request = Request(endpoint="poll://first-beat", method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
+    try:
+        # When it is handed a request, and holds it
+        pending = await asyncio.wait_for(take, 10)
+        assert pending is not None
+
+        # Then its first beat is written after the first-beat delay (the loop was woken for
+        # the new lease), not once the loop's sleep ends (up to 5 s after the take: a caller
+        # judging receivers silent after 1 s declared it lost first)
+        stored = keys.request(request.id)
+        await async_wait_until(
+            lambda: redis_client.hget(stored, "hr") is not None, 2.5, 0.02, "the first beat"
+        )
+        taken, beat = redis_client.hmget(stored, "tk", "hr")  # (server time, ms)
+        assert isinstance(taken, bytes) and isinstance(beat, bytes)
+        assert int(beat) - int(taken) < 2500, (taken, beat)
+        await receiver.apply_response(Response(id=request.id, result="ok"))
+        assert (await asyncio.wait_for(call, 10)).result == "ok"
+    finally:
+        call.cancel()
