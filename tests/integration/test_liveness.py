@@ -83,11 +83,14 @@ async def test_a_silent_sender_cancels_the_receivers_request(make_queue: QueueFa
 
 
 async def test_a_busy_handler_is_never_declared_dead(make_queue: QueueFactory) -> None:
-    # Given a handler that keeps its thread busy (CPU) for 3 receiver timeouts
-    sender, receiver = make_queue(**LIVENESS), make_queue(**LIVENESS)
+    # Given a handler that keeps its thread busy (CPU) for 1.5 receiver timeouts of 2 s (the
+    # node's beats, every 0.2 s, compete with it for the interpreter, and on a loaded machine
+    # for the CPU: timeouts of 1 s left them 0.8 s of slack for 3 s)
+    timings = {**LIVENESS, "receiver_timeout_s": 2.0, "sender_timeout_s": 2.0}
+    sender, receiver = make_queue(**timings), make_queue(**timings)
 
     def busy(request: Request) -> object:
-        deadline = time.monotonic() + 3 * LIVENESS["receiver_timeout_s"]
+        deadline = time.monotonic() + 1.5 * timings["receiver_timeout_s"]
         spins = 0
         while time.monotonic() < deadline:
             spins += 1
