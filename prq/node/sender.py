@@ -176,7 +176,7 @@ class SenderHalf(NodeCore):
     def _sending(
         self, request: Request, on_progress: Callable[[int, int], None] | None = None
     ) -> None:
-        self._watch.liveness.send(request.id, request.endpoint, time.monotonic(), on_progress)
+        self._watch.send(request.id, request.endpoint, time.monotonic(), on_progress)
 
     def _sent_endpoint(self, request_id: str) -> str | None:
         lease = self._watch.liveness.sent.get(request_id)

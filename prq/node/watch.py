@@ -7,11 +7,17 @@ that Redis lost) gets its PendingRequest cancelled; a sent request that ended wa
 a data-loss sign starts a new epoch. A failed turn (Redis away) is simply tried again next turn,
 so heartbeats resume by themselves after a blip. Pure; the facades own the loop (an asyncio task
 or a daemon thread).
+
+Between turns the loop sleeps `wait_s()`, until the next thing due or a `wake()`. A lease begun
+meanwhile whose first beat is due before the loop would wake by itself (a first-beat delay
+shorter than the poll interval) wakes it: that beat must not wait for the sleep to end, or the
+other side, judging silence from the take, could declare a live node lost before it first beat.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +70,10 @@ class NodeWatch:
         self.data_loss.wake = lambda: self.wake()
         self.router = router
         router.on_cancel = self.cancelled_by_pulse
+        #: When the facade's loop wakes by itself next (monotonic seconds; infinite while it
+        #: works out how long to sleep): a lease due for a beat before then wakes it.
+        self._asleep_until = 0.0
+        self._first_beat_s = ctx.settings.heartbeat_initial_delay_s
 
     @property
     def epoch(self) -> int:
@@ -174,7 +184,31 @@ class NodeWatch:
         self.router.wake_all()
 
     def hold(self, pending: PendingRequest, now: float) -> None:
+        """A request this node took: beat for it from `heartbeat_initial_delay_s` on."""
         self.liveness.hold(pending, now)
+        self._beat_due_at(now + self._first_beat_s)
+
+    def send(
+        self,
+        request_id: str,
+        endpoint: str,
+        now: float,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """A request this node sent and waits for: beat for it from the first-beat delay on."""
+        self.liveness.send(request_id, endpoint, now, on_progress)
+        self._beat_due_at(now + self._first_beat_s)
+
+    def beat_soon(self, request_id: str, now: float) -> None:
+        """Beat for a held request now (a redelivery of it was adopted, under a new owner
+        token whose receiver timeout runs from now)."""
+        self.liveness.beat_soon(request_id, now)
+        self._beat_due_at(now)
+
+    def _beat_due_at(self, at: float) -> None:
+        """Wake the loop if a beat is due at `at`, before it would wake by itself."""
+        if at < self._asleep_until:
+            self.wake()
 
     def _in_flight(self) -> set[str]:
         """Endpoints this node has requests in flight on (sent or held): their enqueue counters
@@ -183,8 +217,11 @@ class NodeWatch:
         return {lease.endpoint for lease in leases}
 
     def wait_s(self, now: float) -> float:
-        """How long the loop may sleep before its next turn."""
-        return max(
+        """How long the loop may sleep before its next turn (the loop sleeps that long unless
+        woken). A lease taken while this is worked out wakes the loop (the sleep it is about
+        to start may not count it)."""
+        self._asleep_until = math.inf
+        wait = max(
             0.01,
             min(
                 self.liveness.next_due_in(now),
@@ -192,3 +229,5 @@ class NodeWatch:
                 self.presence.next_report - now,
             ),
         )
+        self._asleep_until = now + wait
+        return wait

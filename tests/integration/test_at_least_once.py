@@ -52,8 +52,9 @@ async def test_a_request_whose_receiver_dies_is_handed_out_again_with_the_same_h
     first = silent_take(redis_client, key_prefix, endpoint)
     assert [(i.request_id, i.attempt) for i in first] == [(request.id, 1)]
 
-    # When its caller notices the silence, and a live receiver serves the endpoint
-    receiver = make_queue()
+    # When its caller notices the silence, and a live receiver serves the endpoint (beating
+    # soon: its caller judges receivers silent after 1 s)
+    receiver = make_queue(**QUICK)
     pending = await receiver.dequeue(endpoint, timeout_s=10)
 
     # Then the live receiver gets the same request as attempt 2, with the same delivery hash

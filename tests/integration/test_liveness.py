@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 from prq import QueueShutdown, ReceiverLost, Request, Response
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter
@@ -82,11 +83,14 @@ async def test_a_silent_sender_cancels_the_receivers_request(make_queue: QueueFa
 
 
 async def test_a_busy_handler_is_never_declared_dead(make_queue: QueueFactory) -> None:
-    # Given a handler that keeps its thread busy (CPU) for 3 receiver timeouts
-    sender, receiver = make_queue(**LIVENESS), make_queue(**LIVENESS)
+    # Given a handler that keeps its thread busy (CPU) for 1.5 receiver timeouts of 2 s (the
+    # node's beats, every 0.2 s, compete with it for the interpreter, and on a loaded machine
+    # for the CPU: timeouts of 1 s left them 0.8 s of slack for 3 s)
+    timings = {**LIVENESS, "receiver_timeout_s": 2.0, "sender_timeout_s": 2.0}
+    sender, receiver = make_queue(**timings), make_queue(**timings)
 
     def busy(request: Request) -> object:
-        deadline = time.monotonic() + 3 * LIVENESS["receiver_timeout_s"]
+        deadline = time.monotonic() + 1.5 * timings["receiver_timeout_s"]
         spins = 0
         while time.monotonic() < deadline:
             spins += 1
@@ -110,3 +114,37 @@ async def test_a_fast_call_sends_no_heartbeat(make_queue: QueueFactory) -> None:
     assert receiver.stats.heartbeats_sent == 0
     assert sender.stats.subscriptions == 1
     assert receiver.stats.subscriptions == 2
+
+
+async def test_a_request_handed_to_an_idle_receiver_gets_its_first_beat_in_time(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given an idle receiver parked for a request, whose watch loop sleeps a poll interval
+    # (5 s) between turns when nothing is due: far longer than its first-beat delay (0.1 s)
+    # and its callers' receiver timeout (1 s)
+    sender = make_queue()  # (it judges no receiver within the test: the beat is measured)
+    receiver = make_queue(**{**LIVENESS, "poll_interval_s": 5.0})
+    keys = receiver.keys.endpoint("poll://first-beat")
+    take = asyncio.create_task(receiver.dequeue("poll://first-beat", timeout_s=10))
+    await async_wait_until(lambda: redis_client.llen(keys.parked) > 0, 5, 0.02, "parked")
+    request = Request(endpoint="poll://first-beat", method="m")
+    call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=5))
+    try:
+        # When it is handed a request, and holds it
+        pending = await asyncio.wait_for(take, 10)
+        assert pending is not None
+
+        # Then its first beat is written after the first-beat delay (the loop was woken for
+        # the new lease), not once the loop's sleep ends (up to 5 s after the take: a caller
+        # judging receivers silent after 1 s declared it lost first)
+        stored = keys.request(request.id)
+        await async_wait_until(
+            lambda: redis_client.hget(stored, "hr") is not None, 2.5, 0.02, "the first beat"
+        )
+        taken, beat = redis_client.hmget(stored, "tk", "hr")  # (server time, ms)
+        assert isinstance(taken, bytes) and isinstance(beat, bytes)
+        assert int(beat) - int(taken) < 2500, (taken, beat)
+        await receiver.apply_response(Response(id=request.id, result="ok"))
+        assert (await asyncio.wait_for(call, 10)).result == "ok"
+    finally:
+        call.cancel()

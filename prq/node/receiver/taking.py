@@ -236,7 +236,7 @@ class Taker(HeldSignatures):
         if running is not None:
             logger.info("redelivery of a running request adopted request_id=%s", request_id)
             running.owner_token = token
-            self._watch.liveness.beat_soon(request_id, time.monotonic())
+            self._watch.beat_soon(request_id, time.monotonic())
             return
         body = self._ran.response(request_id)
         if body is None:
