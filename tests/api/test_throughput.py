@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from api.throughput import MAX_SERIES, ThroughputSampler
+from tests.redis_servers import async_wait_until
 
 
 async def no_totals() -> dict[str, int]:
@@ -85,12 +86,6 @@ async def test_the_sampler_stops_promptly() -> None:
 
     s = ThroughputSampler(count, interval_s=3600, window_s=7200, max_samples=3, timeout_s=1)
     s.start()
-    await asyncio.wait_for(_until(lambda: calls >= 1), 5)
+    await async_wait_until(lambda: calls >= 1, 5, 0.01, "the first sample was taken")
     await asyncio.wait_for(s.aclose(), 5)  # does not wait out the hour-long interval
     assert calls == 1
-
-
-async def _until(predicate: object) -> None:
-    assert callable(predicate)
-    while not predicate():
-        await asyncio.sleep(0.01)  # a poll interval, bounded by the caller's wait_for

@@ -28,7 +28,7 @@ from prq.datastreams import DataStream, FileSystemStore
 from prq.embedded import EmbeddedRedis, free_port
 from prq.ops.inspector import Inspector
 from tests.queue_facades import wait_for_state
-from tests.redis_servers import async_wait_until
+from tests.redis_servers import async_wait_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -464,14 +464,16 @@ def test_api_without_a_token_generates_one_and_prints_the_dashboard_url_once(
 
 
 def _wait_for_health(client: httpx.Client, timeout_s: float = START_TIMEOUT_S) -> httpx.Response:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The first answer of /health, whatever its status, once the service listens."""
+
+    def answer() -> httpx.Response | None:
         try:
             return client.get("/health")
         except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)  # a poll interval while uvicorn binds its port
+            return None  # uvicorn is still binding its port
+
+    response: httpx.Response = wait_until(answer, timeout_s, 0.05, "the service listens")
+    return response
 
 
 def test_api_listens_at_once_while_redis_is_down_and_reports_it_until_redis_answers(
@@ -506,10 +508,10 @@ def test_api_listens_at_once_while_redis_is_down_and_reports_it_until_redis_answ
 
         # When a Redis starts on that port, Then health turns 200 without a restart
         with EmbeddedRedis(port=redis_port):
-            deadline = time.monotonic() + 20.0
-            while (health := client.get("/health")).status_code != 200:
-                assert time.monotonic() < deadline, health.json()
-                time.sleep(0.1)  # a poll interval while the service reconnects
+            health = wait_until(
+                lambda: (answer := client.get("/health")).status_code == 200 and answer,
+                20.0, 0.1, "health turns 200 once Redis answers",
+            )  # fmt: skip
             assert health.json()["status"] in ("ok", "degraded")
             listed = client.get(
                 "/api/endpoints", headers={"Authorization": f"Bearer {tokens_for_api}"}

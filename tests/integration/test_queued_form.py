@@ -152,13 +152,10 @@ async def test_a_damaged_queued_record_is_dead_lettered_not_lost(
     make_queue.serve(make_queue(), ENDPOINT, lambda r: served.append(r.params), concurrency=1)
 
     # Then the good one runs, and each damaged one is a dead letter holding its exact bytes
-    async def dead_ids() -> set[str]:
-        return {d.id for d in await node.dead_letters(ENDPOINT)}
+    async def both_dead() -> bool:
+        return {d.id for d in await node.dead_letters(ENDPOINT)} == {"d0", "d1"}
 
-    deadline = asyncio.get_running_loop().time() + 20
-    while await dead_ids() != {"d0", "d1"}:
-        assert asyncio.get_running_loop().time() < deadline, await dead_ids()
-        await asyncio.sleep(0.05)
+    await async_wait_until(both_dead, 20, 0.05, "d0 and d1 are dead letters")
     letters = {d.id: d for d in await node.dead_letters(ENDPOINT)}
     assert letters["d0"].body_bytes == len(b"\xff{not json")
     assert letters["d1"].body_bytes == len(b"\x00garbage")
