@@ -46,21 +46,33 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(BIN)/pytest tests/integration -m integration
 
+# Workers of a pass (pytest-xdist): its tests mostly wait on Redis (one worker keeps a fifth of
+# the two cores busy), so two share the cores, beside the other lane's pass (three on the first
+# pass starved the Spark tests and stretched the fault bed's timings). Each worker starts
+# servers of its own; the
+# tests of one costly session (Spark, the browser, the package builds: tests/conftest.py's
+# WORKER_GROUPS) stay on one worker (--dist loadgroup).
+WORKERS := --dist loadgroup -n
+
+# The fault bed runs on one worker: its scenarios time kills, partitions and failovers, and
+# judge what a node does within bounds a loaded machine would stretch.
 test-fault: $(STAMP)
 	$(call pass,fault,tests/fault -m fault --durations=10)
 
 test-sentinel: $(STAMP)
-	$(call pass,sentinel,tests/integration -m integration --redis-topology sentinel --durations=15)
+	$(call pass,sentinel,tests/integration -m integration --redis-topology sentinel \
+		$(WORKERS) 2 --durations=15)
 
 # On a cluster also the admin service, the dashboard and the Spark jobs: their Redis reads and
 # writes are the ones a cluster most changes (keys on every shard, batches per shard).
 test-cluster: $(STAMP)
 	$(call pass,cluster,tests/integration tests/api tests/browser tests/spark -m "not bench" \
-		--redis-topology cluster --durations=15)
+		--redis-topology cluster $(WORKERS) 2 --durations=15)
 
 # Everything but the fault bed, on one server.
 test-server: $(STAMP)
-	$(call pass,server,tests -m "not bench and not fault" --durations=25)
+	$(call pass,server,tests -m "not bench and not fault" $(WORKERS) 2 --durations=25)
+
 
 # One pass of the gate: pytest with the given arguments, its output also kept in
 # $(REPORTS)/<name>.log.
@@ -71,9 +83,9 @@ endef
 
 # The whole gate: what CI runs, and what the README calls "the tests": everything on one server
 # (the fault bed apart), the fault bed, then the integration suite again on a Redis Cluster and
-# on a Sentinel-managed primary. Two passes run side by side, the longest first (each starts its
-# own servers; they mostly wait on Redis, so on two cores two together take little longer than
-# the longer one). Each prints its slowest tests, to keep the whole gate inside its time budget.
+# on a Sentinel-managed primary. Two passes run side by side, the longest first, the fault bed
+# on one worker beside the others on several (each starts its own servers; they mostly wait on
+# Redis). Each prints its slowest tests, to keep the whole gate inside its time budget.
 # A failed pass stops none of the others (-k), and the gate ends with each pass's failures and
 # its last line, so a failure is found without scrolling through the interleaved passes.
 test: system-deps lint typecheck

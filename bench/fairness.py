@@ -49,7 +49,7 @@ from prq.protocol.scripts.take import take_call
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The scheduling helpers the scripts include (scripts/_queue.lua).
-_QUEUE_LIB = (ROOT / "prq" / "scripts" / "_queue.lua").read_text("utf-8")
+_QUEUE_LIB = (ROOT / "prq" / "protocol" / "scripts" / "_queue.lua").read_text("utf-8")
 ENDPOINT = "poll://bench-fair"
 BULK = "bulk"
 #: Receiver slots of the echo worker.

@@ -210,8 +210,12 @@ def measure(shape: str, url: str, warmup: int, calls: int) -> list[float]:
         process = ctx.Process(target=receiver_main, args=(shape, url, prefix, ready_key))
         process.start()
         try:
-            if control.blpop([ready_key], timeout=SERVER_START_TIMEOUT_S) is None:
-                raise RuntimeError(f"{shape} receiver not ready in {SERVER_START_TIMEOUT_S} s")
+            # (short waits: one as long as the start may take outlasts the client's socket
+            # timeout on a loaded host)
+            started = time.monotonic()
+            while control.blpop([ready_key], timeout=1) is None:
+                if time.monotonic() - started > SERVER_START_TIMEOUT_S:
+                    raise RuntimeError(f"{shape} receiver not ready in {SERVER_START_TIMEOUT_S} s")
             return asyncio.run(_scripted_calls(shape, url, prefix, warmup, calls))
         finally:
             process.join(SERVER_START_TIMEOUT_S)

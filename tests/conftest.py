@@ -60,11 +60,64 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--soak-seed", type=int, metavar="S", help="the operations soak's seed (to replay a run)"
     )
+    sim = parser.getgroup("sim", "the protocol's deterministic simulation (tests/sim)")
+    sim.addoption(
+        "--sim-seed", type=int, metavar="S", help="run the simulation from seed S (to replay one)"
+    )
+    sim.addoption(
+        "--sim-schedules", type=int, metavar="N", help="how many seeds the simulation runs"
+    )
+
+
+def uses_shared_server(item: pytest.Item) -> bool:
+    """Whether a test talks to the shared server, through any fixture it uses (the per-test
+    `key_prefix` apart: it only cleans up there). A test that does not (its own server, cluster
+    or Sentinel set, or none) runs the same whatever `--redis-topology` says."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return True
+    seen: set[str] = set()
+    todo = list(info.initialnames)
+    while todo:
+        name = todo.pop()
+        if name in seen or name == "key_prefix":
+            continue
+        seen.add(name)
+        if name == "shared_server":
+            return True
+        for definition in info.name2fixturedefs.get(name, ()):
+            todo.extend(definition.argnames)
+    return False
+
+
+#: Test folders whose tests share one costly session (a local Spark, a browser, builds of the
+#: package): the gate's parallel passes (pytest-xdist, `--dist loadgroup`) run each on one worker.
+WORKER_GROUPS = ("spark", "browser", "packaging")
+
+
+def _worker_group(item: pytest.Item) -> str | None:
+    parts = item.nodeid.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in WORKER_GROUPS:
+        return parts[1]
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a cluster, skip the tests that say they need one server (`one_server`)."""
-    if config.getoption("--redis-topology") != "cluster":
+    """On a cluster or Sentinel, leave out the tests that do not use the shared server (they
+    ran on one server already: the same test twice proves nothing more), and on a cluster skip
+    the tests that say they need one server (`one_server`)."""
+    for item in items:  # (under pytest-xdist: one worker each, its session fixtures once)
+        group = _worker_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    topology = config.getoption("--redis-topology")
+    if topology == "server":
+        return
+    kept = [item for item in items if uses_shared_server(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+    if topology != "cluster":
         return
     skip = pytest.mark.skip(reason="needs the shared Redis to be one server, not a cluster")
     for item in items:

@@ -71,13 +71,20 @@ def _send(client: redis.Redis, *args: str | int | bytes) -> Any:
 def silent_take(client: redis.Redis, prefix: str, endpoint: str, want: int = 10) -> list[TakenItem]:
     """Take up to `want` of what is queued as a receiver that then never beats nor answers (a
     dead one)."""
+    return take_as(client, prefix, endpoint, f"silent-{uuid.uuid4().hex}", want=want)
+
+
+def take_as(
+    client: redis.Redis, prefix: str, endpoint: str, token: str, *, want: int = 10, park_ms: int = 0
+) -> list[TakenItem]:
+    """One take.lua call with `token` (default settings, node "silent-node"), asking to park
+    for `park_ms` should it find nothing; what it handed out."""
     client.script_load(TAKE.source)
     keys = KeySchema(prefix).endpoint(endpoint)
     settings = QueueSettings()
     call = take_call(
-        keys, f"silent-{uuid.uuid4().hex}", "silent-node", 2000, want, max(100, want),
-        int(settings.in_flight_ttl_s() * 1000), 60_000, 0, 86_400_000,
-        int(settings.receiver_timeout_s * 1000),
-        Redelivery.of(settings),
+        keys, token, "silent-node", 2000, want, max(100, want),
+        int(settings.in_flight_ttl_s() * 1000), int(settings.receipt_ttl_s() * 1000), park_ms,
+        86_400_000, int(settings.receiver_timeout_s * 1000), Redelivery.of(settings),
     )  # fmt: skip
     return parse_take(_send(client, *call.args)).items

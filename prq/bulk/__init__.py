@@ -27,16 +27,18 @@ from __future__ import annotations
 
 from prq.bulk.client import DEFAULT_BATCH_SIZE, BulkClient
 from prq.bulk.client import MAX_BATCH_SIZE as MAX_BATCH_SIZE
-from prq.bulk.dedup import DEFAULT_LEDGER_TTL_S, Ledger, TaskAttempt
+from prq.bulk.dedup import DEFAULT_LEDGER_TTL_S, Ledger, TaskAttempt, fingerprints
 from prq.bulk.dedup import new_batch_nonce as new_batch_nonce
 from prq.bulk.encode import BULK_PRODUCER as BULK_PRODUCER
 from prq.bulk.encode import Lane as Lane
-from prq.bulk.outcomes import LossWatch
+from prq.bulk.outcomes import TAKEN_BEFORE
 from prq.bulk.results import BatchRefused, BulkResult, Rejected
+from prq.bulk.watch import LossWatch
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LEDGER_TTL_S",
+    "TAKEN_BEFORE",
     "BatchRefused",
     "BulkClient",
     "BulkResult",
@@ -44,4 +46,5 @@ __all__ = [
     "LossWatch",
     "Rejected",
     "TaskAttempt",
+    "fingerprints",
 ]

@@ -14,6 +14,8 @@ from prq.bulk.encode import BULK_PRODUCER, BulkEncoding, Encoded
 from prq.bulk.outcomes import OutcomeReading
 from prq.bulk.results import BulkResult
 from prq.bulk.send import BulkSending
+from prq.bulk.watch import LossWatch
+from prq.core.bounds import call_duration
 from prq.core.models import Delivery, Request
 from prq.core.names import validate_endpoint
 from prq.observe import tracing
@@ -40,6 +42,7 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         nonce: str | None = None,
         ledger: Ledger | None = None,
         retry_failed: bool = False,
+        watch: LossWatch | None = None,
     ) -> BulkResult:
         """Enqueue detached requests, `batch_size` per round trip; idempotent by request id
         (while a request's record lives; with a `ledger`, also for ids a receiver took before,
@@ -55,6 +58,13 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         Round trips go one at a time, in order; the next batch is encoded while one is in
         flight.
 
+        `watch` (a LossWatch, on the first request's endpoint unless started elsewhere): every
+        round trip steps it after its writes (the first also starts it before them when it is
+        not started), so `result.data_loss` says whether Redis lost data since it started: the
+        requests accepted since may be gone, and sending them again (with the same ledger)
+        queues exactly those. One command more per round trip, no round trip more. Pass the
+        same watch to the calls of one job.
+
         Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
         memory) or ConfigurationError; what was sent before stays enqueued, and sending the
         same requests again enqueues only what is missing.
@@ -65,8 +75,10 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         trace, traced = tracing.sending_batch()
         with traced:
             result = self._enqueue_many(
-                requests, pickup_timeout_s, batch_size, nonce, ledger, retry_failed, trace
+                requests, pickup_timeout_s, batch_size, nonce, ledger, retry_failed, trace, watch
             )
+            if watch is not None:
+                result.data_loss = watch.lost
             traced.count(result.accepted + result.duplicates + len(result.rejected))
             return result
 
@@ -79,16 +91,17 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         ledger: Ledger | None,
         retry_failed: bool,
         trace: dict[str, str],
+        watch: LossWatch | None,
     ) -> BulkResult:
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be within 1..{MAX_BATCH_SIZE}")
-        pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+        pickup = self._pickup_timeout(pickup_timeout_s)
         locators = self.settings.request_locators
         total = BulkResult()
 
         def sent(encoded: Encoded) -> BulkResult:  # one round trip, with a fresh nonce if unset
             return self._sent(
-                encoded, pickup, nonce or new_batch_nonce(), locators, ledger, retry_failed
+                encoded, pickup, nonce or new_batch_nonce(), locators, ledger, retry_failed, watch
             )
 
         batches = _chunks(iter(requests), batch_size)
@@ -127,6 +140,11 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
                     raise
                 total.add(in_flight.result())
 
+    def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
+        if pickup_timeout_s is None:
+            return self.settings.pickup_timeout_s
+        return call_duration("pickup_timeout_s", pickup_timeout_s)
+
     def enqueue_encoded(
         self,
         endpoint: str,
@@ -141,6 +159,8 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         ledger: Ledger | None = None,
         retry_failed: bool = False,
         attempt: TaskAttempt | None = None,
+        fingerprints: Sequence[bytes] | None = None,
+        watch: LossWatch | None = None,
     ) -> BulkResult:
         """Enqueue requests already encoded, in one round trip: (id, body) pairs for `endpoint`,
         queued at `priority` in `producer`'s turns with `delivery` (the bodies should name the
@@ -154,12 +174,22 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         default), so lookups by id alone (`Queue.status`, `Queue.cancel`, the admin service)
         read it instead of asking the registered endpoints; it costs a key per request. At
         most MAX_BATCH_SIZE items; otherwise as `enqueue_many`.
+
+        `fingerprints`: one per item (`prq.bulk.fingerprints` of its method and params), kept
+        in its record. An id already known whose record carries another fingerprint is held
+        by another request: it is not enqueued, and is among `conflict_ids` (and the
+        duplicates) rather than a plain duplicate whose outcome is this request's. An id whose
+        record has none (enqueued without, or by a caller) is a duplicate, as without them.
+
+        `watch`: as for `enqueue_many` (stepped in this round trip, after its writes).
         """
         if not items:
-            return BulkResult()
+            return BulkResult(data_loss=watch is not None and watch.lost)
         if len(items) > MAX_BATCH_SIZE:
             raise ValueError(f"at most {MAX_BATCH_SIZE} items per call")
-        pickup = self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+        if fingerprints is not None and len(fingerprints) != len(items):
+            raise ValueError(f"{len(fingerprints)} fingerprints for {len(items)} items")
+        pickup = self._pickup_timeout(pickup_timeout_s)
         validate_endpoint(endpoint)
         lane = (endpoint, priority, producer, self._attempts(delivery))
         if locators is None:
@@ -170,6 +200,7 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         return self._send(
             {lane: items}, pickup, nonce, locators, ledger, retry_failed,
             attempt.prefixes() if attempt is not None else ("", ""),
+            {lane: fingerprints} if fingerprints is not None else None, watch,
         )  # fmt: skip
 
     def depth(self, endpoint: str) -> int:

@@ -1,16 +1,20 @@
 """How a bulk enqueue counts and remembers the ids it sends: the batch nonce stored with each
 record (so a batch sent again counts its own requests as accepted), a task's attempts
-(TaskAttempt: exact counts whichever attempt succeeds) and the dedup ledger that outlives the
-records (Ledger)."""
+(TaskAttempt: exact counts whichever attempt succeeds), the dedup ledger that outlives the
+records (Ledger), and the fingerprints that tell a request sent again from another one under
+the same id (fingerprints)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prq.core.keys import ledger_token
 
-__all__ = ["DEFAULT_LEDGER_TTL_S", "Ledger", "TaskAttempt", "new_batch_nonce"]
+__all__ = ["DEFAULT_LEDGER_TTL_S", "Ledger", "TaskAttempt", "fingerprints", "new_batch_nonce"]
 
 
 def new_batch_nonce() -> str:
@@ -23,6 +27,24 @@ def new_batch_nonce() -> str:
     the record exists). A uuid4's 32 hex characters cost 21 more bytes per queued request.
     """
     return secrets.token_urlsafe(8)
+
+
+def fingerprints(parts: Iterable[bytes]) -> list[bytes]:
+    """The fingerprint of each part, for `BulkClient.enqueue_encoded(..., fingerprints=)`: 8
+    URL-safe characters, 48 bits of its BLAKE2b hash. A part is what makes a request what it
+    is, spelled the same by every run that sends it: its method and params, not its trace
+    headers nor its priority or answer lifetime (prq.spark hashes a body's JSON up to its
+    params' end).
+
+    Stored in the record (12 bytes with its field name), a fingerprint lets Redis tell a
+    request sent again (the same one: it joins the earlier one) from another request under
+    the same id (a conflict: `BulkResult.conflict_ids`). Two different requests under one id
+    share a fingerprint with a chance of 2**-48. About half a microsecond per part.
+    """
+    blake = hashlib.blake2b
+    digests = b"".join([blake(part, digest_size=6).digest() for part in parts])
+    text = base64.urlsafe_b64encode(digests)  # 6 bytes are 8 characters: no padding between
+    return [text[at : at + 8] for at in range(0, len(text), 8)]
 
 
 #: How long a dedup ledger remembers, by default: a week.

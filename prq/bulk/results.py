@@ -32,11 +32,22 @@ class BulkResult:
     expired_ids: list[str] = field(default_factory=list)
     #: Those of duplicate_ids that the same task attempt sent in another batch (TaskAttempt).
     repeated_ids: list[str] = field(default_factory=list)
+    #: Those of duplicate_ids held by another request: sent with a fingerprint
+    #: (`enqueue_encoded(..., fingerprints=)`) that differs from the one in the id's record
+    #: (other params), so the outcome stored under the id is not theirs.
+    conflict_ids: list[str] = field(default_factory=list)
     #: Requests refused before any write (an invalid endpoint, a body over max_body_bytes).
     rejected: list[Rejected] = field(default_factory=list)
     #: Each endpoint written to: its queued requests (over all priorities) after this call's
     #: last batch for it, as Redis counted them then (to hold back by: backpressure).
     depths: dict[str, int] = field(default_factory=dict)
+    #: With a loss watch (`enqueue_many(..., watch=)`): it saw Redis lose data since it
+    #: started (a restart without persistence, a flush, a failover to a replica that missed
+    #: writes), so requests counted as accepted since then, by this call or an earlier one
+    #: with the same watch, may be gone. Enqueueing the same requests again (with the same
+    #: ledger) queues those that are gone and counts the others as duplicates. False without
+    #: a watch.
+    data_loss: bool = False
 
     @property
     def duplicates(self) -> int:
@@ -47,8 +58,10 @@ class BulkResult:
         self.duplicate_ids += other.duplicate_ids
         self.expired_ids += other.expired_ids
         self.repeated_ids += other.repeated_ids
+        self.conflict_ids += other.conflict_ids
         self.rejected += other.rejected
         self.depths |= other.depths
+        self.data_loss = self.data_loss or other.data_loss
 
 
 class BatchRefused(QueueFull):

@@ -12,6 +12,7 @@ from prq.bulk.base import BulkBase
 from prq.bulk.dedup import Ledger
 from prq.bulk.encode import Encoded, Lane
 from prq.bulk.results import BatchRefused, BulkResult
+from prq.bulk.watch import LossWatch
 from prq.core.errors import ConfigurationError, SerializationError
 from prq.core.models import decode_stored_request
 from prq.protocol.effects import Call
@@ -33,10 +34,13 @@ class BulkSending(BulkBase):
         locators: bool,
         ledger: Ledger | None,
         retry_failed: bool,
+        watch: LossWatch | None = None,
     ) -> BulkResult:
         """One batch's round trip, with its refused requests added to the result."""
         by_lane, rejected = encoded
-        result = self._send(by_lane, pickup_timeout_s, nonce, locators, ledger, retry_failed)
+        result = self._send(
+            by_lane, pickup_timeout_s, nonce, locators, ledger, retry_failed, watch=watch
+        )
         result.rejected += rejected
         return result
 
@@ -49,10 +53,16 @@ class BulkSending(BulkBase):
         ledger: Ledger | None = None,
         retry_failed: bool = False,
         attempt_of: tuple[str, str] = ("", ""),
+        fingerprints: Mapping[Lane, Sequence[bytes]] | None = None,
+        watch: LossWatch | None = None,
     ) -> BulkResult:
         """One round trip: a script call per endpoint, priority and producer (plus the
-        locators); counts from the replies."""
-        result = BulkResult()
+        locators); counts from the replies. `fingerprints`: those of a lane's items, in order
+        (enqueue_many.lua stores each in its record). `watch` (on its endpoint; not started: on
+        the first lane's): started before the writes when not started, stepped after them, in
+        the same round trip (the slot of that endpoint's records); `result.data_loss` says what
+        it saw."""
+        result = BulkResult(data_loss=watch is not None and watch.lost)
         if not by_lane:
             return result
         self._check_layouts([lane[0] for lane in by_lane])
@@ -60,8 +70,13 @@ class BulkSending(BulkBase):
         now_ms = int(time.time() * 1000)
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
         locator_ttl_ms = int(settings.locator_ttl_s(pickup_timeout_s) * 1000)
-        calls: list[Call] = []
-        for (endpoint, priority, producer, attempts), items in by_lane.items():
+        before: list[Call] = []
+        after: list[Call] = []
+        if watch is not None:
+            before, after = watch.around_calls(watch.keys(self.keys, next(iter(by_lane))[0]))
+        calls: list[Call] = list(before)
+        for lane, items in by_lane.items():
+            endpoint, priority, producer, attempts = lane
             items = self._spilled(endpoint, items, pickup_timeout_s)
             if self.signer is not None:
                 valid_ms = int(settings.signature_ttl_s(pickup_timeout_s, max(1, attempts)) * 1000)
@@ -81,6 +96,7 @@ class BulkSending(BulkBase):
                     ledger=ledger.spelled() if ledger is not None else None,
                     retry_failed=retry_failed,
                     attempt_of=attempt_of,
+                    fingerprints=fingerprints.get(lane) if fingerprints is not None else None,
                 )
             )
             if locators:
@@ -91,16 +107,21 @@ class BulkSending(BulkBase):
         # listed where the admin view and lookups by id look (as nodes do, prq.protocol.presence)
         endpoints = list(dict.fromkeys(lane[0] for lane in by_lane))
         calls += registry_calls(self.keys, settings, endpoints, now_ms)
-        replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces)
-        at = 0
+        calls += after
+        replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces, canary.lua)
+        if watch is not None:  # (before BatchRefused: what the watch saw holds either way)
+            watch.read(replies[: len(before)], replies[len(replies) - len(after) :])
+            result.data_loss = watch.lost
+        at = len(before)
         refused: dict[str, int] = {}
         for (endpoint, *_), items in by_lane.items():
             outcome = parse_enqueue_many(replies[at], len(items))
             result.accepted += outcome.accepted
             result.duplicate_ids += outcome.duplicate_ids + outcome.gone_ids
-            result.duplicate_ids += outcome.repeated_ids
+            result.duplicate_ids += outcome.repeated_ids + outcome.conflict_ids
             result.expired_ids += outcome.gone_ids
             result.repeated_ids += outcome.repeated_ids
+            result.conflict_ids += outcome.conflict_ids
             result.depths[endpoint] = outcome.depth
             if outcome.refused_ids:
                 refused[endpoint] = refused.get(endpoint, 0) + len(outcome.refused_ids)

@@ -16,8 +16,9 @@ endpoints and api need the Redis every node shares (`--url` or `PRQ_REDIS_URL`) 
 start without one; demo and bench start a private redis-server when none is given. Help is
 plain text wrapped to the terminal (no table that would cut an environment variable's name).
 Exit codes are listed in options.py (0 done, 1 failed, 2 usage error, 3 retryable failure,
-130 Ctrl-C). Logging goes to stderr at WARNING (INFO with `--verbose`); the library itself
-never configures logging.
+130 Ctrl-C), the same for every command; a failure is one line on stderr, `error: <Type>:
+message`, never a traceback. Logging goes to stderr at WARNING (INFO with `--verbose`); the
+library itself never configures logging.
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ app = typer.Typer(
         "Options come from flags, else from PRQ_* environment variables, else defaults. "
         "worker, call, stats, limits, dead-letters, endpoints and api need the shared Redis "
         "(--url or PRQ_REDIS_URL); "
-        "without one, demo and bench start a private redis-server."
+        "without one, demo and bench start a private redis-server.\n\n"
+        "A failure prints one line on stderr, error: <Type>: message. Exit codes: 0 done; "
+        "1 failed (Redis refused the credentials, the service raised, ...); 2 usage error "
+        "(a Redis URL prq cannot use, too); 3 failed, and trying again may succeed (Redis "
+        "did not answer, a call's timeouts, ...); 130 Ctrl-C."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -37,11 +37,14 @@ from prq.cli.options import (
     PrefixOption,
     SharedUrlOption,
     error_line,
+    exit_code_for,
     fail,
     queue_settings,
-    require_url,
+    reporting,
+    shared_redis,
 )
-from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings, RedisSettings
+from prq.core.config import QueueSettings
+from prq.core.defaults import DEFAULT_PICKUP_TIMEOUT_S
 from prq.core.errors import InvalidEndpoint, PrqError, RemoteError
 from prq.core.models import Request
 from prq.core.names import validate_endpoint
@@ -137,37 +140,32 @@ def call(
 
     Exit code: 0 done; 1 failed (the service raised, or the request was cancelled); 3 failed
     in a way that trying again may succeed (PickupTimeout, CallTimeout, ReceiverLost,
-    QueueUnavailable, ...); 2 usage error; 130 Ctrl-C. Errors print as
-    `error: <Type>: message` on stderr.
+    QueueUnavailable: Redis did not answer, ...); 2 usage error (a Redis URL prq cannot use,
+    too); 130 Ctrl-C. Errors print as `error: <Type>: message` on stderr: Redis refusing the
+    credentials is `error: ConfigurationError: ...` (exit 1).
     """
-    redis_url = require_url(url, "call")
+    redis_settings = shared_redis(url, "call")
     try:
         validate_endpoint(endpoint)
     except InvalidEndpoint as exc:
         raise typer.BadParameter(str(exc), param_hint="ENDPOINT") from exc
     value = parse_params(params)
     settings = queue_settings()
-    try:
+    with reporting():
         queue = Queue(
-            RedisSettings.from_url(redis_url),
+            redis_settings,
             prefix=prefix,
             settings=settings,
             datastreams=store_from_env(),  # large bodies both ways (prq.core.bodies)
         )
-    except ValueError as exc:  # redis-py's verdict on the URL
-        raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc
     target = _Target(
         endpoint, method, value, timeout or None, pickup_timeout_s(pickup_timeout, settings)
     )
-    try:
-        with queue:
-            code = (
-                _call_once(queue, target)
-                if count == 1
-                else _call_many(queue, target, count, inflight)
-            )
-    except PrqError as exc:  # connecting failed (credentials, permissions, Redis down)
-        fail(exc, exit_code_for(exc))
+    with reporting(), queue:  # connecting failed (credentials, permissions, Redis down)
+        if count == 1:
+            code = _call_once(queue, target)
+        else:
+            code = _call_many(queue, target, count, inflight)
     raise typer.Exit(code)
 
 
@@ -198,11 +196,6 @@ def pickup_timeout_s(flag: float | None, settings: QueueSettings) -> float:
     """`--pickup-timeout` (or PRQ_PICKUP_TIMEOUT_S, which click reads into it), else the
     queue's own `pickup_timeout_s`: the one setting a library caller would get too."""
     return settings.pickup_timeout_s if flag is None else flag
-
-
-def exit_code_for(exc: PrqError) -> int:
-    """3 when trying the same call again may succeed, else 1."""
-    return EXIT_RETRYABLE if exc.retryable else EXIT_FAILED
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,10 @@ from prq.cli.options import (
     SharedUrlOption,
     fail,
     queue_settings,
-    require_url,
+    reporting,
+    shared_redis,
 )
-from prq.core.config import RedisSettings
-from prq.core.errors import InvalidEndpoint, InvalidSettings, PrqError
+from prq.core.errors import InvalidEndpoint
 from prq.core.names import readable_endpoint, validate_endpoint
 from prq.facade.blocking_queue import Queue
 
@@ -48,25 +48,22 @@ EndpointArgument = Annotated[str, typer.Argument(help="The endpoint, e.g. poll:/
 def _queue(
     url: str | None, prefix: str, command: str, endpoint: str, *, new_work: bool = True
 ) -> Iterator[Queue]:
-    """A queue node for one command; errors become the command's exit codes. `new_work`: the
-    name must be one new work may go to (else any name an earlier version took)."""
-    redis_url = require_url(url, command)
+    """A queue node for one command; errors become the command's exit codes (prq.cli.options).
+    `new_work`: the name must be one new work may go to (else any name an earlier version
+    took)."""
+    redis_settings = shared_redis(url, command)
     try:
         (validate_endpoint if new_work else readable_endpoint)(endpoint)
     except InvalidEndpoint as exc:
         fail(exc, EXIT_USAGE)
     settings = queue_settings()
+    with reporting():  # (on a cluster, making the node reads its layout already)
+        queue = Queue(redis_settings, prefix=prefix, settings=settings)
     try:
-        queue = Queue(RedisSettings.from_url(redis_url), prefix=prefix, settings=settings)
-    except ValueError as exc:  # redis-py's verdict on the URL
-        raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc
-    try:
-        with queue:
+        with reporting(), queue:  # connecting failed (credentials, permissions, Redis down)
             yield queue
-    except (ValidationError, InvalidSettings) as exc:
+    except ValidationError as exc:  # (what the command was given)
         fail(exc, EXIT_USAGE)
-    except PrqError as exc:
-        fail(exc)
 
 
 def _limit(text: str | None, option: str) -> tuple[bool, int | None]:

@@ -3,25 +3,36 @@
 Exit codes of every command:
 
     0    done
-    1    failed (Redis refused us, the service raised, a worker had to abandon requests, ...)
+    1    failed (Redis refused us: a wrong password, a missing ACL permission, a database the
+         server lacks; the service raised; a worker had to abandon requests, ...)
     2    usage error: a bad option, a MODULE:FUNCTION that does not import, PARAMS_JSON that is
-         not JSON, no Redis URL for a command that needs the shared Redis
-    3    `call` failed in a way that trying again may succeed (the error's `retryable`:
-         PickupTimeout, CallTimeout, ReceiverLost, QueueUnavailable, QueueFull, DataLoss, or a
-         service error marked retryable)
+         not JSON, no Redis URL for a command that needs the shared Redis, or one prq cannot
+         use (a scheme it does not take, a port or database that is not a number)
+    3    failed in a way that trying again may succeed (the error's `retryable`): Redis did not
+         answer (QueueUnavailable) for every command that reaches it; for `call` also
+         PickupTimeout, CallTimeout, ReceiverLost, QueueFull, DataLoss, or a service error
+         marked retryable
     130  interrupted by Ctrl-C before it finished (`call`)
+
+A failure that is not a usage error prints one line on stderr, `error: <Type>: message` (the
+type is prq's: ConfigurationError, QueueUnavailable, ...), never a traceback: `shared_redis`
+checks the URL before anything connects, `reporting` turns what a command raises into that line
+and its exit code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, NoReturn
 
 import typer
 
-from prq.core.config import QueueSettings
-from prq.core.errors import InvalidSettings
+from prq.core.config import QueueSettings, RedisSettings
+from prq.core.errors import ConfigurationError, InvalidSettings, PrqError
+from prq.core.keys import KeySchema
 from prq.demo import DEFAULT_PREFIX
-from prq.transport.topology import redact_url
+from prq.transport.topology import locate, redact_url
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -34,10 +45,13 @@ __all__ = [
     "PrefixOption",
     "SharedUrlOption",
     "error_line",
+    "exit_code_for",
     "fail",
     "queue_settings",
     "redact_url",
+    "reporting",
     "require_url",
+    "shared_redis",
 ]
 
 #: The command did what it was asked.
@@ -71,10 +85,25 @@ SharedUrlOption = Annotated[
         "(required).",
     ),
 ]
+
+
+def _check_prefix(prefix: str) -> str:
+    """A usage error naming --prefix for a key prefix prq refuses (braces, globs, spaces)."""
+    try:
+        KeySchema(prefix)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return prefix
+
+
 PrefixOption = Annotated[
     str,
     typer.Option(
-        "--prefix", envvar="PRQ_PREFIX", show_envvar=True, help="Key prefix of the queue."
+        "--prefix",
+        envvar="PRQ_PREFIX",
+        show_envvar=True,
+        callback=_check_prefix,
+        help="Key prefix of the queue.",
     ),
 ]
 
@@ -88,12 +117,21 @@ def require_url(url: str | None, command: str) -> str:
             "PRQ_REDIS_URL (only demo and bench start a private Redis of their own)",
             param_hint="'--url' / PRQ_REDIS_URL",
         )
-    if "://" not in url:
-        raise typer.BadParameter(
-            f"{redact_url(url)!r} is not a Redis URL; write redis://[user:password@]host:port/db",
-            param_hint="'--url' / PRQ_REDIS_URL",
-        )
     return url
+
+
+def shared_redis(url: str | None, command: str) -> RedisSettings:
+    """The settings of the Redis every node shares, from `--url` / PRQ_REDIS_URL (and the
+    PRQ_REDIS_* variables), checked before anything connects: a usage error without a URL;
+    `error: ConfigurationError: ...` and exit 2 for one prq cannot use (a scheme it does not
+    take, a bare host:port, a port or database that is not a number, TLS files without
+    rediss://)."""
+    redis_url = require_url(url, command)
+    try:
+        locate(redis_url)
+        return RedisSettings.from_url(redis_url)
+    except ConfigurationError as exc:  # (InvalidSettings is one)
+        fail(exc, EXIT_USAGE)
 
 
 def queue_settings() -> QueueSettings:
@@ -118,3 +156,21 @@ def fail(exc: BaseException, code: int = EXIT_FAILED) -> NoReturn:
     """Print `error_line(exc)` to stderr and exit with `code`."""
     typer.echo(error_line(exc), err=True)
     raise typer.Exit(code)
+
+
+def exit_code_for(exc: PrqError) -> int:
+    """3 when trying the same command again may succeed (the error's `retryable`), else 1."""
+    return EXIT_RETRYABLE if exc.retryable else EXIT_FAILED
+
+
+@contextmanager
+def reporting() -> Iterator[None]:
+    """A PrqError raised inside (making the node, which on a cluster reads its layout already;
+    connecting; what the command asked of Redis) becomes `error: <Type>: message` on stderr
+    and the exit code `exit_code_for` gives it; refused settings (InvalidSettings) exit 2."""
+    try:
+        yield
+    except InvalidSettings as exc:
+        fail(exc, EXIT_USAGE)
+    except PrqError as exc:
+        fail(exc, exit_code_for(exc))

@@ -3,6 +3,10 @@
 Reads through `prq.ops.inspector.Inspector`, which never writes: it runs as the read-only ACL user
 (`prq-admin` in redis-conf/users.acl). A table on stdout (`--json`: one JSON document, or one
 per line with `--watch`), then Redis health warnings (eviction, persistence) below it.
+
+A Redis that cannot be read at the first reading (it does not answer, or refuses the
+credentials) is `error: <Type>: message` on stderr, as for every command (prq.cli.options); one
+that stops answering while `--watch` runs is shown in the table's last line until it answers.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from prq.cli.options import (
     EXIT_OK,
     PrefixOption,
     SharedUrlOption,
-    error_line,
+    exit_code_for,
+    fail,
     queue_settings,
     redact_url,
-    require_url,
+    reporting,
+    shared_redis,
 )
-from prq.core.config import RedisSettings
 from prq.core.errors import PrqError
 from prq.ops.answers import EndpointInfo, RedisHealth
 from prq.ops.inspector import Inspector
@@ -71,15 +76,13 @@ def stats(
     Endpoints are those nodes reported using lately. Read-only: run it as the prq-admin user
     of redis-conf/users.acl.
     """
-    redis_url = require_url(url, "stats")
+    redis_settings = shared_redis(url, "stats")
     settings = queue_settings()
-    try:
+    with reporting():
         inspector = Inspector.from_url(
-            prefix=prefix, settings=settings, redis_settings=RedisSettings.from_url(redis_url)
+            prefix=prefix, settings=settings, redis_settings=redis_settings
         )
-    except ValueError as exc:  # redis-py's verdict on the URL
-        raise typer.BadParameter(str(exc), param_hint="'--url' / PRQ_REDIS_URL") from exc
-    code = asyncio.run(_run(inspector, redis_url, prefix, watch, as_json))
+    code = asyncio.run(_run(inspector, redis_settings.url, prefix, watch, as_json))
     raise typer.Exit(code)
 
 
@@ -99,12 +102,16 @@ class Snapshot:
         }
 
 
-async def _read(inspector: Inspector, prefix: str) -> Snapshot:
+async def _read(inspector: Inspector, prefix: str, *, first: bool) -> Snapshot:
+    """One reading. Redis not healthy: at the `first` reading, the error of reading the
+    endpoints is raised (ConfigurationError for refused credentials, QueueUnavailable for a
+    Redis that does not answer, as any other command says it); later, the health line says
+    why."""
     health = await inspector.redis_health()
     try:
         endpoints = await inspector.endpoints()
     except PrqError:
-        if health.ok:
+        if health.ok or first:
             raise
         endpoints = []  # the health line says why
     return Snapshot(prefix, endpoints, health)
@@ -116,7 +123,7 @@ async def _run(
     console = Console()
     try:
         if watch_s is None:
-            snapshot = await _read(inspector, prefix)
+            snapshot = await _read(inspector, prefix, first=True)
             if as_json:
                 typer.echo(json.dumps(snapshot.to_json(), indent=2))
             else:
@@ -125,8 +132,7 @@ async def _run(
         await _watch(inspector, url, prefix, watch_s, as_json, console)
         return EXIT_OK
     except PrqError as exc:
-        typer.echo(error_line(exc), err=True)
-        return EXIT_FAILED
+        fail(exc, exit_code_for(exc))
     finally:
         await inspector.aclose()
 
@@ -140,17 +146,20 @@ async def _watch(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     with contextlib.ExitStack() as screen:
+        snapshot = await _read(inspector, prefix, first=True)  # (before the screen is taken)
         live: Live | None = None
         if not as_json:
             live = screen.enter_context(Live(console=console, auto_refresh=False))
-        while not stop.is_set():
-            snapshot = await _read(inspector, prefix)
+        while True:
             if live is not None:
                 live.update(render(snapshot, redact_url(url), watch_s), refresh=True)
             else:
                 typer.echo(json.dumps(snapshot.to_json()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), watch_s)
+            if stop.is_set():
+                return
+            snapshot = await _read(inspector, prefix, first=False)
 
 
 def format_age(seconds: float | None) -> str:
@@ -201,7 +210,7 @@ def render(snapshot: Snapshot, where: str, watch_s: float | None = None) -> Rend
 
 def _health_lines(health: RedisHealth) -> list[RenderableType]:
     if not health.ok:
-        return [Text(f"Redis does not answer: {health.error}", style="bold red")]
+        return [Text(f"error: {health.error}", style="bold red")]
     persistence = ", ".join(health.persistence) or "none"
     lines: list[RenderableType] = [
         Text(

@@ -36,7 +36,7 @@ from prq.cli.options import (
     SharedUrlOption,
     fail,
     queue_settings,
-    require_url,
+    shared_redis,
 )
 from prq.cli.worker_handler import is_coroutine_handler, load_handler
 from prq.cli.worker_lifecycle import WorkerConfig, _say, run_worker
@@ -143,7 +143,7 @@ def worker(
     the rest back (callers of at_most_once requests get ReceiverLost, at_least_once ones are
     queued again) and exits 1.
     """
-    redis_url = require_url(url, "worker")
+    redis_url = shared_redis(url, "worker").url
     endpoints = _endpoints(endpoint or [])
     function = load_handler(handler)
     use_async = (not sync) if sync is not None else is_coroutine_handler(function)

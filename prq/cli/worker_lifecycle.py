@@ -18,7 +18,15 @@ from types import FrameType
 
 import typer
 
-from prq.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error_line, fail, redact_url
+from prq.cli.options import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    error_line,
+    exit_code_for,
+    fail,
+    redact_url,
+)
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import PrqError
 from prq.datastreams import store_from_env
@@ -57,8 +65,8 @@ def run_worker(config: WorkerConfig, handler: Handler) -> int:
             return asyncio.run(_serve_async(config, handler))
         return _serve_sync(config, handler)
     except PrqError as exc:  # connecting failed (credentials, permissions, Redis down)
-        fail(exc)
-    except ValueError as exc:  # redis-py's verdict on the URL
+        fail(exc, exit_code_for(exc))
+    except ValueError as exc:  # a setting refused when the queue was made
         fail(exc, EXIT_USAGE)
 
 

@@ -18,77 +18,55 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from prq.core.bounds import MIN_DURATION_S, count, duration, positive
+from prq.core.defaults import (
+    DATA_LOSS_CHECK_SHARE,
+    DEFAULT_CANCEL_MARKER_TTL_S,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_DATA_LOSS_CHECK_INTERVAL_S,
+    DEFAULT_DEAD_LETTER_MAX,
+    DEFAULT_DEAD_LETTER_TTL_S,
+    DEFAULT_DEQUEUE_TIMEOUT_S,
+    DEFAULT_HANDOFF_CONFIRM_S,
+    DEFAULT_HEARTBEAT_INITIAL_DELAY_S,
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_INLINE_LIMIT_BYTES,
+    DEFAULT_LIST_TTL_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_RESPONSE_TTL_S,
+    DEFAULT_PICKUP_TIMEOUT_S,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PULSE_INLINE_LIMIT_BYTES,
+    DEFAULT_RECEIVER_TIMEOUT_S,
+    DEFAULT_REDIS_URL,
+    DEFAULT_REQUEST_TTL_EXTRA_S,
+    DEFAULT_RESPONSE_TTL_S,
+    DEFAULT_RETRY_BUDGET_S,
+    DEFAULT_SENDER_TIMEOUT_S,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    DEFAULT_SIGNING_CLOCK_SKEW_S,
+    DEFAULT_SOCKET_TIMEOUT_S,
+    HEARTBEAT_SHARE,
+    MAX_ATTEMPTS_LIMIT,
+    MIN_SIGNING_KEY_LENGTH,
+    SERVE_BACKOFF_MAX_S,
+    UNAVAILABLE_GRACE_S,
+)
 from prq.core.errors import InvalidSettings, typed_validation
-
-#: Where to connect when neither an argument nor PRQ_REDIS_URL says otherwise.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-#: How long a request may wait for a receiver to pick it up.
-DEFAULT_PICKUP_TIMEOUT_S = 120.0
-#: How long one `dequeue` waits for work before returning None.
-DEFAULT_DEQUEUE_TIMEOUT_S = 30.0
-#: How often a wait that listens for a pulse also polls Redis (pulses can be lost).
-DEFAULT_POLL_INTERVAL_S = 5.0
-#: Heartbeat rate for both roles while a picked-up request is in flight.
-DEFAULT_HEARTBEAT_INTERVAL_S = 15.0
-#: No heartbeat before this, so fast calls cost nothing.
-DEFAULT_HEARTBEAT_INITIAL_DELAY_S = 7.0
-#: Receiver silent this long: the caller gets ReceiverLost.
-DEFAULT_RECEIVER_TIMEOUT_S = 60.0
-#: Sender silent this long: the receiver's request is cancelled (sender_lost).
-DEFAULT_SENDER_TIMEOUT_S = 90.0
-#: How often each node checks its canary and the enqueue counter.
-DEFAULT_DATA_LOSS_CHECK_INTERVAL_S = 60.0
-#: How long one Redis step is retried on connection errors before QueueUnavailable.
-DEFAULT_RETRY_BUDGET_S = 30.0
-#: How long a request handed straight to an idle receiver waits for that receiver to confirm
-#: it before it goes to another receiver (a receiver that died while idle never confirms).
-DEFAULT_HANDOFF_CONFIRM_S = 2.0
-#: How long a response is kept (for pollers, and for idempotent re-enqueue of the same id).
-DEFAULT_RESPONSE_TTL_S = 20 * 60.0
-#: The longest a request may ask its answer to be kept (Request.response_ttl_s): a week.
-DEFAULT_MAX_RESPONSE_TTL_S = 7 * 24 * 3600.0
-#: Request TTL = pickup timeout + this.
-DEFAULT_REQUEST_TTL_EXTRA_S = 2 * 60.0
-#: TTL of an endpoint's queue keys (levels, lanes, the enqueue counter), renewed by its pushes
-#: (a busy level's at most once per eighth of it).
-DEFAULT_LIST_TTL_S = 24 * 3600.0
-#: How long a cancel marker (or a withdrawn request's tombstone) is kept.
-DEFAULT_CANCEL_MARKER_TTL_S = 15 * 60.0
-#: Bodies over this go beside Redis (DataStreamStore) instead of inline.
-DEFAULT_INLINE_LIMIT_BYTES = 64 * 1024
-#: Bodies over this are refused before anything is written.
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-#: Responses up to this size travel inside the response pulse, saving a read.
-DEFAULT_PULSE_INLINE_LIMIT_BYTES = 16 * 1024
-#: How long a dead letter is kept (and its list, refreshed on every dead letter).
-DEFAULT_DEAD_LETTER_TTL_S = 7 * 86400.0
-#: Most dead letters kept per endpoint; the oldest go first.
-DEFAULT_DEAD_LETTER_MAX = 10_000
-#: How many times an at_least_once request may be handed out, by default and at most.
-DEFAULT_MAX_ATTEMPTS = 3
-MAX_ATTEMPTS_LIMIT = 1000
-#: How long closing a queue waits for the requests it holds to be answered.
-DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-#: Allowed difference between the nodes' clocks when a signature's expiry is checked.
-DEFAULT_SIGNING_CLOCK_SKEW_S = 60.0
-#: Shortest signing key accepted (characters).
-MIN_SIGNING_KEY_LENGTH = 32
-#: Per-attempt socket timeout; bounds how long one hung Redis call can block.
-DEFAULT_SOCKET_TIMEOUT_S = 5.0
-#: Connect timeout for a new Redis connection.
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
-#: Connection pool size per node.
-DEFAULT_MAX_CONNECTIONS = 256
 
 
 class RedisSettings(BaseSettings):
     """How to reach Redis. `url` comes from `PRQ_REDIS_URL` when not given."""
 
-    model_config = SettingsConfigDict(env_prefix="PRQ_REDIS_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="PRQ_REDIS_", frozen=True, extra="forbid", allow_inf_nan=False
+    )
 
     url: str = DEFAULT_REDIS_URL
-    socket_timeout_s: float = Field(DEFAULT_SOCKET_TIMEOUT_S, gt=0)
-    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    socket_timeout_s: float = duration(DEFAULT_SOCKET_TIMEOUT_S)
+    connect_timeout_s: float = duration(DEFAULT_CONNECT_TIMEOUT_S)
     max_connections: int = Field(DEFAULT_MAX_CONNECTIONS, ge=2)
     #: TLS, with a `rediss://` URL: the CA bundle that signed the server's certificate (None:
     #: the system's trusted CAs).
@@ -152,38 +130,42 @@ class QueueSettings(BaseSettings):
         QueueSettings(pickup_timeout_s=10, heartbeat_interval_s=1, receiver_timeout_s=5)
     """
 
-    model_config = SettingsConfigDict(env_prefix="PRQ_", frozen=True, extra="ignore")
+    #: A keyword that names no field is refused (a misspelt one would be ignored silently); a
+    #: PRQ_* environment variable that names none is not read.
+    model_config = SettingsConfigDict(
+        env_prefix="PRQ_", frozen=True, extra="forbid", allow_inf_nan=False
+    )
 
-    pickup_timeout_s: float = Field(DEFAULT_PICKUP_TIMEOUT_S, gt=0)
-    dequeue_timeout_s: float = Field(DEFAULT_DEQUEUE_TIMEOUT_S, ge=0)
-    poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
-    heartbeat_interval_s: float = Field(DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
-    heartbeat_initial_delay_s: float = Field(DEFAULT_HEARTBEAT_INITIAL_DELAY_S, ge=0)
-    receiver_timeout_s: float = Field(DEFAULT_RECEIVER_TIMEOUT_S, gt=0)
-    sender_timeout_s: float = Field(DEFAULT_SENDER_TIMEOUT_S, gt=0)
-    data_loss_check_interval_s: float = Field(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S, gt=0)
-    handoff_confirm_s: float = Field(DEFAULT_HANDOFF_CONFIRM_S, gt=0)
+    pickup_timeout_s: float = duration(DEFAULT_PICKUP_TIMEOUT_S)
+    dequeue_timeout_s: float = duration(DEFAULT_DEQUEUE_TIMEOUT_S, zero_ok=True)
+    poll_interval_s: float = duration(DEFAULT_POLL_INTERVAL_S)
+    heartbeat_interval_s: float = duration(DEFAULT_HEARTBEAT_INTERVAL_S)
+    heartbeat_initial_delay_s: float = duration(DEFAULT_HEARTBEAT_INITIAL_DELAY_S, zero_ok=True)
+    receiver_timeout_s: float = duration(DEFAULT_RECEIVER_TIMEOUT_S)
+    sender_timeout_s: float = duration(DEFAULT_SENDER_TIMEOUT_S)
+    data_loss_check_interval_s: float = duration(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S)
+    handoff_confirm_s: float = duration(DEFAULT_HANDOFF_CONFIRM_S)
     #: Also write an id -> endpoint locator key per request, so that status and cancel by id
     #: find it in one read. Off: they ask the registered endpoints (one more round trip), and a
     #: request costs Redis no key beside its record.
     request_locators: bool = False
-    retry_budget_s: float = Field(DEFAULT_RETRY_BUDGET_S, ge=0)
-    response_ttl_s: float = Field(DEFAULT_RESPONSE_TTL_S, gt=0)
+    retry_budget_s: float = duration(DEFAULT_RETRY_BUDGET_S, zero_ok=True)
+    response_ttl_s: float = duration(DEFAULT_RESPONSE_TTL_S)
     #: A request that asks for its answer to be kept longer (Request.response_ttl_s) gets at
     #: most this, or response_ttl_s when that is longer.
-    max_response_ttl_s: float = Field(DEFAULT_MAX_RESPONSE_TTL_S, gt=0)
-    request_ttl_extra_s: float = Field(DEFAULT_REQUEST_TTL_EXTRA_S, gt=0)
-    list_ttl_s: float = Field(DEFAULT_LIST_TTL_S, gt=0)
-    cancel_marker_ttl_s: float = Field(DEFAULT_CANCEL_MARKER_TTL_S, gt=0)
-    inline_limit_bytes: int = Field(DEFAULT_INLINE_LIMIT_BYTES, gt=0)
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
-    pulse_inline_limit_bytes: int = Field(DEFAULT_PULSE_INLINE_LIMIT_BYTES, ge=0)
-    dead_letter_ttl_s: float = Field(DEFAULT_DEAD_LETTER_TTL_S, gt=0)
-    dead_letter_max: int = Field(DEFAULT_DEAD_LETTER_MAX, ge=1)
+    max_response_ttl_s: float = duration(DEFAULT_MAX_RESPONSE_TTL_S)
+    request_ttl_extra_s: float = duration(DEFAULT_REQUEST_TTL_EXTRA_S)
+    list_ttl_s: float = duration(DEFAULT_LIST_TTL_S)
+    cancel_marker_ttl_s: float = duration(DEFAULT_CANCEL_MARKER_TTL_S)
+    inline_limit_bytes: int = count(DEFAULT_INLINE_LIMIT_BYTES, least=1)
+    max_body_bytes: int = count(DEFAULT_MAX_BODY_BYTES, least=1)
+    pulse_inline_limit_bytes: int = count(DEFAULT_PULSE_INLINE_LIMIT_BYTES, least=0)
+    dead_letter_ttl_s: float = duration(DEFAULT_DEAD_LETTER_TTL_S)
+    dead_letter_max: int = count(DEFAULT_DEAD_LETTER_MAX, least=1)
     #: at_least_once requests enqueued by this node are handed out at most this many times.
     max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     #: Closing waits this long for held requests to be answered, then gives back the rest.
-    shutdown_timeout_s: float = Field(DEFAULT_SHUTDOWN_TIMEOUT_S, ge=0)
+    shutdown_timeout_s: float = duration(DEFAULT_SHUTDOWN_TIMEOUT_S, zero_ok=True)
     #: Signed envelopes (prq.protocol.signing): with a key, every request and response this node
     #: writes is signed, and every one it reads must be. Never stored in Redis; give every
     #: node of a deployment the same key (at least 32 characters, e.g. `openssl rand -hex 32`).
@@ -192,7 +174,7 @@ class QueueSettings(BaseSettings):
     signing_key_previous: SecretStr | None = None
     signing_key_previous_until: datetime | None = None
     #: How far the nodes' clocks may differ, for signature expiry, seconds.
-    signing_clock_skew_s: float = Field(DEFAULT_SIGNING_CLOCK_SKEW_S, ge=0)
+    signing_clock_skew_s: float = duration(DEFAULT_SIGNING_CLOCK_SKEW_S, zero_ok=True)
 
     if not TYPE_CHECKING:  # (type checkers keep the fields' own signature)
 
@@ -204,28 +186,36 @@ class QueueSettings(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_heartbeats(cls, data: Any) -> Any:
-        """Heartbeat settings left unset follow the timeouts: a beat every quarter of the shorter
-        timeout and the first after an eighth, at most the defaults (15 s and 7 s, for the
-        default 60 s). So setting `receiver_timeout_s=5` alone is enough."""
+    def _derive(cls, data: Any) -> Any:
+        """Settings left unset that follow others. Heartbeats follow the timeouts: a beat every
+        quarter of the shorter timeout and the first after an eighth, at most the defaults
+        (15 s and 7 s, for the default 60 s), so setting `receiver_timeout_s=5` alone is
+        enough. The data-loss check interval follows `list_ttl_s`: a quarter of it, at most
+        the default (60 s). A value that is not a finite positive number derives nothing (the
+        field's own validation says what is wrong)."""
         if not isinstance(data, dict):
             return data
-        timeouts = []
-        for name, default in (
-            ("receiver_timeout_s", DEFAULT_RECEIVER_TIMEOUT_S),
-            ("sender_timeout_s", DEFAULT_SENDER_TIMEOUT_S),
-        ):
-            try:
-                timeouts.append(float(data.get(name, default)))
-            except (TypeError, ValueError):
-                return data  # the field's own validation says what is wrong
-        timeout = min(timeouts)
-        if timeout <= 0:
-            return data
-        derived = {
-            "heartbeat_interval_s": min(DEFAULT_HEARTBEAT_INTERVAL_S, timeout / 4),
-            "heartbeat_initial_delay_s": min(DEFAULT_HEARTBEAT_INITIAL_DELAY_S, timeout / 8),
-        }
+        derived: dict[str, float] = {}
+        timeouts = [
+            positive(data.get(name, default))
+            for name, default in (
+                ("receiver_timeout_s", DEFAULT_RECEIVER_TIMEOUT_S),
+                ("sender_timeout_s", DEFAULT_SENDER_TIMEOUT_S),
+            )
+        ]
+        if None not in timeouts:
+            timeout = min(t for t in timeouts if t is not None)
+            derived["heartbeat_interval_s"] = max(
+                MIN_DURATION_S, min(DEFAULT_HEARTBEAT_INTERVAL_S, timeout / 4)
+            )
+            derived["heartbeat_initial_delay_s"] = min(
+                DEFAULT_HEARTBEAT_INITIAL_DELAY_S, timeout / 8
+            )
+        list_ttl = positive(data.get("list_ttl_s", DEFAULT_LIST_TTL_S))
+        if list_ttl is not None:
+            derived["data_loss_check_interval_s"] = max(
+                MIN_DURATION_S, min(DEFAULT_DATA_LOSS_CHECK_INTERVAL_S, list_ttl / 4)
+            )
         return {name: value for name, value in derived.items() if name not in data} | data
 
     @model_validator(mode="after")
@@ -233,15 +223,25 @@ class QueueSettings(BaseSettings):
         if self.inline_limit_bytes > self.max_body_bytes:
             raise ValueError("inline_limit_bytes must not exceed max_body_bytes")
         self._check_signing()
-        # A live node must get its first beat, and every next one, in before the other side's
-        # timeout, or it is declared dead while it works.
+        # A live node must get its first beat, and every next one, in well before the other
+        # side's timeout, or it is declared dead while it works.
         timeout = min(self.receiver_timeout_s, self.sender_timeout_s)
         for name in ("heartbeat_initial_delay_s", "heartbeat_interval_s"):
-            if getattr(self, name) >= timeout:
+            if getattr(self, name) > timeout * HEARTBEAT_SHARE:
                 raise ValueError(
-                    f"{name} ({getattr(self, name):g} s) must be below the receiver and sender "
-                    f"timeouts ({timeout:g} s): a live node would be declared dead"
+                    f"{name} ({getattr(self, name):g} s) must be at most half of the shorter "
+                    f"of receiver_timeout_s and sender_timeout_s ({timeout:g} s): the other "
+                    "side must see two beats per timeout, or one late beat gets a live node "
+                    "declared dead"
                 )
+        if self.data_loss_check_interval_s >= self.list_ttl_s * DATA_LOSS_CHECK_SHARE:
+            raise ValueError(
+                f"data_loss_check_interval_s ({self.data_loss_check_interval_s:g} s) must be "
+                f"below half of list_ttl_s ({self.list_ttl_s:g} s): a rollback shows in a "
+                "node's canary only when it goes back past the canary's last step, so with "
+                "rarer checks a Redis that went back by less than what it keeps queued could "
+                "hand out again requests that ran"
+            )
         return self
 
     def _check_signing(self) -> None:
@@ -290,14 +290,42 @@ class QueueSettings(BaseSettings):
             return self.response_ttl_s
         return min(asked_s, max(self.max_response_ttl_s, self.response_ttl_s))
 
+    def waited_response_ttl_s(self) -> float:
+        """The shortest time an answer that a caller waits for is kept, whatever its request
+        asked or response_ttl_s says (apply_response.lua): a caller that missed the answer's
+        pulse reads it at its next poll, which may take a retry budget to get through a Redis
+        blip. So a caller finds a waited-for answer gone this soon only if Redis lost it."""
+        return 2 * self.poll_interval_s + self.retry_budget_s + 1.0
+
     def request_ttl_s(self, pickup_timeout_s: float) -> float:
         """TTL of a queued request: its pickup timeout plus the extra."""
         return pickup_timeout_s + self.request_ttl_extra_s
 
-    def receipt_ttl_s(self) -> float:
-        """TTL of a take receipt: long enough for the take's own retries, a parked wait and a
-        hand-off's confirmation."""
-        return max(2 * self.poll_interval_s, self.retry_budget_s, self.handoff_confirm_s) + 1.0
+    def take_retry_s(self, redis: RedisSettings | None = None) -> float:
+        """The longest from a take reaching Redis (its receipt written) to the next take with
+        its token, when its reply never arrives: the take fails (QueueUnavailable) at most its
+        retry budget, a socket timeout and a grace after it was asked; its token is kept as a
+        spare (prq.node.receiver.taking), the serve loop pauses (at most SERVE_BACKOFF_MAX_S)
+        and takes again with it, that take's first attempt taking a connect and a socket
+        timeout at most. `redis`: the node's connection settings (None: the defaults)."""
+        socket_s, connect_s = (
+            (DEFAULT_SOCKET_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S)
+            if redis is None
+            else (redis.socket_timeout_s, redis.connect_timeout_s)
+        )
+        failed_s = self.retry_budget_s + socket_s + UNAVAILABLE_GRACE_S
+        next_attempt_s = connect_s + socket_s
+        return failed_s + SERVE_BACKOFF_MAX_S + next_attempt_s
+
+    def receipt_ttl_s(self, redis: RedisSettings | None = None) -> float:
+        """TTL of a take receipt (renewed by every take that reads it): it must outlive a
+        take that failed until the next take of its token collects it (`take_retry_s`), a
+        parked wait (a hand-off is collected by the take that follows the park, a poll
+        interval later if its pulse is lost) and a hand-off's confirmation window. `redis`:
+        the node's connection settings (None: the defaults); the nodes of a deployment share
+        their settings, so the writer's stand for the collector's."""
+        outlives = (2 * self.poll_interval_s, self.take_retry_s(redis), self.handoff_confirm_s)
+        return max(outlives) + 1.0
 
     def in_flight_ttl_s(self) -> float:
         """TTL of a picked-up request until it is answered (heartbeats extend it)."""

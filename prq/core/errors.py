@@ -19,6 +19,7 @@ PrqError                      every error has .retryable and .maybe_executed
     ├── CancelledBeforePickup
     ├── CancelledAfterPickup
     ├── ReceiverLost          the receiving node stopped sending heartbeats
+    ├── RequestExpired        its record expired before the caller read it (its answer, likely)
     └── RemoteError           the service raised; carries the ServerError
 ```
 
@@ -52,6 +53,7 @@ __all__ = [
     "ReceiverLost",
     "RemoteError",
     "RequestError",
+    "RequestExpired",
     "SerializationError",
     "SignatureError",
 ]
@@ -232,6 +234,16 @@ class CancelledAfterPickup(RequestError):
 
 class ReceiverLost(RequestError):
     """The node holding the request stopped sending heartbeats."""
+
+    retryable = True
+    maybe_executed = True
+
+
+class RequestExpired(RequestError):
+    """Redis no longer holds the request, and the caller had not looked for longer than an
+    answer it waits for is surely kept (QueueSettings.waited_response_ttl_s): the record most
+    likely expired with its answer before the caller read it (not DataLoss, which says Redis
+    lost data). The request may have run."""
 
     retryable = True
     maybe_executed = True

@@ -3,8 +3,12 @@
 Layout, for prefix `prq` and an endpoint encoded as `<e>`:
 
     prq:{<e>}:pri            zset    priorities with queued ids (p -> p)    TTL 1 day, refreshed
-    prq:{<e>}:l:<p>          hash    priority p's clock: g, s, n (depth),   TTL 1 day, refreshed
-                                     x, t (scripts/_queue.lua)
+    prq:{<e>}:pri:s          hash    the share of takes lower priorities    TTL 1 day, refreshed;
+                                     get: s (takes since the last lower     deleted when the levels
+                                     turn while one waited), c (the level   below the highest run
+                                     that turn went to; scripts/_queue.lua) empty
+    prq:{<e>}:l:<p>          hash    priority p's clock: g, n (depth), x,   TTL 1 day, refreshed
+                                     t, r (scripts/_queue.lua)
     prq:{<e>}:l:<p>:o        zset    priority p's lanes: f (the front lane, TTL 1 day, refreshed
                                      -inf), p<producer> -> virtual time of
                                      that producer's first queued id
@@ -28,10 +32,14 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
     prq:{<e>}:lw:<token>     string  a loss watch (prq.bulk.LossWatch): a   an hour, renewed by
                                      counter its reader steps (canary.lua)  each read
     prq:{<e>}:rs:<id>        string  a request's renewed signature header   TTL its validity
-    prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL receipt_ttl_s (31 s)
+    prq:{<e>}:t:<token>      list    ids handed to one owner token          TTL receipt_ttl_s (52 s)
     prq:{<e>}:parked         list    idle receivers' tokens, oldest first   TTL 1 day, refreshed
     prq:{<e>}:parks          hash    token -> "<node>|<until, server ms>"   TTL 1 day, refreshed
-    prq:{<e>}:seq            string  enqueue counter (data-loss check)      TTL 1 day, refreshed
+    prq:{<e>}:seq            string  enqueue counter: requests enqueued     TTL 1 day, refreshed
+                                     (for operators: prq_endpoint_enqueued)
+    prq:{<e>}:sq             string  the last sequence number given: each   TTL 1 day, refreshed
+                                     is at least the server's clock in µs
+                                     (scripts/_sequence.lua; data loss)
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
     prq:{<e>}:alo            zset    the at_least_once ones among them      TTL 1 day, refreshed
     prq:{<e>}:ho             zset    handed ids -> confirm deadline, srv ms TTL 1 day, refreshed
@@ -122,6 +130,14 @@ class EndpointKeys:
         return f"{self.tag}:pri"
 
     @property
+    def share(self) -> str:
+        """Hash of the share of takes that goes to lower priorities: `s`, the takes made since the
+        last lower turn while a lower level held work, and `c`, the level that turn went to
+        (scripts/_queue.lua, which names it `levels` plus `:s`: it survives a level running
+        empty)."""
+        return f"{self.levels}:s"
+
+    @property
     def old_levels(self) -> str:
         """The previous layout's sorted set of priorities (`prq:{e}:lv`): never written any
         more; read once per endpoint and node to refuse an endpoint that still holds it."""
@@ -133,7 +149,7 @@ class EndpointKeys:
         return f"{self.tag}:l:"
 
     def level(self, priority: int | str) -> str:
-        """Priority `priority`'s clock (hash: g, s, n = depth, x, t; scripts/_queue.lua); its
+        """Priority `priority`'s clock (hash: g, n = depth, x, t, r; scripts/_queue.lua); its
         other keys are this name plus a suffix."""
         return f"{self.tag}:l:{priority}"
 
@@ -187,6 +203,11 @@ class EndpointKeys:
     def take_receipt(self, token: str) -> str:
         return f"{self.tag}:t:{token}"
 
+    def stamp(self, node_id: str) -> str:
+        """Receiver `node_id`'s stamp: the server's clock at its last take here (scripts/
+        take.lua), which tells it at its next take whether Redis went back since."""
+        return f"{self.tag}:ts:{node_id}"
+
     @property
     def take_receipt_prefix(self) -> str:
         return f"{self.tag}:t:"
@@ -201,7 +222,14 @@ class EndpointKeys:
 
     @property
     def sequence(self) -> str:
+        """The enqueue counter: how many requests were enqueued (for operators)."""
         return f"{self.tag}:seq"
+
+    @property
+    def numbers(self) -> str:
+        """The last sequence number the endpoint gave (scripts/_sequence.lua): what nodes
+        judge rollbacks and ghosts by (prq.node.data_loss)."""
+        return f"{self.tag}:sq"
 
     @property
     def dead(self) -> tuple[str, str, str]:

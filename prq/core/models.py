@@ -97,7 +97,9 @@ class Request(BaseModel):
     streams: dict[StreamName, DataStream] = Field(default_factory=dict, exclude_if=_empty)
     #: How long its answer is kept once stored, seconds (a detached request's reader, e.g. a
     #: Spark job, may come back later). None: the receiver's response_ttl_s. A receiver keeps
-    #: it at most its max_response_ttl_s (QueueSettings.response_ttl_for).
+    #: it at most its max_response_ttl_s (QueueSettings.response_ttl_for), and an answer a
+    #: caller waits for at least waited_response_ttl_s, so that a caller that missed its pulse
+    #: reads it at its next poll (a shorter lifetime would make that caller find it gone).
     response_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, exclude_if=_unset
     )

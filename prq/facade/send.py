@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from prq.core.errors import CancelledBeforePickup, PrqError
 from prq.core.models import Request, Response
+from prq.node.data_loss.counters import CallMark
 from prq.protocol.effects import Flow
 from prq.protocol.flows.cancel import withdraw_own_flow
 from prq.protocol.flows.context import Context
@@ -51,7 +52,7 @@ class AsyncSendingQueue(Protocol):
     ctx: Context
 
     async def _run(
-        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+        self, flow: Flow[T], mark: CallMark | None = None, *, closing_ok: bool = False
     ) -> T: ...
 
     async def _queue_and_wait(
@@ -71,7 +72,7 @@ class BlockingSendingQueue(Protocol):
     ctx: Context
 
     def _run(
-        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+        self, flow: Flow[T], mark: CallMark | None = None, *, closing_ok: bool = False
     ) -> T: ...
 
     def _queue_and_wait(

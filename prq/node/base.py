@@ -10,6 +10,7 @@ flows of prq.protocol.flows and owning the connections.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
@@ -110,6 +111,7 @@ class QueueBase(SenderHalf, Taker, Answerer):
             self.node_id,
             signer=Signer.from_settings(self.settings),
             bodies=self._streams,
+            redis=redis_settings,
         )
         self._renewals = Renewals(
             self.settings.heartbeat_initial_delay_s, self.settings.signature_renewal_s()
@@ -117,6 +119,7 @@ class QueueBase(SenderHalf, Taker, Answerer):
         self._held_bodies = {}
         self._held = {}
         self._taken = TakenRequests()
+        self._take_serials = itertools.count(1)
         self._ran = RanRequests()
         self._spare_tokens = {}
         self._layout_checked = set()

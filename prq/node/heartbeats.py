@@ -13,6 +13,13 @@ Timeline of one lease:
 
 A call that ends before the initial delay and the first poll costs nothing here. Pure: the
 facade's watch loop sends `due()`'s calls in one round trip and hands the replies to `settle()`.
+
+A sender's lease begins before its enqueue is sent (so that no beat of a call can come late),
+so its first beats may reach Redis before the request does (a first-beat delay of 0, or an
+enqueue slowed by retries): until a beat has found the request, "missing" means "not written
+yet", not "lost", and the lease goes on beating. (A request lost meanwhile is found missing by
+its caller's own poll.) Ending the lease there would leave the caller waiting without beats,
+and its receiver would cancel the request (sender_lost) one sender timeout after the take.
 """
 
 from __future__ import annotations
@@ -56,6 +63,12 @@ class Lease:
     #: new progress on the request's DataStreams.
     on_progress: Callable[[int, int], None] | None = None
     progress: tuple[int, int] | None = None
+    #: Holder side: the request's sequence number on its endpoint (0: not known), which a
+    #: declared data loss judges it by (prq.node.data_loss).
+    sequence: int = 0
+    #: Sender side: a beat found the request in Redis (before that, "missing" is an enqueue
+    #: still on its way, not a loss).
+    seen: bool = False
 
     def __post_init__(self) -> None:
         self.last_look = self.since
@@ -109,8 +122,10 @@ class Liveness:
     ) -> None:
         self.sent[request_id] = Lease(request_id, endpoint, now, on_progress=on_progress)
 
-    def hold(self, pending: PendingRequest, now: float) -> None:
-        self.held[pending.id] = Lease(pending.id, pending.request.endpoint, now, pending)
+    def hold(self, pending: PendingRequest, now: float, sequence: int = 0) -> None:
+        self.held[pending.id] = Lease(
+            pending.id, pending.request.endpoint, now, pending, sequence=sequence
+        )
 
     def beat_soon(self, request_id: str, now: float) -> None:
         """Beat for a held request at the next turn (its owner token changed)."""
@@ -185,8 +200,11 @@ class Liveness:
                 lease.progress = progress
                 _report(lease, progress)
             if state in ("taken", "queued"):
+                lease.seen = True
                 continue
             if state == "missing":
+                if lease.pending is None and not lease.seen:
+                    continue  # the caller's enqueue has not reached Redis yet
                 reason = "data_loss"
             elif state == "fenced":
                 if lease.pending is not None and lease.pending.owner_token != lease.beat_token:

@@ -1,11 +1,11 @@
 """The sender half of a node: what it does for the requests it sends.
 
-Building and encoding a request, queueing a one-way message (`_notify_flow`), and the
-bookkeeping of calls in flight: a request sent is leased in the watch's liveness
-(`_watch.liveness.sent`: id → endpoint and the caller's progress callback) until its answer
-is read, and a call fails with DataLoss if a data loss was declared where its endpoint lives
-meanwhile, or with QueueShutdown when closing cuts it short. Cancel and status by id look the
-endpoint up there (`_sent_endpoint`). The facades drive the calls; nothing here does I/O.
+Building and encoding a request, queueing a one-way message (`_notify_flow`), and the bookkeeping of
+calls in flight: a request sent is leased in the watch's liveness (`_watch.liveness.sent`: id →
+endpoint and the caller's progress callback) until its answer is read, and a call fails with
+DataLoss if a data loss was declared where its endpoint lives meanwhile that its request may be one
+of (prq.node.data_loss), or with QueueShutdown when closing cuts it short. Cancel and status by id
+look the endpoint up there (`_sent_endpoint`). The facades drive the calls; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pydantic import JsonValue
 
 from prq.core.bodies import is_spilled
+from prq.core.bounds import call_duration
 from prq.core.errors import (
     DataLoss,
     PrqError,
@@ -30,10 +31,11 @@ from prq.core.names import (
     validate_endpoint,
 )
 from prq.node.core import NodeCore
+from prq.node.data_loss.counters import CallMark
 from prq.observe import metrics
 from prq.protocol.effects import Exec, Flow
 from prq.protocol.flows.registry import locator_calls, registry_calls
-from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
+from prq.protocol.scripts.enqueue import EnqueueOutcome, enqueue_many_call, parse_enqueue_many
 
 __all__ = ["SenderHalf"]
 
@@ -90,7 +92,9 @@ class SenderHalf(NodeCore):
         )
 
     def _pickup_timeout(self, pickup_timeout_s: float | None) -> float:
-        return self.settings.pickup_timeout_s if pickup_timeout_s is None else pickup_timeout_s
+        if pickup_timeout_s is None:
+            return self.settings.pickup_timeout_s
+        return call_duration("pickup_timeout_s", pickup_timeout_s)
 
     def _notify_flow(
         self, request: Request, body: bytes, pickup_timeout_s: float | None
@@ -151,17 +155,15 @@ class SenderHalf(NodeCore):
 
     def _enqueued(
         self,
-        endpoint: str,
-        sent_epoch: int,
-        counter: int | None,
+        mark: CallMark,
+        outcome: EnqueueOutcome,
         then: Callable[[], None] | None = None,
     ) -> None:
-        """An enqueue step of this node, sent in epoch `sent_epoch` (or later), answered:
-        `counter` is the endpoint's enqueue counter, None when the id was known already
-        (nothing enqueued); then `then` is called."""
-        if counter is not None:
-            metrics.ENQUEUED.labels(endpoint).inc()
-            self._watch.observe_counter(endpoint, counter, sent_epoch)
+        """The enqueue step of the call of `mark` answered with `outcome` (a new request's
+        sequence number, or the id known already: nothing enqueued); then `then` is called."""
+        if outcome.counter is not None:
+            metrics.ENQUEUED.labels(mark.endpoint).inc()
+        self._watch.enqueued(mark, outcome.counter, outcome.before)
         if then is not None:
             then()
 
@@ -182,10 +184,10 @@ class SenderHalf(NodeCore):
         lease = self._watch.liveness.sent.get(request_id)
         return lease.endpoint if lease is not None else None
 
-    def _check_epoch(self, epoch: tuple[str, int] | None) -> None:
+    def _check_epoch(self, mark: CallMark | None) -> None:
         """Raise DataLoss if the node declared data loss where the call's endpoint lives since
-        the call began (`epoch`: NodeWatch.epoch_of)."""
-        if epoch is not None and not self._watch.same_epoch(epoch):
+        the call began, and its request may be one the loss took (`mark`: NodeWatch.mark)."""
+        if mark is not None and not self._watch.survives(mark):
             raise DataLoss(
                 "Redis lost or rolled back its data while this call was in flight; the request "
                 "may or may not have run. Retry if it is safe (the same request id is fine)."

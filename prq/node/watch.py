@@ -19,14 +19,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prq.core.errors import PrqError
 from prq.core.lifecycle import PendingRequest
 from prq.node.data_loss.checks import Check
-from prq.node.data_loss.scopes import Layout
+from prq.node.data_loss.counters import CallMark
+from prq.node.data_loss.scopes import Layout, Loss
 from prq.node.data_loss.watch import DataLossWatch
 from prq.node.heartbeats import Lease, Liveness
 from prq.observe import metrics
@@ -70,6 +71,7 @@ class NodeWatch:
         self.data_loss.wake = lambda: self.wake()
         self.router = router
         router.on_cancel = self.cancelled_by_pulse
+        router.on_reconnected = self.data_loss.check_soon
         #: When the facade's loop wakes by itself next (monotonic seconds; infinite while it
         #: works out how long to sleep): a lease due for a beat before then wakes it.
         self._asleep_until = 0.0
@@ -79,12 +81,13 @@ class NodeWatch:
     def epoch(self) -> int:
         return self.data_loss.epoch
 
-    def epoch_of(self, endpoint: str) -> tuple[str, int]:
-        """A call on `endpoint` started now fails with DataLoss once this changes."""
-        return endpoint, self.data_loss.epoch_of(endpoint)
+    def mark(self, endpoint: str) -> CallMark:
+        """A call on `endpoint` begins now: it fails with DataLoss if a loss is declared
+        there before it ends, unless its request is numbered above the fence (`survives`)."""
+        return self.data_loss.mark(endpoint, time.monotonic())
 
-    def same_epoch(self, mark: tuple[str, int]) -> bool:
-        return self.data_loss.epoch_of(mark[0]) == mark[1]
+    def survives(self, mark: CallMark) -> bool:
+        return self.data_loss.survives(mark)
 
     def plan(self, now: float, *, check_only: bool = False) -> WatchPlan:
         """What is due now; with `check_only`, just a data-loss check (whether due or not)."""
@@ -114,6 +117,8 @@ class NodeWatch:
             for result in results[: len(plan.beats)]
         ]
         for verdict in self.liveness.settle(plan.beats, beat_replies):
+            if verdict.state == "missing":  # its record is gone: a loss, or what else?
+                self.data_loss.check_soon()
             self._ended(verdict.lease, verdict.reason)
         if plan.server_step is not None:
             self.server_checked(results[plan.server_step])
@@ -125,7 +130,7 @@ class NodeWatch:
                 return
             loss = self.data_loss.settle(plan.check, check, now)
             if loss:
-                self.declare_data_loss(loss.reason, loss.slots, loss.readings)
+                self.declare_data_loss(loss)
 
     def forget(self, plan: WatchPlan) -> None:
         """A plan whose steps got no reply at all (the round trip failed)."""
@@ -160,32 +165,41 @@ class NodeWatch:
         if lease is not None:
             self._ended(lease, reason or "cancelled")
 
-    def observe_counter(self, endpoint: str, counter: int, sent_epoch: int) -> None:
-        """An enqueue sent in epoch `sent_epoch` reported the endpoint's counter (the next check
-        compares against it)."""
+    def enqueued(self, mark: CallMark, number: int | None, before: int) -> None:
+        """The enqueue of the call of `mark` answered: its request got `number` (None: the id
+        was known, nothing enqueued) and the endpoint's last number before was `before`."""
+        if number is None:
+            mark.number = 0  # (the record's number is not known: a declaration fails the call)
+            return
+        mark.number = number
         now = time.monotonic()
-        self.data_loss.observe(endpoint, counter, now, sent_epoch)
-        if self.presence.sent(endpoint, now):
+        loss = self.data_loss.enqueued(mark.endpoint, mark.floor, before, number, now)
+        if self.presence.sent(mark.endpoint, now):
             self.wake()
+        if loss is not None:
+            self.declare_data_loss(loss)
 
-    def declare_data_loss(
-        self,
-        reason: str,
-        slots: frozenset[int] | None = None,
-        readings: Mapping[str, int] | None = None,
-    ) -> None:
-        """Data was lost in `slots` (None: everywhere): the requests held there are cancelled,
-        and every waiting caller looks whether its call is one of those that fail.
-        `readings`: counters read after the loss (Loss.readings)."""
-        self.data_loss.declare(reason, slots, readings)
+    def declare_data_loss(self, loss: Loss) -> None:
+        """Data was lost in `loss.slots` (None: everywhere): the requests held there that are
+        numbered at or below the fence (or not known) are cancelled; the others look at their
+        records at the next turn, which starts now, and every waiting caller looks whether its
+        call is one of those that fail."""
+        self.data_loss.declare(loss)
+        now = time.monotonic()
         for lease in list(self.liveness.held.values()):
-            if self.data_loss.covers(lease.endpoint, slots):
+            if not self.data_loss.covers(lease.endpoint, loss.slots):
+                continue
+            if lease.sequence <= self.data_loss.fence_of(lease.endpoint):
                 self._ended(lease, "data_loss")
+            else:
+                lease.last_look = now - self.liveness.ctx.settings.poll_interval_s
         self.router.wake_all()
+        self.wake()
 
-    def hold(self, pending: PendingRequest, now: float) -> None:
-        """A request this node took: beat for it from `heartbeat_initial_delay_s` on."""
-        self.liveness.hold(pending, now)
+    def hold(self, pending: PendingRequest, now: float, sequence: int = 0) -> None:
+        """A request this node took (numbered `sequence` on its endpoint, 0: not known): beat
+        for it from `heartbeat_initial_delay_s` on."""
+        self.liveness.hold(pending, now, sequence)
         self._beat_due_at(now + self._first_beat_s)
 
     def send(
@@ -211,7 +225,7 @@ class NodeWatch:
             self.wake()
 
     def _in_flight(self) -> set[str]:
-        """Endpoints this node has requests in flight on (sent or held): their enqueue counters
+        """Endpoints this node has requests in flight on (sent or held): their sequence numbers
         stay watched however long ago the node last enqueued or took there."""
         leases = [*self.liveness.sent.values(), *self.liveness.held.values()]
         return {lease.endpoint for lease in leases}

@@ -45,7 +45,12 @@ from prq.ops.redis_view import RedisView
 from prq.transport.client_options import client_kwargs
 from prq.transport.topology import aclose_client, async_client
 
-__all__ = ["Inspector"]
+__all__ = ["INSPECTOR_MAX_CONNECTIONS", "Inspector"]
+
+
+#: The most connections an inspector opens (it had 4: a dashboard refresh from two tabs then
+#: got 503s).
+INSPECTOR_MAX_CONNECTIONS = 64
 
 
 class Inspector(EndpointView, QueueView, RedisView):
@@ -80,9 +85,12 @@ class Inspector(EndpointView, QueueView, RedisView):
         settings: QueueSettings | None = None,
         redis_settings: RedisSettings | None = None,
     ) -> Self:
-        """An inspector with its own small connection pool (`url` or `PRQ_REDIS_URL`)."""
+        """An inspector with its own connection pool (`url` or `PRQ_REDIS_URL`), of at most
+        INSPECTOR_MAX_CONNECTIONS: redis-py refuses a read past that at once ("Too many
+        connections"), so it holds what concurrent readers need (a dashboard refresh reads four
+        or five views at once, per browser tab, beside the admin service's sampler)."""
         rs = redis_settings or RedisSettings.from_url(url)
-        kwargs = client_kwargs(rs) | {"max_connections": 4}
+        kwargs = client_kwargs(rs) | {"max_connections": INSPECTOR_MAX_CONNECTIONS}
         return cls(async_client(rs.url, kwargs), prefix=prefix, settings=settings)
 
     async def aclose(self) -> None:

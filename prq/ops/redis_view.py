@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.exceptions import RedisError
-
+from prq.core.errors import PrqError
 from prq.ops.answers import RedisHealth, RedisMemory
 from prq.ops.reading import InspectorBase, _reading
 from prq.protocol.health import INFO_CALLS, parse_info, redis_persistence, redis_warnings
@@ -22,13 +21,16 @@ class RedisView(InspectorBase):
 
     async def redis_health(self) -> RedisHealth:
         """Ping Redis and judge its configuration from INFO (CONFIG is not granted to prq's
-        ACL users); never raises for an unreachable Redis."""
+        ACL users); never raises for an unreachable Redis. Why it could not be asked is
+        prq's error, as any other read would raise it (`QueueUnavailable: ...`,
+        `ConfigurationError: Redis refused the credentials: ...`)."""
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for args in INFO_CALLS:
-                pipe.execute_command(*args)
-            replies = await pipe.execute()
-        except RedisError as exc:
+            with _reading():
+                pipe = self.client.pipeline(transaction=False)
+                for args in INFO_CALLS:
+                    pipe.execute_command(*args)
+                replies = await pipe.execute()
+        except PrqError as exc:
             return RedisHealth(ok=False, error=f"{type(exc).__name__}: {exc}")
         info = parse_info(*replies)
         return RedisHealth(

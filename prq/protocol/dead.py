@@ -181,7 +181,14 @@ def replay_dead_letter_flow(ctx: Context, endpoint: str, request_id: str) -> Flo
     now_ms = ctx.wall_ms()
     pickup_ms = int(settings.pickup_timeout_s * 1000)
     call = REPLAY_DEAD.call(
-        (*keys.dead, keys.request(request_id), keys.levels, keys.sequence, keys.level_prefix),
+        (
+            *keys.dead,
+            keys.request(request_id),
+            keys.levels,
+            keys.sequence,
+            keys.level_prefix,
+            keys.numbers,
+        ),
         (
             request_id,
             now_ms,

@@ -3,7 +3,8 @@
 `done` is the stored response; `withdrawn` is an error that says the request never ran
 (PickupTimeout, CancelledBeforePickup, CallTimeout before pickup); `cancelled` is an error that
 says it may have run, by why it was cancelled (ReceiverLost, DataLoss, CallTimeout, or
-CancelledAfterPickup); `missing` is DataLoss. Pure.
+CancelledAfterPickup); `missing` is DataLoss, or RequestExpired for a caller that had not looked
+for longer than an answer it waits for is surely kept (`missing_error`). Pure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prq.core.errors import (
     PickupTimeout,
     PrqError,
     ReceiverLost,
+    RequestExpired,
     SerializationError,
 )
 from prq.core.lifecycle import RequestState
@@ -24,7 +26,7 @@ from prq.core.models import Response, decode_response
 from prq.protocol.scripts.replies import HANDED, RequestSnapshot
 from prq.protocol.signing import Signer, unwrap
 
-__all__ = ["open_response", "resolve", "response_of"]
+__all__ = ["missing_error", "open_response", "resolve", "response_of"]
 
 
 def open_response(signer: Signer | None, request_id: str, endpoint: str, data: bytes) -> bytes:
@@ -91,13 +93,35 @@ def resolve(
     if state == RequestState.CANCELLED:
         raise _cancelled_error(snapshot.reason, request_id, endpoint)
     if state == "missing":
-        raise DataLoss(
-            f"Redis no longer holds request {request_id} for endpoint {endpoint!r}: it lost "
-            "data (restart, flush or failover). The request may or may not have run; retry "
-            "if it is safe to.",
-            request_id=request_id,
-        )
+        raise missing_error(request_id, endpoint)
     raise SerializationError(f"request {request_id} has an unknown state {state!r} in Redis")
+
+
+def missing_error(
+    request_id: str, endpoint: str, unseen_s: float | None = None, waited_s: float = 0.0
+) -> PrqError:
+    """The error for a request whose record is gone. A caller that saw it unanswered
+    `unseen_s` ago knows its answer, if any, is kept at least `waited_s` (an answer a caller
+    waits for: QueueSettings.waited_response_ttl_s): sooner than that, Redis lost it
+    (DataLoss); later, the answer may simply have expired before it was read (RequestExpired).
+    `unseen_s` None: nothing is known of when it was last seen (DataLoss)."""
+    if unseen_s is not None and unseen_s >= waited_s:
+        return RequestExpired(
+            f"Redis no longer holds request {request_id} for endpoint {endpoint!r}, and this "
+            f"caller last saw it unanswered {unseen_s:.1f} s ago, longer than an answer it "
+            f"waits for is surely kept ({waited_s:g} s: twice poll_interval_s, plus "
+            "retry_budget_s and a second): most likely its answer expired before it was read "
+            "(the caller was paused or cut off), or Redis lost it. The request may have run; "
+            "retry if it is safe to.",
+            request_id=request_id,
+            endpoint=endpoint,
+        )
+    return DataLoss(
+        f"Redis no longer holds request {request_id} for endpoint {endpoint!r}: it lost "
+        "data (restart, flush or failover). The request may or may not have run; retry "
+        "if it is safe to.",
+        request_id=request_id,
+    )
 
 
 def _cancelled_error(reason: str, request_id: str, endpoint: str) -> PrqError:

@@ -78,10 +78,15 @@ class Presence:
         wall_ms = time.time() * 1000.0
         ttl_ms = int(self.settings.list_ttl_s * 1000)
         self._forget(now)
-        if not self.used:
+        # (copies: a blocking node's callers and serve threads note uses meanwhile, and a loop
+        # over a dict another thread adds to raises RuntimeError, ending the watch thread. A
+        # dict's copy() is one step; list(d.items()) is not: each pair it makes may start a
+        # garbage collection, whose finalizers let another thread run amid the loop)
+        used, served = self.used.copy().items(), self.served.copy().items()
+        if not used:
             return []
         registry: list[str | int] = []
-        for endpoint, last in self.used.items():
+        for endpoint, last in used:
             registry += [int(wall_ms - (now - last) * 1000.0), encode_endpoint(endpoint)]
         calls = [
             Call(("ZADD", self.keys.endpoints, "GT", *registry)),
@@ -91,7 +96,7 @@ class Presence:
         window = self.serve_window_s()
         # A receiver entry this old is dead for sure; dropping it keeps the set small.
         stale_ms = int(max(3600.0, 10 * window) * 1000.0)
-        for endpoint, last in self.served.items():
+        for endpoint, last in served:
             if now - last <= window:
                 keys = self.keys.endpoint(endpoint)
                 calls.append(presence_call(keys, self.node_id, stale_ms, ttl_ms))
@@ -100,5 +105,6 @@ class Presence:
     def _forget(self, now: float) -> None:
         horizon = now - self.settings.list_ttl_s
         for table in (self.used, self.served):
-            for endpoint in [e for e, last in table.items() if last < horizon]:
-                del table[endpoint]
+            for endpoint, last in table.copy().items():  # (a copy: see `calls`)
+                if last < horizon:
+                    table.pop(endpoint, None)  # (one used again meanwhile is new again: harmless)

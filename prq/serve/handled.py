@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-import time
 from typing import cast
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
@@ -33,6 +31,7 @@ from prq.core.errors import ServerError
 from prq.core.lifecycle import PendingRequest
 from prq.core.models import Response
 from prq.observe.metrics import HANDLER_ERRORS
+from prq.observe.throttle import LogThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -94,27 +93,8 @@ def handler_response(
     return response.model_copy(update={"error": error.model_copy(update={"details": details})})
 
 
-class _Throttle:
-    """Which failures get a traceback in the log: the first of each key per LOG_EVERY_S."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[tuple[str, str], float] = {}
-        self._quiet: dict[tuple[str, str], int] = {}
-
-    def admit(self, key: tuple[str, str]) -> int | None:
-        """None to stay quiet; else how many were kept quiet since the last one logged."""
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(key)
-            if last is not None and now - last < LOG_EVERY_S:
-                self._quiet[key] = self._quiet.get(key, 0) + 1
-                return None
-            self._last[key] = now
-            return self._quiet.pop(key, 0)
-
-
-_throttle = _Throttle()
+#: Which failures get a traceback in the log: the first of each key per LOG_EVERY_S.
+_throttle = LogThrottle(LOG_EVERY_S)
 
 
 def _report(pending: PendingRequest, error_type: str, exc: Exception | None) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 
+from prq.core.defaults import SERVE_BACKOFF_MAX_S
 from prq.core.errors import PrqError
 from prq.core.jitter import jitter
 
 logger = logging.getLogger("prq.serve.worker")  # (the serve loops log under one name)
 
-#: Largest pause after a failed dequeue before the loop tries again.
-DEFAULT_ERROR_BACKOFF_MAX_S = 5.0
 #: An asyncio serve loop takes ahead of its handlers only while their runs take less than this
 #: on average (see _Pace), and weighs each new run so much in that average.
 TAKE_AHEAD_BELOW_S = 0.005
@@ -20,7 +19,9 @@ PACE_WEIGHT = 0.1
 
 
 def _backoff_s(failures: int) -> float:
-    return float(min(DEFAULT_ERROR_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * jitter())
+    """The pause after `failures` failed takes in a row: at most SERVE_BACKOFF_MAX_S, which
+    a take receipt outlives (QueueSettings.take_retry_s)."""
+    return float(min(SERVE_BACKOFF_MAX_S, 0.1 * 2 ** min(failures, 8)) * jitter())
 
 
 def _log_failure(endpoint: str, exc: PrqError, failures: int) -> int:

@@ -14,7 +14,8 @@ answered) as rejected, never sent.
 - `enqueue_partitions(cfg)`: a callable for `df.foreachPartition` (fire and forget).
 - `enqueue_dataframe(df, cfg)`: `mapInArrow`-based (works under Spark Connect); runs the job
   once and returns a small DataFrame of exact per-partition counts from the successful attempts
-  (ENQUEUE_STATS_SCHEMA).
+  (ENQUEUE_STATS_SCHEMA), and whether Redis lost data that may have taken some of each
+  partition's accepted rows (`data_loss`; one WARNING then says so).
 - `call_dataframe(df, cfg)`: `mapInArrow`-based call-and-collect; a lazy DataFrame of
   CALL_RESULT_SCHEMA and the row's key (typed), with at most `cfg.max_in_flight` unanswered
   requests per task; `result_schema=` adds the result parsed.
@@ -36,8 +37,14 @@ lifetime, which the job asks for: `cfg.response_ttl_s`, or `queue_settings["resp
 receivers keep it up to their max_response_ttl_s, a week by default; unasked, their own
 response_ttl_s), and after that by the job's ledger (prq.bulk.Ledger, named by the namespace)
 for `cfg.dedup_ttl_s` (a week by default): a row a receiver took is not sent again, and a rerun
-answers it "OutcomeExpired" (call) or counts it as a duplicate (enqueue). A row no receiver took
+answers it "OutcomeExpired" (call) or counts it as a duplicate (enqueue); so does a task that
+finds such an answer expired before it read it (it asks the ledger). A row no receiver took
 is queued afresh by a rerun: it never ran.
+
+One answer per row, its own: call-and-collect answers "DuplicateKey" for a row whose key came
+before in its task, or was sent by another task or an earlier run with other params (each
+request carries a fingerprint of its method and params, prq.bulk.fingerprints); a row whose
+key was sent before with the same params (a retried task, a rerun) reads that answer.
 
 Call-and-collect: each request gets `cfg.call_timeout_s` from its sending to its outcome (a
 CallTimeout says it was sent and may still run); `cfg.task_timeout_s`, when set, bounds a
@@ -49,7 +56,13 @@ ValueError there instead of failing every task on the executors.
 
 One BulkClient per Python worker process is kept in this package (keyed by url, prefix and pid)
 and reused by every task that process runs. Every Redis reply is checked: a failing or full
-Redis raises in the task (Spark retries it), requests are never lost silently.
+Redis raises in the task (Spark retries it), requests are never lost silently. Nor are they when
+Redis loses data after accepting them (a restart without persistence, a flush, a failover to a
+replica that missed writes): each enqueue task watches for a loss while it writes (a
+prq.bulk.LossWatch, one round trip before its first batch, two commands per batch) and joins a
+mark its action's tasks share, so the driver tells which partitions may have lost rows, also
+those that had ended before the loss; running the same enqueue again with the same namespace
+queues exactly the rows that are gone (`_enqueue`, prq.bulk.watch).
 
 Modules: _config (SparkQueueConfig, ids, counts), _encode (rows to request JSON, vectorised for
 Arrow), _runtime (the per-process client, the task, the enqueuer), _enqueue, _call.
@@ -57,7 +70,7 @@ Arrow), _runtime (the per-process client, the task, the enqueuer), _enqueue, _ca
 Example:
     cfg = SparkQueueConfig(url="redis://redis:6379/0", endpoint="poll://scoring",
                            method="score", namespace="daily-scoring:2026-11-21", key_column="id")
-    counts = enqueue_dataframe(df, cfg)              # partition, accepted, duplicate, rejected
+    counts = enqueue_dataframe(df, cfg)  # partition, accepted, duplicate, rejected, data_loss
     answers = call_dataframe(df, cfg).persist()      # request_id, result_json, ..., id
     retry = rows_to_retry(df, answers, cfg)          # the rows worth another try
 """

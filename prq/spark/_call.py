@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prq.bulk import BulkClient, LossWatch
+from prq.bulk import TAKEN_BEFORE, BulkClient, LossWatch
 from prq.core.errors import PrqError
 from prq.protocol.scripts.replies import RequestSnapshot
 from prq.spark._config import CALL_RESULT_SCHEMA, SparkQueueConfig
@@ -50,6 +50,14 @@ def _answer(
                 f"Redis lost data while the task waited for request {rid} (a restart without "
                 "persistence, a flush, a failover to a replica that missed writes): its record "
                 "and any answer are gone; it may have run (maybe executed)",
+                True,
+            )  # fmt: skip
+        if snapshot.reason == TAKEN_BEFORE:  # the job's ledger says a receiver took it
+            return (
+                rid, None, "OutcomeExpired",
+                f"request {rid} was taken by a receiver (the job's ledger says so), and its "
+                "answer is no longer kept (response_ttl_s); a rerun does not send it again "
+                "(dedup_ttl_s), so it ran once, or may have",
                 True,
             )  # fmt: skip
         return (
@@ -101,7 +109,7 @@ class _Caller:
         self.cfg = cfg
         partition, attempt = task_identity()
         self.hook = FailureHook(cfg, partition, attempt)
-        self.enqueuer = Enqueuer(cfg, partition)
+        self.enqueuer = Enqueuer(cfg, partition, fingerprinted=True)
         #: Tells requests Redis lost from requests that expired (started before any is sent)
         self.watch = LossWatch()
         self.enqueuer.bulk.start_watch(cfg.endpoint, self.watch)
@@ -135,7 +143,8 @@ class _Caller:
 
     def _send_what_fits(self) -> list[_Answer]:
         """Send what the window has room for; DuplicateKey answers for the ids this task sent
-        before (each row gets one answer; the first row with the key gets the response)."""
+        before, and for those another task or run sent with other params (each row gets one
+        answer: its own, or why not; the first row with the key gets the response)."""
         room = min(self.cfg.max_in_flight - len(self.in_flight), len(self.backlog_ids))
         if room <= 0 or self._task_over():
             return []
@@ -152,6 +161,10 @@ class _Caller:
             answers += [
                 (rid, None, "DuplicateKey", f"request {rid}: {repeated}", False)
                 for rid in sent.repeated
+            ]
+            answers += [
+                (rid, None, "DuplicateKey", self._conflict_message(rid), False)
+                for rid in sent.conflicting
             ]
             answers += [
                 (rid, None, "OutcomeExpired", self._gone_message(rid), True) for rid in gone
@@ -186,8 +199,9 @@ class _Caller:
         for start in range(0, len(ids), window):
             part = ids[start : start + window]
             final = 0
-            bulk, watch = self.enqueuer.bulk, self.watch
-            for rid, snapshot in bulk.outcomes(self.cfg.endpoint, part, watch=watch).items():
+            bulk, watch, ledger = self.enqueuer.bulk, self.watch, self.enqueuer.ledger
+            read = bulk.outcomes(self.cfg.endpoint, part, watch=watch, ledger=ledger)
+            for rid, snapshot in read.items():
                 if snapshot.state in _FINAL:
                     answers.append(_answer(rid, snapshot, self.cfg.endpoint, bulk, watch.lost))
                     del self.in_flight[rid]
@@ -214,6 +228,14 @@ class _Caller:
             f"request {rid} was taken by a receiver in an earlier run of namespace "
             f"{self.cfg.namespace!r}, and its outcome is no longer kept; it was not sent again "
             "(dedup_ttl_s), so it ran once, or may have"
+        )
+
+    def _conflict_message(self, rid: str) -> str:
+        return (
+            f"request {rid}: its row key was sent before with other params (by another row of "
+            f"the job in another task, or by an earlier run of namespace {self.cfg.namespace!r}),"
+            " and that request holds the id: its answer is not this row's, and this row was "
+            "not sent"
         )
 
     def _sent_message(self) -> str:
@@ -286,10 +308,12 @@ def call_dataframe(
     error_type/error_message (the ServerError's type and message); a request that ended without
     a response as e.g. PickupTimeout, ReceiverLost or Cancelled; one Redis lost while the
     task waited as DataLoss; one a receiver took in an earlier run, whose outcome is no longer
-    kept, as OutcomeExpired (never sent again within `cfg.dedup_ttl_s`); one unanswered
+    kept (or whose answer expired before the task read it: the job's ledger says a receiver
+    took it), as OutcomeExpired (never sent again within `cfg.dedup_ttl_s`); one unanswered
     `cfg.call_timeout_s` after it was sent as CallTimeout (it may still run); a row never sent
-    as InvalidRequestId, PayloadTooLarge, DuplicateKey (its key came twice in the task) or
-    NotSent (the task ran past `cfg.task_timeout_s` first). Ids are
+    as InvalidRequestId, PayloadTooLarge, DuplicateKey (its key came before in the task, or
+    another task or an earlier run sent it with other params: the answer under the id is
+    another row's) or NotSent (the task ran past `cfg.task_timeout_s` first). Ids are
     deterministic, so a retried task or a second action re-reads the stored responses (kept
     for `cfg.response_ttl_s`, or the receivers' response TTL) and runs nothing twice on the
     service (see rows_to_retry for a repairing rerun); still, persist or

@@ -32,7 +32,12 @@ __all__ = [
     "request_id",
 ]
 
-ENQUEUE_STATS_SCHEMA = "partition int, accepted long, duplicate long, rejected long"
+#: One row per partition: its counts, and whether Redis lost data after the partition's task
+#: began writing and before the job ended, as far as the job could tell (some of its accepted
+#: rows may then be gone: a rerun with the same namespace queues them again).
+ENQUEUE_STATS_SCHEMA = (
+    "partition int, accepted long, duplicate long, rejected long, data_loss boolean"
+)
 CALL_RESULT_SCHEMA = (
     "request_id string, result_json string, error_type string, error_message string, "
     "maybe_executed boolean"
@@ -222,3 +227,7 @@ class PartitionCounts:
     accepted: int = 0
     duplicate: int = 0
     rejected: int = 0
+    #: Redis lost data after the task began writing (a restart without persistence, a flush,
+    #: a failover to a replica that missed writes): some rows counted as accepted may be gone.
+    #: A rerun with the same namespace queues those again and counts the others as duplicates.
+    data_loss: bool = False

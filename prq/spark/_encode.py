@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Row
 
-__all__ = ["Chunk", "arrow_chunks", "row_chunks"]
+__all__ = ["Chunk", "arrow_chunks", "body_tail", "row_chunks"]
 
 #: Characters a JSON string must escape (quote, backslash, control characters).
 _NEEDS_ESCAPE = r'["\\\x00-\x1f]'
@@ -104,8 +104,10 @@ def _head(cfg: SparkQueueConfig) -> str:
     return f'{{"m":{json.dumps(cfg.method)},"p":'
 
 
-def _tail(cfg: SparkQueueConfig) -> str:
-    """The body's text after the params object: what is not at its default (StoredRequest)."""
+def body_tail(cfg: SparkQueueConfig) -> str:
+    """The body's text after the params object: what is not at its default (StoredRequest),
+    the same for every row of a job (ASCII: json.dumps escapes the rest). What comes before it,
+    the method and the params, is what a fingerprint hashes (prq.spark._runtime.Enqueuer)."""
     priority = f',"q":{cfg.priority:d}' if cfg.priority else ""
     delivery = f',"d":"{cfg.delivery}"' if cfg.delivery != "at_most_once" else ""
     asked = cfg.asked_response_ttl_s()
@@ -142,7 +144,7 @@ def _encode_batch(
     parts: list[Any] = [_head(cfg) + "{"]
     for i, name in enumerate(names):
         parts += [("," if i else "") + json.dumps(name) + ":", _json_text(batch.column(name))]
-    parts.append("}" + _tail(cfg))
+    parts.append("}" + body_tail(cfg))
     if not names:  # no params column: every body is the same (and the join needs a column)
         bodies = pa.array(["".join(parts)] * batch.num_rows, pa.string())
     else:
@@ -248,7 +250,7 @@ def _place(
 
 def row_chunks(cfg: SparkQueueConfig, rows: Iterable[Row], max_body_bytes: int) -> Iterator[Chunk]:
     """Chunks of at most `cfg.batch_size` rows from Spark Rows (foreachPartition)."""
-    head, tail = _head(cfg), _tail(cfg)
+    head, tail = _head(cfg), body_tail(cfg)
     chunk = Chunk()
     key_at: int | None = None
     params: list[tuple[str, int]] = []

@@ -9,17 +9,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prq.bulk import BulkClient, BulkResult, Ledger, TaskAttempt
+from prq.bulk import BulkClient, BulkResult, Ledger, LossWatch, TaskAttempt, fingerprints
+from prq.bulk.watch import WatchStart
 from prq.core.config import QueueSettings
 from prq.core.errors import QueueFull
 from prq.datastreams import FileSystemStore
 from prq.spark._config import InjectedTaskFailure, SparkQueueConfig
+from prq.spark._encode import body_tail
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["Enqueuer", "FailureHook", "Sent", "client", "map_in_arrow", "task_identity"]
+__all__ = [
+    "ArrowFunction",
+    "Enqueuer",
+    "FailureHook",
+    "Sent",
+    "client",
+    "map_in_arrow",
+    "task_identity",
+]
 
 #: This process's clients, by (url, prefix, pid, settings overrides, DataStream directory);
 #: the pid keeps a forked process from using its parent's connection.
@@ -79,6 +89,9 @@ class Sent:
     #: Ids this task attempt had sent before (in this chunk, or in another batch): not queued
     #: again.
     repeated: list[str] = field(default_factory=list)
+    #: Ids held by another request (sent before with other params, by another task or run):
+    #: not queued again (among the duplicates; only when sent with fingerprints).
+    conflicting: list[str] = field(default_factory=list)
     #: What Redis did with the sent ids.
     result: BulkResult = field(default_factory=BulkResult)
 
@@ -88,7 +101,9 @@ class Sent:
         return len(self.repeated) - len(self.result.repeated_ids) + self.result.duplicates
 
 
-Prepared = tuple[Sent, list[tuple[str, str]]]
+#: What `Enqueuer.prepare` keeps for `transmit`: the chunk's Sent, its items and their
+#: fingerprints (None: sent without).
+Prepared = tuple[Sent, list[tuple[str, str]], list[bytes] | None]
 
 
 class Enqueuer:
@@ -100,16 +115,39 @@ class Enqueuer:
     count as duplicates. An id that comes twice within the attempt is a duplicate the second
     time: Redis tells so from the nonces, so the task keeps no id beyond the chunk it sends
     (its memory does not grow with the partition).
+
+    `fingerprinted` (call-and-collect): each request carries the fingerprint of its body up to
+    its params' end (method and params: prq.bulk.fingerprints), so an id another task or an
+    earlier run sent with other params comes back in `Sent.conflicting` instead of being
+    joined: the outcome stored under it is another row's.
+
+    `watched` (the enqueue paths): a loss watch (prq.bulk.LossWatch) is started before the
+    task's first batch, beside the action's job mark (one round trip; `started` keeps what it
+    read), and stepped by every batch after its writes (no round trip more), so `watch.lost`
+    says whether Redis lost data while the task wrote.
     """
 
-    def __init__(self, cfg: SparkQueueConfig, partition: int) -> None:
+    def __init__(
+        self,
+        cfg: SparkQueueConfig,
+        partition: int,
+        *,
+        fingerprinted: bool = False,
+        watched: bool = False,
+    ) -> None:
         self.cfg = cfg
+        #: What every body of the job ends with after its params (None: no fingerprints)
+        self.tail = len(body_tail(cfg)) if fingerprinted else None
         self.bulk = client(cfg)
         self.attempt = TaskAttempt(f"{cfg.run_token or 'norun'}:{cfg.namespace}:p{partition}")
         #: The job's dedup window beyond the records' lives (SparkQueueConfig.dedup_ttl_s)
         self.ledger = (
             Ledger(cfg.namespace, cfg.dedup_ttl_s) if cfg.dedup_ttl_s is not None else None
         )
+        #: Tells whether Redis lost data while the task wrote (None: not watched)
+        self.watch = LossWatch() if watched else None
+        #: What starting the watch read, before the first batch (None: nothing sent yet)
+        self.started: WatchStart | None = None
 
     @property
     def max_body_bytes(self) -> int:
@@ -132,25 +170,38 @@ class Enqueuer:
                 seen.add(rid)
                 sent.ids.append(rid)
                 items.append((rid, body))
-        return sent, items
+        marks = None
+        if self.tail is not None:  # (the tail is ASCII: as many characters as bytes)
+            cut = self.tail
+            marks = fingerprints([body[: len(body) - cut].encode() for _, body in items])
+        return sent, items, marks
 
     def transmit(self, prepared: Prepared) -> Sent:
         """Send what `prepare` kept (may run in another thread, one transmit at a time)."""
-        sent, items = prepared
+        sent, items, marks = prepared
         if items:
-            sent.result = self._send_with_backoff(items)
+            sent.result = self._send_with_backoff(items, marks)
             if sent.result.repeated_ids:
                 again = set(sent.result.repeated_ids)
                 sent.ids = [rid for rid in sent.ids if rid not in again]
                 sent.repeated += sent.result.repeated_ids
+            if sent.result.conflict_ids:
+                held = set(sent.result.conflict_ids)
+                sent.ids = [rid for rid in sent.ids if rid not in held]
+                sent.conflicting += sent.result.conflict_ids
         return sent
 
-    def _send_with_backoff(self, items: list[tuple[str, str]]) -> BulkResult:
+    def _send_with_backoff(
+        self, items: list[tuple[str, str]], marks: list[bytes] | None
+    ) -> BulkResult:
         deadline = time.monotonic() + self.cfg.queue_full_timeout_s
         delay = 0.05
         nonce = self.attempt.next_nonce()  # the same for every sending of this batch
         while True:
             try:
+                if self.watch is not None and self.started is None:  # (a write too)
+                    job = f"{self.cfg.run_token or 'norun'}:{self.cfg.namespace}"
+                    self.started = self.bulk.start_watch(self.cfg.endpoint, self.watch, job=job)
                 result = self.bulk.enqueue_encoded(
                     self.cfg.endpoint,
                     items,
@@ -163,6 +214,8 @@ class Enqueuer:
                     delivery=self.cfg.delivery,
                     ledger=self.ledger,
                     retry_failed=self.cfg.retry_failed,
+                    fingerprints=marks,
+                    watch=self.watch,
                 )
             except QueueFull:
                 if time.monotonic() + delay > deadline:

@@ -13,9 +13,12 @@ unset optional value, params_columns comma-separated, queue_settings as a JSON o
 are checked on the driver when the write is planned. Each task enqueues its partition as
 `enqueue_dataframe` does (same ids, same exactly-once, backpressure and ledger), and the write
 commits once every task did: the counts of the successful attempts are logged where Spark runs
-the commit (the driver's Python worker: "prq write: accepted=... duplicate=... rejected=...").
-A streaming query writes each micro-batch the same way (`df.writeStream.format("prq")`); a
-replayed batch enqueues nothing twice.
+the commit (the driver's Python worker: "prq write: accepted=... duplicate=... rejected=...
+data_loss_partitions=..."). Partitions whose rows Redis may have lost after they were written
+(a restart without persistence, a flush: as enqueue_dataframe's `data_loss`) are counted there
+too, with one WARNING saying that the same write again, with the same namespace, queues
+exactly the rows that are gone. A streaming query writes each micro-batch the same way
+(`df.writeStream.format("prq")`); a replayed batch enqueues nothing twice.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from prq.bulk.watch import WatchStart
 from prq.spark._config import PartitionCounts, SparkQueueConfig
 from prq.spark._encode import arrow_chunks
-from prq.spark._enqueue import _enqueue_chunks, _start
+from prq.spark._enqueue import _enqueue_task, _start, judged, warn_of_loss
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -110,23 +114,31 @@ def _parse(hint: Any, text: str) -> Any:
 
 @dataclass
 class _Counts(WriterCommitMessage):
-    """One task's counts, sent to the driver when it succeeded."""
+    """One task's counts, sent to the driver when it succeeded, and what starting its loss
+    watch read (None: it sent nothing)."""
 
     counts: PartitionCounts
+    started: WatchStart | None = None
 
 
 def _write(cfg: SparkQueueConfig, batches: Iterator[pa.RecordBatch]) -> _Counts:
     enqueuer, hook, counts = _start(cfg)
     chunks = arrow_chunks(cfg, batches, enqueuer.max_body_bytes)
-    return _Counts(_enqueue_chunks(enqueuer, hook, counts, chunks))
+    return _Counts(_enqueue_task(chunks, enqueuer, hook, counts), enqueuer.started)
 
 
-def _totals(messages: list[WriterCommitMessage | None]) -> tuple[int, int, int]:
-    counts = [m.counts for m in messages if isinstance(m, _Counts)]
+def _totals(
+    cfg: SparkQueueConfig, messages: list[WriterCommitMessage | None], what: str
+) -> tuple[int, int, int, int]:
+    """(accepted, duplicate, rejected, partitions that may have lost rows) of the successful
+    tasks; the loss, if any, told in one WARNING."""
+    counts = judged([(m.counts, m.started) for m in messages if isinstance(m, _Counts)])
+    warn_of_loss(cfg, what, counts)
     return (
         sum(c.accepted for c in counts),
         sum(c.duplicate for c in counts),
         sum(c.rejected for c in counts),
+        sum(c.data_loss for c in counts),
     )
 
 
@@ -138,10 +150,11 @@ class _Writer(DataSourceArrowWriter):
         return _write(self.cfg, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        accepted, duplicate, rejected = _totals(messages)
+        accepted, duplicate, rejected, lost = _totals(self.cfg, messages, "a prq write")
         logger.info(
-            "prq write: endpoint=%s namespace=%s accepted=%d duplicate=%d rejected=%d",
-            self.cfg.endpoint, self.cfg.namespace, accepted, duplicate, rejected,
+            "prq write: endpoint=%s namespace=%s accepted=%d duplicate=%d rejected=%d "
+            "data_loss_partitions=%d",
+            self.cfg.endpoint, self.cfg.namespace, accepted, duplicate, rejected, lost,
         )  # fmt: skip
 
 
@@ -153,11 +166,12 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         return _write(self.cfg, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        accepted, duplicate, rejected = _totals(messages)
+        what = f"a prq stream write (batch {batchId})"
+        accepted, duplicate, rejected, lost = _totals(self.cfg, messages, what)
         logger.info(
             "prq write: endpoint=%s namespace=%s batch=%d accepted=%d duplicate=%d "
-            "rejected=%d",
-            self.cfg.endpoint, self.cfg.namespace, batchId, accepted, duplicate, rejected,
+            "rejected=%d data_loss_partitions=%d",
+            self.cfg.endpoint, self.cfg.namespace, batchId, accepted, duplicate, rejected, lost,
         )  # fmt: skip
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -1,20 +1,24 @@
 """Cluster links: the node's command round trips on a Redis Cluster.
 
-A round trip whose calls all go to one node (the usual: one step for one endpoint) is written
-straight to that node, on a connection of redis-py's pool for it; the others, and the calls a
-node redirected, go as a redis-py cluster pipeline: redis-py groups the calls by the node that
-owns each one's slot, sends one pipeline per node, and follows MOVED, ASK and TRYAGAIN for the
-calls that got them. Replies come back raw, as from one server (redis-py's reply parsers are
-taken off the commands prq sends), error replies in place, and so are the connection failures
-of the nodes that could not be reached: the calls to the other nodes are answered, and the
-retry policy sends only the failed steps again (prq.transport.budgets.StepBudgets) after
-redis-py has read the cluster's layout afresh. Round trips on a cluster may overlap (each
-checks out connections of its own), so a step retried on a failing shard does not hold up the
-steps for the others. (One server's links: prq.transport.links.)
+The asyncio link writes each node's calls of a round trip straight to that node, on a
+connection of redis-py's pool for it (the nodes of one round trip at once); the blocking link
+sends a redis-py cluster pipeline with the node of each call named (one pipeline per node,
+written to all before any is read). The calls a node redirected (MOVED, ASK, TRYAGAIN,
+CLUSTERDOWN), and those of no known node, go through redis-py's pipeline, which follows the
+redirections. Replies come back raw, as from one server (redis-py's reply parsers are taken off
+the commands prq sends), error replies in place, and so are the connection failures of the
+nodes that could not be reached: the calls to the other nodes are answered, and the retry
+policy sends only the failed steps again (prq.transport.budgets.StepBudgets). A node that could
+not be reached has its own connections dropped, no other's, and the layout is read again
+(prq.transport.cluster_layout): the round trips in flight to the other nodes complete. Round
+trips on a cluster may overlap (each checks out connections of its own), so a step retried on
+a failing shard does not hold up the steps for the others. (One server's links:
+prq.transport.links; the blocking cluster link: prq.transport.sync_cluster_links.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import weakref
@@ -37,11 +41,12 @@ from redis.exceptions import (
 from prq.core.errors import QueueShutdown
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.loading import for_cluster
+from prq.transport.cluster_layout import async_layout
 from prq.transport.wire import _cancels, _exchange, raise_if_cancelled
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncClusterLink", "SyncClusterLink"]
+__all__ = ["AsyncClusterLink"]
 
 
 #: Reply parsers redis-py itself needs on a cluster client (its layout discovery, connecting).
@@ -108,21 +113,19 @@ def _joined(replies: list[Reply]) -> Reply:
 
 
 class AsyncClusterLink:
-    """A round trip on a Redis Cluster: one redis-py cluster pipeline (see the module). A
-    round trip whose calls all go to one node (the usual: one step, one endpoint) goes straight
-    to that node instead, on a connection of the cluster client's pool for it, as on one
-    server; the calls it redirects (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: none of them ran) go
-    again through the pipeline, which follows the redirections."""
+    """A round trip on a Redis Cluster (see the module). Its calls for each node go straight to
+    that node, on a connection of the cluster client's pool for it (the nodes of one round trip
+    at once); the calls it redirects (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: none of them ran), and
+    those of no known node, go through the pipeline, which follows the redirections. A node
+    that cannot be reached fails its own calls alone (prq.transport.cluster_layout)."""
 
     def __init__(self, client: redis.asyncio.cluster.RedisCluster) -> None:
         self._client = client
         raw_replies(client.response_callbacks)
+        self._layout = async_layout(client)
         #: The connections direct round trips used, closed by `close`.
         self._used: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
-        #: A direct round trip failed: the next ones go through the pipeline, which reads the
-        #: layout afresh, until one completes.
-        self._stale = False
 
     async def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
         before = _cancels()
@@ -136,19 +139,44 @@ class AsyncClusterLink:
         replies: list[Reply] = []
         if keyed:
             nodes = [self._node_for(call) for call in keyed]
-            first = nodes[0]
-            if not self._stale and first is not None and all(node is first for node in nodes):
-                replies = await self._direct(first, keyed)
-            else:
-                replies = await self._pipeline(keyed, nodes)
-                self._stale = False
-        if _first_failure(replies) is not None:
-            await self._client.aclose()  # the next round trip reads the layout afresh
+            if self._layout.any_suspect(node.name for node in nodes if node is not None):
+                self._layout.shun()
+                await self._layout.refresh()  # not to a node that failed, if another serves now
+                nodes = [self._node_for(call) for call in keyed]
+                for node in nodes:
+                    self._layout.saw(node)
+            replies = await self._keyed(keyed, nodes)
         if special:
-            await self._client.initialize()
+            await self._client.initialize()  # (the first round trip: the layout not read yet)
         for i in special:
             primaries = self._client.get_primaries()
             replies.insert(i, _joined([await self._on(node, calls[i]) for node in primaries]))
+        return replies
+
+    async def _keyed(self, calls: Sequence[Call], nodes: Sequence[Any]) -> list[Reply]:
+        """Each node's calls straight to it, the nodes at once. One node: its failure raises,
+        as on one server; several: a node that cannot be reached fails its own calls in place
+        (the others are answered), unless none could be reached."""
+        groups = _groups(nodes)
+        if len(groups) == 1 and None not in groups:
+            return await self._direct(nodes[0], calls)
+        parts = await asyncio.gather(
+            *(
+                self._pipeline([calls[i] for i in at], [None] * len(at))
+                if name is None
+                else self._direct(nodes[at[0]], [calls[i] for i in at])
+                for name, at in groups.items()
+            ),
+            return_exceptions=True,
+        )
+        replies: list[Reply] = [None] * len(calls)
+        failures = [p for p in parts if isinstance(p, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, _CLUSTER_TRANSIENT) or len(failures) == len(parts):
+                raise failure
+        for at, part in zip(groups.values(), parts, strict=True):
+            for n, i in enumerate(at):
+                replies[i] = part if isinstance(part, Exception) else part[n]  # type: ignore[index]
         return replies
 
     async def _pipeline(self, calls: Sequence[Call], nodes: Sequence[Any]) -> list[Reply]:
@@ -159,19 +187,23 @@ class AsyncClusterLink:
             else:
                 pipe.execute_command(*call.args, target_nodes=node)
         try:
-            return _mended(await pipe.execute(raise_on_error=False))
+            replies = _mended(await pipe.execute(raise_on_error=False))
         except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
-            await self._client.aclose()
+            await self._layout.failed(None)
             raise
         except _CLIENT_SLIPS as exc:
-            await self._client.aclose()
+            await self._layout.failed(None)
             raise _slip(exc) from exc
+        if _first_failure(replies) is not None:  # (a node redis-py chose: not known here)
+            await self._layout.failed(None)
+        return replies
 
     async def _direct(self, node: Any, calls: Sequence[Call]) -> list[Reply]:
         """The calls on one connection of the node's own pool (the cluster client's), read in
         order. A round trip that fails or is cancelled half-way leaves its connection marked:
         the pool drops it before anyone uses it again, so no later round trip can read this
-        one's replies."""
+        one's replies. A node that cannot be reached has its own connections dropped, no
+        other's (prq.transport.cluster_layout)."""
         if self._closed:
             raise QueueShutdown("the queue was closed while talking to Redis")
         conn = node.acquire_connection()
@@ -186,8 +218,7 @@ class AsyncClusterLink:
                 await conn.disconnect(nowait=True)
             slipped = isinstance(exc, _CLIENT_SLIPS)  # e.g. its socket closed under it by
             if slipped or isinstance(exc, _CLUSTER_TRANSIENT):  # a layout refresh meanwhile
-                self._stale = True
-                await self._client.aclose()
+                await self._layout.failed(node.name)
             if slipped:
                 raise _slip(exc) from exc
             raise
@@ -196,6 +227,7 @@ class AsyncClusterLink:
                 with contextlib.suppress(Exception):
                     await conn.disconnect(nowait=True)
             node.release(conn)
+        self._layout.answered(node.name)
         moved = [i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED)]
         if moved:  # none of these ran: the pipeline sends them again, following redis-py
             again = await self._pipeline([calls[i] for i in moved], [None] * len(moved))
@@ -213,87 +245,37 @@ class AsyncClusterLink:
             return None
         try:
             return self._client.nodes_manager.get_node_from_slot(self._client.keyslot(key))
-        except SlotNotCoveredError:
+        except (SlotNotCoveredError, KeyError):  # (KeyError: the layout not read yet)
             return None
 
     async def _on(self, node: Any, call: Call) -> Reply:
         try:
-            return await self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
+            reply = await self._client.execute_command(*call.args, target_nodes=node)
         except (ResponseError, *_CLUSTER_TRANSIENT) as exc:
             if isinstance(exc, _CLUSTER_TRANSIENT):
-                await self._client.aclose()
+                await self._layout.failed(node.name)
             return exc
         except _CLIENT_SLIPS as exc:
-            await self._client.aclose()
+            await self._layout.failed(node.name)
             return _slip(exc)
+        self._layout.answered(node.name)
+        return reply  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         """Close every connection a direct round trip used (they are the cluster client's,
         which closes the nodes it still knows; a node the layout dropped meanwhile is closed
-        here, not by a task of redis-py's that a closing event loop may never run)."""
+        here, not by a task of redis-py's that a closing event loop may never run), and stop
+        reading the layout."""
         self._closed = True
         for conn in list(self._used):
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
+        await self._layout.aclose()
 
 
-class SyncClusterLink:
-    """The blocking twin of AsyncClusterLink."""
-
-    def __init__(self, client: redis.cluster.RedisCluster) -> None:
-        # redis-py's blocking cluster client is only partly typed; this stays internal.
-        self._client: Any = client
-
-    def round_trip(self, calls: Sequence[Call]) -> list[Reply]:
-        for node in self._client.get_nodes():
-            if node.redis_connection is not None:
-                raw_replies(node.redis_connection.response_callbacks)
-        calls = [for_cluster(call) for call in calls]
-        special = _per_server(calls)
-        keyed = [call for i, call in enumerate(calls) if i not in special]
-        replies: list[Reply] = []
-        if keyed:
-            try:
-                pipe = self._client.pipeline(transaction=False)
-                for call in keyed:
-                    pipe.execute_command(*call.args, target_nodes=self._node_for(call))
-                replies = _mended(pipe.execute(raise_on_error=False))
-            except _CLUSTER_TRANSIENT:  # no node reached (or the layout could not be read)
-                self._refresh()
-                raise
-            except _CLIENT_SLIPS as exc:
-                self._refresh()
-                raise _slip(exc) from exc
-        if _first_failure(replies) is not None:
-            self._refresh()
-        for i in special:
-            primaries = self._client.get_primaries()
-            replies.insert(i, _joined([self._on(node, calls[i]) for node in primaries]))
-        return replies
-
-    def _on(self, node: Any, call: Call) -> Reply:
-        try:
-            return self._client.execute_command(*call.args, target_nodes=node)  # type: ignore[no-any-return]
-        except (ResponseError, *_CLUSTER_TRANSIENT) as exc:
-            if isinstance(exc, _CLUSTER_TRANSIENT):
-                self._refresh()
-            return exc
-        except _CLIENT_SLIPS as exc:
-            self._refresh()
-            return _slip(exc)
-
-    def _node_for(self, call: Call) -> Any:
-        """The primary that owns the call's slot, from redis-py's slot table. Named here
-        because redis-py's blocking pipeline would otherwise ask the server (COMMAND GETKEYS,
-        one more round trip) where the keys of each EVALSHA are; its own slot function reads
-        them from the arguments. Redirections are still redis-py's to follow."""
-        slot = self._client.determine_slot(*call.args)
-        return self._client.nodes_manager.get_node_from_slot(slot)
-
-    def _refresh(self) -> None:
-        """Read the cluster's layout afresh (at the next round trip if no node answers now)."""
-        with contextlib.suppress(Exception):
-            self._client.nodes_manager.initialize()
-
-    def close(self) -> None:
-        """Nothing of its own: the connections are the cluster client's."""
+def _groups(nodes: Sequence[Any]) -> dict[str | None, list[int]]:
+    """The indexes of the calls for each node, by its name (None: no node known)."""
+    groups: dict[str | None, list[int]] = {}
+    for i, node in enumerate(nodes):
+        groups.setdefault(None if node is None else str(node.name), []).append(i)
+    return groups

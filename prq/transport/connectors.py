@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 
+from prq.transport.cluster_layout import async_layout, sync_layout
+
 __all__ = [
     "async_node_connector",
     "async_pubsub_connector",
@@ -58,9 +60,12 @@ def sync_pubsub_connector(client: Any) -> Callable[[], Any]:
 
 def async_node_connector(client: Any, name: str) -> Callable[[], Awaitable[Any]]:
     """Makes a pub/sub connection to the cluster node `name` (host:port), with the cluster
-    client's credentials and TLS; a ConnectionError once the client no longer knows it."""
+    client's credentials and TLS; a ConnectionError once the client no longer knows it. A
+    node that failed is not connected to before the layout was read again
+    (prq.transport.cluster_layout): once a replica is promoted, its dead master is not tried."""
 
     async def to_node() -> Any:
+        await async_layout(client).settle([name])
         node = client.get_node(node_name=name)
         if node is None:
             raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")
@@ -73,11 +78,12 @@ def sync_node_connector(client: Any, name: str) -> Callable[[], Any]:
     """The blocking twin of async_node_connector."""
 
     def to_node() -> Any:
+        sync_layout(client).settle([name])
         node = client.get_node(node_name=name)
         if node is None:
             raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")
         if node.redis_connection is None:
-            client.nodes_manager.initialize()
+            sync_layout(client).refresh()
             node = client.get_node(node_name=name)
         if node is None or node.redis_connection is None:
             raise redis.exceptions.ConnectionError(f"cluster node {name} is gone from the layout")

@@ -27,7 +27,8 @@ from redis.exceptions import ResponseError
 
 from prq.core.errors import QueueShutdown
 from prq.protocol.effects import Call, Reply
-from prq.transport.cluster_links import AsyncClusterLink, SyncClusterLink
+from prq.transport.cluster_links import AsyncClusterLink
+from prq.transport.sync_cluster_links import SyncClusterLink
 from prq.transport.wire import _read_replies, pack, send_packed
 
 __all__ = ["AsyncLink", "SyncLink", "async_link", "sync_link"]

@@ -64,6 +64,9 @@ class PulseRouter(Generic[S]):
         self.messages = 0
         #: Called with (request id, reason) for a `c|<id>|<reason>` pulse (a cancel after pickup).
         self.on_cancel: Callable[[str, str], None] | None = None
+        #: Called when the pub/sub link is back after it was lost: Redis may have restarted,
+        #: so the node checks for data loss at once (prq.node.data_loss).
+        self.on_reconnected: Callable[[], None] | None = None
 
     @contextlib.contextmanager
     def watch_response(self, request_id: str) -> Iterator[S]:
@@ -127,8 +130,22 @@ class PulseRouter(Generic[S]):
         if signal is not None:
             signal.fire()
 
+    def reconnected(self) -> None:
+        """The pub/sub link is back after it was lost: pulses may have been lost meanwhile
+        (every wait polls now), and Redis may have restarted."""
+        self.wake_all()
+        if self.on_reconnected is not None:
+            self.on_reconnected()
+
     def wake_all(self) -> None:
-        """Fire every signal (after a reconnect, when pulses may have been lost)."""
-        takes = [signal for waiting in self._takes.values() for signal in waiting.values()]
-        for signal in [*takes, *self._responses.values()]:
+        """Fire every signal (after a reconnect, when pulses may have been lost, and when data
+        loss is declared). Takes and calls begin and end on other threads meanwhile (a blocking
+        node's callers and serve threads), so each table is copied in one step (`list()` of a
+        dict's values) before anything is fired: a Python loop over a table that another
+        thread changes raises RuntimeError, which would end the pub/sub reader thread, or the
+        watch thread and with it every heartbeat."""
+        signals = list(self._responses.values())
+        for waiting in list(self._takes.values()):
+            signals += list(waiting.values())
+        for signal in signals:
             signal.fire()

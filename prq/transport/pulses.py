@@ -268,6 +268,8 @@ class ThreadPulses(PulsesBase):
 
     def _step(self) -> None:
         if not self._connected:
+            if self._stop.is_set():
+                return
             self._conn = self._connect()
             self._conn.connect()
             self._connected = True
@@ -295,6 +297,11 @@ class ThreadPulses(PulsesBase):
 
     def close(self) -> None:
         self._stop.set()
+        # Closed before the thread is waited for: a read or a handshake it is blocked in, on a
+        # node that does not answer (a dead master's address), ends at once.
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.disconnect()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._conn is not None:

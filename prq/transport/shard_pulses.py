@@ -10,10 +10,12 @@ request: it subscribes to a node channel once per endpoint it calls or serves, a
 channel once per endpoint it serves.
 
 Which master serves a channel is read from the slot table redis-py keeps for the node's cluster
-client (refreshed by redis-py on MOVED and connection errors). A channel is routed again when
-its reader loses its link (the master died, or was demoted) and when the server unsubscribes it
-(its slot moved): the table is read afresh, and the channel subscribed on the master it names
-then; a reader left with no channel is closed. Pulses are hints: a wait polls anyway, so a
+client, the layout the command link shares (prq.transport.cluster_layout). A channel is routed
+again when its reader loses its link (the master died, or was demoted: it is the layout's failed
+node, read again without it), when the server unsubscribes it (its slot moved), and when the
+layout drops a master that failed (a replica was promoted): the channel is subscribed on the
+master the layout names then; a reader left with no channel is closed, so nothing waits on, or
+keeps connecting to, a master the layout no longer has. Pulses are hints: a wait polls anyway, so a
 pulse lost while a channel moves costs latency, never an outcome.
 """
 
@@ -23,11 +25,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol, TypeVar
 
 from redis.crc import key_slot
 
+from prq.transport.cluster_layout import async_layout, sync_layout
 from prq.transport.connectors import async_node_connector, sync_node_connector
 from prq.transport.pulse_router import PulseRouter
 from prq.transport.pulses import AsyncPulses, ThreadPulses
@@ -51,6 +54,49 @@ def _owner(client: Any, channel: str) -> str | None:
         return None
 
 
+class _Wanting(Protocol):
+    """What routing needs of a reader (AsyncPulses, ThreadPulses)."""
+
+    @property
+    def wanted(self) -> set[str]: ...
+
+    def forget(self, channel: str) -> None: ...
+
+
+_R = TypeVar("_R", bound=_Wanting)
+
+
+def _moves(
+    client: Any, home: dict[str, str], readers: Mapping[str, _Wanting]
+) -> list[tuple[str, str]]:
+    """The channels whose master is not the one the layout names now (or whose reader lost
+    them), each with its master now; the channel is forgotten by its old reader and homed anew
+    (the caller subscribes it there)."""
+    moves = []
+    for channel, was in list(home.items()):
+        owner = _owner(client, channel)
+        reader = readers.get(was)
+        if owner is None or (owner == was and reader and channel in reader.wanted):
+            continue
+        if reader is not None:
+            reader.forget(channel)
+        home[channel] = owner
+        moves.append((channel, owner))
+    return moves
+
+
+def _idle(home: dict[str, str], readers: dict[str, _R]) -> list[tuple[str, _R]]:
+    """The readers that want no channel and serve no channel's master, taken off `readers`."""
+    idle = [
+        (master, reader)
+        for master, reader in list(readers.items())
+        if not reader.wanted and master not in home.values()
+    ]
+    for master, _ in idle:
+        del readers[master]
+    return idle
+
+
 class AsyncShardPulses(PulsesBase):
     """The asyncio node's readers on a cluster, one per master (see the module)."""
 
@@ -66,7 +112,12 @@ class AsyncShardPulses(PulsesBase):
         self._lost_links = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._rerouting = False
+        #: Routing asked for again while a routing ran; masters whose links were lost since.
+        self._reroute_due = False
+        self._failed: set[str] = set()
         self._closed = False
+        self._layout = async_layout(client)
+        self._layout.on_dropped.append(self._dropped)
 
     @property
     def subscriptions(self) -> int:
@@ -118,7 +169,7 @@ class AsyncShardPulses(PulsesBase):
             reader = AsyncPulses(
                 async_node_connector(self._client, master), self.router, sharded=True
             )
-            reader._state.on_lost = self._lost
+            reader._state.on_lost = lambda: self._lost(master)
             reader._state.on_moved = lambda channel: self._lost()
             self._readers[master] = reader
             self._starts[master] = asyncio.ensure_future(reader.start_quietly())
@@ -127,35 +178,48 @@ class AsyncShardPulses(PulsesBase):
             await asyncio.shield(started)
         return reader
 
-    def _lost(self) -> None:
-        """A reader lost its link, or the server moved a channel away: route again."""
+    def _lost(self, master: str | None = None) -> None:
+        """A reader lost its link to `master`, or the server moved a channel away: route
+        again."""
         self._lost_links += 1
-        if self._closed or self._rerouting:
+        if master is not None:
+            self._failed.add(master)
+        self._route_again()
+
+    def _dropped(self, masters: set[str]) -> None:
+        """The layout no longer names these masters (they failed): route their channels."""
+        if not self._closed and self._readers.keys() & masters:
+            self._route_again()
+
+    def _route_again(self) -> None:
+        if self._closed:
             return
-        self._rerouting = True
-        self._spawn(self._reroute())
+        self._reroute_due = True
+        if not self._rerouting:
+            self._rerouting = True
+            self._spawn(self._reroute())
 
     async def _reroute(self) -> None:
         try:
-            with contextlib.suppress(Exception):  # read the layout afresh; else the last known
-                await self._client.nodes_manager.initialize()
-            for channel, home in list(self._home.items()):
-                owner = _owner(self._client, channel)
-                reader = self._readers.get(home)
-                if owner is None or (owner == home and reader and channel in reader.wanted):
-                    continue
-                if reader is not None:
-                    reader.forget(channel)
-                self._home[channel] = owner
-                new = await self._reader(owner)
-                self._spawn(new.ensure_subscribed(channel))
-            for master, reader in list(self._readers.items()):
-                if not reader.wanted and master not in self._home.values():
-                    del self._readers[master]
-                    self._starts.pop(master, None)
-                    self._spawn(reader.aclose())
+            while self._reroute_due and not self._closed:
+                self._reroute_due = False
+                failed, self._failed = self._failed, set()
+                for master in failed:  # its connections dropped, the layout read without it
+                    await self._layout.failed(master)
+                if not failed:
+                    await self._layout.refresh()  # else the last known
+                await self._route()
         finally:
             self._rerouting = False
+
+    async def _route(self) -> None:
+        """Each channel to the master the layout names now; idle readers closed."""
+        for channel, owner in _moves(self._client, self._home, self._readers):
+            new = await self._reader(owner)
+            self._spawn(new.ensure_subscribed(channel))
+        for master, reader in _idle(self._home, self._readers):
+            self._starts.pop(master, None)
+            self._spawn(reader.aclose())
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -164,6 +228,8 @@ class AsyncShardPulses(PulsesBase):
 
     async def aclose(self) -> None:
         self._closed = True
+        with contextlib.suppress(ValueError):
+            self._layout.on_dropped.remove(self._dropped)
         for task in [*self._tasks, *self._starts.values(), *self._firsts.values()]:
             task.cancel()
         await asyncio.gather(
@@ -184,6 +250,12 @@ class ThreadShardPulses(PulsesBase):
         self._firsts: dict[str, threading.Event] = {}
         self._lost_links = 0
         self._lock = threading.RLock()
+        #: Masters whose links were lost since the last routing (its own lock: a reader's
+        #: thread adds to it while it may hold its own lock).
+        self._failed: set[str] = set()
+        self._failed_lock = threading.Lock()
+        self._layout = sync_layout(client)
+        self._layout.on_dropped.append(self._dropped)
         self._reroute_due = threading.Event()
         self._stop = threading.Event()
         self._router_thread: threading.Thread | None = None
@@ -244,16 +316,24 @@ class ThreadShardPulses(PulsesBase):
             reader = ThreadPulses(
                 sync_node_connector(self._client, master), self.router, sharded=True
             )
-            reader._state.on_lost = self._lost
+            reader._state.on_lost = lambda: self._lost(master)
             reader._state.on_moved = lambda channel: self._lost()
             self._readers[master] = reader
             reader.start()
         return reader
 
-    def _lost(self) -> None:
+    def _lost(self, master: str | None = None) -> None:
         # called on a reader's thread, maybe holding its lock: the routing is done elsewhere
         self._lost_links += 1
+        if master is not None:
+            with self._failed_lock:
+                self._failed.add(master)
         self._reroute_due.set()
+
+    def _dropped(self, masters: set[str]) -> None:
+        """See AsyncShardPulses._dropped (called on the thread that read the layout)."""
+        if self._readers.keys() & masters:
+            self._reroute_due.set()
 
     def _route_loop(self) -> None:
         while not self._stop.is_set():
@@ -269,26 +349,22 @@ class ThreadShardPulses(PulsesBase):
 
     def _reroute(self) -> None:
         idle: list[ThreadPulses] = []
-        with contextlib.suppress(Exception):  # read the layout afresh; else the last known
-            self._client.nodes_manager.initialize()
+        with self._failed_lock:
+            failed, self._failed = self._failed, set()
+        for master in failed:  # its connections dropped, the layout read without it
+            self._layout.failed(master)
+        if not failed:
+            self._layout.refresh()  # else the last known
         with self._lock:
-            for channel, home in list(self._home.items()):
-                owner = _owner(self._client, channel)
-                reader = self._readers.get(home)
-                if owner is None or (owner == home and reader and channel in reader.wanted):
-                    continue
-                if reader is not None:
-                    reader.forget(channel)
-                self._home[channel] = owner
+            for channel, owner in _moves(self._client, self._home, self._readers):
                 self._reader(owner).want(channel)
-            for master, reader in list(self._readers.items()):
-                if not reader.wanted and master not in self._home.values():
-                    del self._readers[master]
-                    idle.append(reader)
+            idle += [reader for _, reader in _idle(self._home, self._readers)]
         for reader in idle:
             reader.close()
 
     def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._layout.on_dropped.remove(self._dropped)
         self._stop.set()
         self._reroute_due.set()
         if self._router_thread is not None:

@@ -75,7 +75,7 @@ class _Subscriber(Generic[S]):
             self.confirmed.add(channel_name)
             if self.recovering:
                 self.recovering = False
-                self.router.wake_all()
+                self.router.reconnected()
             return channel_name
         return None
 

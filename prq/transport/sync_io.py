@@ -17,7 +17,7 @@ from typing import Any
 from tenacity import Retrying
 
 from prq.core.config import QueueSettings, RedisSettings
-from prq.core.errors import PrqError, QueueShutdown
+from prq.core.errors import PrqError, QueueShutdown, QueueUnavailable
 from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.loading import script_load_calls
@@ -25,9 +25,9 @@ from prq.protocol.scripts.merging import merge_calls
 from prq.transport.batches import DEFAULT_MAX_BATCH_STEPS, IOCounters, _needs_scripts, _split
 from prq.transport.budgets import STEP_GRACE_S, StepBudgets
 from prq.transport.client_options import client_kwargs
-from prq.transport.cluster_links import SyncClusterLink
 from prq.transport.links import SyncLink, sync_link
 from prq.transport.reachability import Reachability
+from prq.transport.sync_cluster_links import SyncClusterLink
 from prq.transport.tls import tls_configuration_error, tls_eof, tls_probe
 from prq.transport.topology import close_client, sync_client
 from prq.transport.translate import RedisUnavailable, _closed_error, _unavailable, translate_errors
@@ -60,6 +60,17 @@ class _Step:
         self.event.set()
 
 
+def _client(redis_settings: RedisSettings) -> Any:
+    """The blocking client. On a cluster redis-py reads the layout from the seed nodes as it is
+    made, so what it raises here is prq's error: ConfigurationError for refused credentials,
+    QueueUnavailable for seed nodes that do not answer."""
+    try:
+        with translate_errors():
+            return sync_client(redis_settings.url, client_kwargs(redis_settings))
+    except RedisUnavailable as exc:
+        raise QueueUnavailable(f"Redis did not answer: {exc}") from exc
+
+
 class SyncRedisIO(IOCounters):
     """Round trips to Redis for the blocking queue.
 
@@ -82,7 +93,7 @@ class SyncRedisIO(IOCounters):
         super().__init__()
         self.settings = settings
         self.redis_settings = redis_settings
-        self.client: Any = sync_client(redis_settings.url, client_kwargs(redis_settings))
+        self.client: Any = _client(redis_settings)
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
         self._leading = False  # a thread leads a batch now
@@ -320,6 +331,8 @@ class SyncRedisIO(IOCounters):
                 refused = tls_probe(self.redis_settings)
                 if refused is not None:
                     raise tls_configuration_error(refused) from exc
+            if self._closed:  # (a round trip the close cut: not Redis failing)
+                raise _closed_error() from exc
             self.reachability.failed(exc)
             raise
         finally:

@@ -99,18 +99,28 @@ def _cluster_error(exc: RedisClusterException | ClusterError) -> Exception:
             "the Redis user may not read the cluster's layout (CLUSTER SLOTS, COMMAND); see "
             f"redis-conf/users.acl: {exc}"
         )
+    # (the asyncio cluster client wraps the seed nodes' refusal of the credentials: the same
+    # ConfigurationError as from one server, not a cluster that cannot be reached)
+    refused = _cause(exc, AuthenticationError)
+    if refused is not None:
+        return ConfigurationError(f"Redis refused the credentials: {refused}")
     return RedisUnavailable(str(exc))
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    return _cause(exc, kind) is not None
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of `kind` in `exc`'s chain of causes (itself included), if any."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, kind):
-            return True
+            return cause
         cause = cause.__cause__ or cause.__context__
-    return False
+    return None
 
 
 def _reply_error(reply: Exception) -> PrqError:

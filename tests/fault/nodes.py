@@ -232,10 +232,12 @@ class NodeFactory:
         self.nodes: list[NodeProcess] = []
 
     def config(self, role: str, name: str, **overrides: Any) -> NodeConfig:
-        """The config a node would get (defaults, then `overrides`; dicts are merged)."""
+        """The config a node would get (defaults, then `overrides`; dicts are merged, and a
+        None in an overriding dict removes the default: a setting left unset)."""
         fields: dict[str, Any] = {**self.defaults}
         for key in ("queue_settings", "redis_settings", "params"):
-            fields[key] = {**self.defaults.get(key, {}), **overrides.pop(key, {})}
+            merged = {**self.defaults.get(key, {}), **overrides.pop(key, {})}
+            fields[key] = {name: value for name, value in merged.items() if value is not None}
         fields.update(overrides)
         fields.setdefault("ready_path", str(self.workdir / f"{name}.ready"))
         if role == "receiver":

@@ -18,6 +18,11 @@ Modes (toxiproxy-like):
   bytes (their byte streams are no longer RESP);
 - `drop_pubsub_messages(True)`: on the way back to the client drop only pub/sub message frames
   (RESP2 and RESP3, see tests/fault/resp.py); every other frame passes intact;
+- `drop_replies(True)`: the other way round: drop every reply on its way back to the client,
+  pub/sub messages passing (commands still reach Redis and run: their replies are lost);
+  `drop_replies(True, to=b"...")` drops only the replies to the commands holding those bytes
+  (each connection's replies are matched to its commands in order), so that everything else,
+  a new connection's handshake included, goes on working;
 - `latency(ms)`: delay every chunk, both directions, by `ms` (no throughput cap);
 - `retarget(port)`: new connections go to another upstream (a promoted replica).
 
@@ -35,6 +40,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -81,6 +87,11 @@ class _Link:
         self.upstream: asyncio.StreamWriter | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.frames: RespFrames | None = RespFrames() if proxy.parse_resp else None
+        #: The commands the client sent, parsed to match each reply to its command (None once
+        #: the stream is not RESP); per command sent and not answered yet, whether its reply is
+        #: to be dropped (`drop_replies(to=...)`).
+        self.commands: RespFrames | None = RespFrames() if proxy.parse_resp else None
+        self.unanswered: deque[bool] = deque()
         self.subscriber = False  # the client sent a (P|S)SUBSCRIBE
         self.lost_bytes = False  # a drop-mode blackhole discarded some of its bytes
         self.closed = False
@@ -108,6 +119,19 @@ class _Link:
                 task.cancel()
         self.proxy._links.discard(self)
 
+    def client_bytes(self, data: bytes) -> None:
+        """Note the commands in client→server bytes (forwarded as they are)."""
+        if self.commands is None:
+            return
+        try:
+            sent = self.commands.feed(data)
+        except RespError:
+            self.commands = None  # (an inline command: replies are not matched any more)
+            self.unanswered.clear()
+            return
+        match = self.proxy._drop_replies_to
+        self.unanswered.extend(match is not None and match in command for command in sent)
+
     def server_bytes(self, data: bytes) -> bytes:
         """Server→client bytes to forward now (whole frames when parsing; filtered)."""
         if self.frames is None:
@@ -119,10 +143,25 @@ class _Link:
             held = self.frames.take_pending()
             self.frames = None
             return held
-        if not self.proxy._drop_pubsub:
-            return b"".join(frames)
-        kept = [f for f in frames if not is_pubsub_message(f, resp2_subscriber=self.subscriber)]
-        self.proxy.dropped_frames += len(frames) - len(kept)
+        proxy = self.proxy
+        if self.subscriber:
+            self.unanswered.clear()  # (a subscriber's replies are not matched to commands)
+            if not (proxy._drop_pubsub or proxy._drop_replies):
+                return b"".join(frames)
+            pubsub = proxy._drop_replies  # (what is kept: messages, or all but them)
+            kept = [f for f in frames if is_pubsub_message(f, resp2_subscriber=True) == pubsub]
+        else:
+            kept = []
+            for frame in frames:
+                if is_pubsub_message(frame, resp2_subscriber=False):  # (a RESP3 push)
+                    if not proxy._drop_pubsub:
+                        kept.append(frame)
+                    continue
+                # (a reply: to the oldest command not answered yet)
+                flagged = self.unanswered.popleft() if self.unanswered else False
+                if not (proxy._drop_replies or flagged):
+                    kept.append(frame)
+        proxy.dropped_frames += len(frames) - len(kept)
         return b"".join(kept)
 
 
@@ -143,6 +182,8 @@ class FaultProxy:
         self._placeholder: socket.socket | None = None
         self._flowing: asyncio.Event | None = None
         self._drop_pubsub = False
+        self._drop_replies = False
+        self._drop_replies_to: bytes | None = None
         self._drop_held = False
         self._latency_s = 0.0
         self._loop = asyncio.new_event_loop()
@@ -222,12 +263,14 @@ class FaultProxy:
     # -- modes --------------------------------------------------------------------------------
 
     def pass_through(self) -> None:
-        """Forward everything: undo cut, blackhole, pub/sub dropping and latency."""
+        """Forward everything: undo cut, blackhole, dropping and latency."""
         self.restore()
         self._call(self._clear_toxics)
 
     def _clear_toxics(self) -> None:
         self._drop_pubsub = False
+        self._drop_replies = False
+        self._drop_replies_to = None
         self._latency_s = 0.0
 
     def restore(self) -> None:
@@ -287,6 +330,23 @@ class FaultProxy:
 
         def switch() -> None:
             self._drop_pubsub = enabled
+
+        self._call(switch)
+
+    def drop_replies(self, enabled: bool = True, *, to: bytes | None = None) -> None:
+        """Drop (or stop dropping) every reply on its way to the client, or with `to` only
+        the replies to the commands sent from now on that hold those bytes; pub/sub messages
+        pass. What the client sends still runs: only its replies are lost."""
+        if enabled and not self.parse_resp:
+            raise ValueError("drop_replies needs a proxy with parse_resp=True")
+
+        def switch() -> None:
+            if not enabled:  # (a command sent before has its reply dropped still)
+                self._drop_replies, self._drop_replies_to = False, None
+            elif to is None:
+                self._drop_replies = True
+            else:
+                self._drop_replies_to = to
 
         self._call(switch)
 
@@ -386,6 +446,7 @@ class FaultProxy:
                 if to_upstream:
                     if not link.subscriber and _SUBSCRIBE_RE.search(data):
                         link.subscriber = True
+                    link.client_bytes(data)
                 else:
                     data = link.server_bytes(data)
                     if not data:

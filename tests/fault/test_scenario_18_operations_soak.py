@@ -10,7 +10,8 @@ both facades (call and send, at_most_once and at_least_once) while a seeded sche
 - asks for answers over the receivers' max_body_bytes;
 - cancels calls, by id from another node or by the caller's timeout;
 - pauses Redis within the retry budget, resets every node's connections, and makes Redis lose
-  data (FLUSHALL, or a restart empty).
+  data (FLUSHALL, or a restart empty), once or two and three times in a row at random
+  intervals.
 
 The schedule runs in rounds, each a seeded shuffle of every kind of step, until its time is up.
 Then the checker demands no hung call, no at_most_once request run twice, no "maybe executed"
@@ -334,20 +335,28 @@ class Soak:
             steady_for(self.rng.uniform(0.3, 1.0))
         return "every link reset 3 times"
 
-    def lose_data(self) -> str:
-        how = self.rng.choice(("flushall", "restart_empty"))
+    def lose_data(self, times: int = 1) -> str:
+        """Redis loses its data `times` times in a row (a FLUSHALL or a restart empty each,
+        drawn), at random intervals of up to 2.5 data-loss checks: two restarts close together
+        (a crash loop, maintenance after a deploy) are ordinary life without persistence."""
+        losses = []
         started, started_wall = time.monotonic(), time.time()
-        if how == "flushall":
-            flushall(self.server)
-        else:
-            restart_empty(self.server)
-            self.client.close()
-            self.client = client_for(self.server)
+        for n in range(times):
+            if n:
+                hold_fault(self.rng.uniform(0.1, 2.5) * CHECK_S)
+            how = self.rng.choice(("flushall", "restart_empty"))
+            if how == "flushall":
+                flushall(self.server)
+            else:
+                restart_empty(self.server)
+                self.client.close()
+                self.client = client_for(self.server)
+            losses.append(how)
         # (every node notices within a data-loss check and 1 s)
         hold_fault(CHECK_S + SLACK_S)
         self.data_loss_windows.append((started, time.monotonic()))
         self.data_loss_wall.append((started_wall, time.time()))
-        return how
+        return ", then ".join(losses)
 
     def steps(self) -> list[tuple[str, Callable[[], str]]]:
         """One round: every kind of step once (its order shuffled by the caller)."""
@@ -364,6 +373,7 @@ class Soak:
             ("pause", self.pause),
             ("resets", self.resets),
             ("data-loss", self.lose_data),
+            ("data-losses", lambda: self.lose_data(self.rng.randint(2, 3))),
         ]
 
     def run(self, seconds: float) -> None:

@@ -14,6 +14,8 @@ import redis
 
 from prq import (
     AsyncQueue,
+    CallTimeout,
+    CancelledAfterPickup,
     QueueSettings,
     ReceiverLost,
     Request,
@@ -26,7 +28,7 @@ from prq.core.errors import PrqError
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.loading import APPLY_RESPONSE
-from tests.queue_facades import FAST_SETTINGS, QueueFactory, wait_for_state
+from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
 from tests.queued import queue_depth, silent_take
 from tests.redis_servers import async_wait_until
 
@@ -160,7 +162,7 @@ async def test_a_receiver_never_runs_a_redelivery_of_what_it_runs_or_ran(
     # Given a receiver whose first beat comes late (4 s) and a caller that judges receivers
     # silent after 1 s: the caller hands the request out again while the receiver runs it
     sender = make_queue(pickup_timeout_s=30, **QUICK)
-    receiver = make_queue(receiver_timeout_s=6, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
+    receiver = make_queue(receiver_timeout_s=8, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
     endpoint = "poll://alo-same-node"
     runs: list[tuple[int, str]] = []
     release = threading.Event()
@@ -208,7 +210,7 @@ async def test_an_answer_refused_while_its_redelivery_is_adopted_goes_again_unde
     # Given a receiver that holds an at_least_once request its caller has handed out again (the
     # receiver's first beat comes late; the caller judges receivers silent after 1 s)
     sender = make_queue(pickup_timeout_s=30, **QUICK)
-    receiver = make_queue(receiver_timeout_s=6, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
+    receiver = make_queue(receiver_timeout_s=8, heartbeat_initial_delay_s=4, heartbeat_interval_s=2)
     endpoint = "poll://alo-answer-races-adoption"
     request = Request(endpoint=endpoint, method="m", delivery="at_least_once")
     call = asyncio.ensure_future(sender.queue_and_wait(request))
@@ -254,3 +256,122 @@ async def test_an_answer_refused_while_its_redelivery_is_adopted_goes_again_unde
     assert taken_between == [None]  # (the redelivery was adopted, not handed to the caller)
     assert (await asyncio.wait_for(call, 10)).result == "ran once"
     assert redis_client.hget(stored, "att") == b"2"
+
+
+async def test_a_redelivery_nobody_picks_up_tells_its_caller_it_may_have_run(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once call with a 1 s pickup window, taken by a receiver that then goes
+    # silent (it may be running it: a take whose reply came late, a stalled process)
+    sender = make_queue(**QUICK)
+    endpoint = "poll://alo-redelivery-unpicked"
+    request = Request(endpoint=endpoint, method="m", params=7, delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request, pickup_timeout_s=1.0))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    assert len(silent_take(redis_client, key_prefix, endpoint)) == 1
+
+    # When its caller hands it out again, and no receiver picks it up within its window
+    with pytest.raises(PrqError) as ended:
+        await asyncio.wait_for(call, 20)
+
+    # Then the caller is told it may have run (ReceiverLost), not that it never ran. (This
+    # path already said so; the one that did not, a caller's withdrawal landing after a take
+    # whose reply came late, was found by the simulation: tests/sim, withdraw.lua)
+    assert isinstance(ended.value, ReceiverLost), ended.value
+    assert ended.value.maybe_executed is True
+
+
+async def handed_out_again(
+    make_queue: QueueFactory,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    endpoint: str,
+    timeout_s: float | None = None,
+) -> tuple[AnyQueue, Request, asyncio.Future[Response]]:
+    """An at_least_once call taken by a receiver that then went silent (it may be running it),
+    and queued again by its caller: the caller, the request and the waiting call."""
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    request = Request(endpoint=endpoint, method="m", params=7, delivery="at_least_once")
+    call = asyncio.ensure_future(sender.queue_and_wait(request, timeout_s=timeout_s))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    await taken_silently_then_queued_again(redis_client, key_prefix, request)
+    return sender, request, call
+
+
+async def taken_silently_then_queued_again(
+    redis_client: redis.Redis, key_prefix: str, request: Request
+) -> None:
+    """Take the queued `request` as a receiver that then goes silent, and wait until its
+    caller has queued it again (attempt 1 counted)."""
+    assert len(silent_take(redis_client, key_prefix, request.endpoint)) == 1
+    stored = KeySchema(key_prefix).endpoint(request.endpoint).request(request.id)
+    await async_wait_until(
+        lambda: redis_client.hmget(stored, "st", "att") == [b"queued", b"1"],
+        timeout_s=10,
+        message="the silent receiver's request queued again",
+    )
+
+
+async def test_a_call_timeout_on_a_request_handed_out_before_says_it_may_have_run(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once call with a 4 s call timeout whose first receiver went silent, so
+    # that it waits in the queue again, with no receiver to take it
+    _sender, _request, call = await handed_out_again(
+        make_queue, redis_client, key_prefix, "poll://alo-timeout-after-redelivery", timeout_s=4.0
+    )
+
+    # When its call timeout passes before anyone picks it up again
+    with pytest.raises(PrqError) as ended:
+        await asyncio.wait_for(call, 20)
+
+    # Then the caller is told it timed out and may have run (its first receiver may be running
+    # it), not that it was withdrawn and will never run
+    assert isinstance(ended.value, CallTimeout), ended.value
+    assert ended.value.maybe_executed is True
+
+
+async def test_a_cancel_of_a_request_handed_out_before_says_it_may_have_run(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once call whose first receiver went silent, queued again
+    sender, request, call = await handed_out_again(
+        make_queue, redis_client, key_prefix, "poll://alo-cancel-after-redelivery"
+    )
+
+    # When a node cancels it
+    assert await sender.cancel(request.id) is True
+
+    # Then its caller hears it was cancelled after pickup (it may have run), and no receiver
+    # is handed it again
+    with pytest.raises(PrqError) as ended:
+        await asyncio.wait_for(call, 10)
+    assert isinstance(ended.value, CancelledAfterPickup), ended.value
+    assert ended.value.maybe_executed is True
+    assert queue_depth(redis_client, KeySchema(key_prefix).endpoint(request.endpoint)) == 0
+    assert silent_take(redis_client, key_prefix, request.endpoint) == []
+
+
+async def test_a_send_handed_out_before_is_no_longer_withdrawn(
+    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # Given an at_least_once send whose first receiver went silent, queued again
+    sender = make_queue(pickup_timeout_s=30, **QUICK)
+    endpoint = "poll://alo-withdraw-after-redelivery"
+    request = Request(endpoint=endpoint, method="m", params=7, delivery="at_least_once")
+    outcomes: list[object] = []
+    handle = await sender.send(request, on_response=outcomes.append, on_failure=outcomes.append)
+    await taken_silently_then_queued_again(redis_client, key_prefix, request)
+
+    # When its handle withdraws it
+    withdrawn = await handle.withdraw()
+
+    # Then that is refused (it was picked up once: "neither callback runs" cannot be promised
+    # for a request that may have run), and a live receiver runs it, its answer the callback's
+    assert withdrawn is False
+    receiver = make_queue(**QUICK)
+    pending = await receiver.dequeue(endpoint, timeout_s=10)
+    assert pending is not None and pending.id == request.id
+    await receiver.apply_response(Response(id=request.id, result="ran"))
+    await async_wait_until(lambda: outcomes, timeout_s=10, message="the send's callback")
+    assert [getattr(o, "result", o) for o in outcomes] == ["ran"]

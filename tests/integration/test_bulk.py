@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from prq import QueueSettings, Request, RequestState
-from prq.bulk import BulkClient, LossWatch
+from prq.bulk import BulkClient, LossWatch, TaskAttempt, fingerprints
 from prq.core.keys import KeySchema
+from prq.core.models import encode_stored_request
 from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
 from tests.queued import queue_depth, queued_ids, silent_take
@@ -294,3 +295,99 @@ def test_outcomes_of_a_wide_window_are_read_in_a_few_script_calls_each_judged_al
         assert all(found[r.id].state == "queued" for r in queued)
         assert all(found[i].state == "missing" for i in missing)
         assert not watch.lost
+
+
+def stored(endpoint: str, run: str, n: int, params: int) -> list[tuple[str, bytes]]:
+    """(id, stored body) of n requests whose params are `params` plus their place."""
+    return [
+        (
+            f"{run}:{i}",
+            encode_stored_request(Request(endpoint=endpoint, method="m", params=params + i)),
+        )
+        for i in range(n)
+    ]
+
+
+def marks(items: list[tuple[str, bytes]]) -> list[bytes]:
+    return fingerprints(body for _, body in items)
+
+
+# (3: each record spelled by the script; 10: the batch sent whole, with a shared head)
+@pytest.mark.parametrize("n", [3, 10])
+async def test_a_known_id_sent_with_another_fingerprint_is_a_conflict_not_a_duplicate(
+    bulk: BulkClient, make_queue: QueueFactory, n: int
+) -> None:
+    # Given requests enqueued with fingerprints of their params, answered since
+    endpoint = "poll://bulk-fingerprints"
+    first = stored(endpoint, "job", n, 0)
+    ids = [rid for rid, _ in first]
+    sent = bulk.enqueue_encoded(endpoint, first, fingerprints=marks(first))
+    assert (sent.accepted, sent.duplicates) == (n, 0)
+    # ...each before and after it was answered (its record then in the hash form)
+    for answered in (False, True):
+        if answered:
+            make_queue.serve(make_queue(), endpoint, lambda request: request.params)
+            await async_wait_until(
+                lambda: {s.state for s in bulk.outcomes(endpoint, ids).values()} == {"done"},
+                20, 0.02, "answered",
+            )  # fmt: skip
+
+        # When the same ids are sent again by another batch: with the same params, with other
+        # params, and with other params but no fingerprints
+        same = bulk.enqueue_encoded(endpoint, first, fingerprints=marks(first))
+        other = stored(endpoint, "job", n, 100)
+        changed = bulk.enqueue_encoded(endpoint, other, fingerprints=marks(other))
+        unmarked = bulk.enqueue_encoded(endpoint, other)
+
+        # Then the same request is a duplicate (it joins the one enqueued), another one under
+        # the id a conflict (among the duplicates: nothing is enqueued), and without
+        # fingerprints nothing tells them apart
+        assert (same.accepted, same.duplicate_ids, same.conflict_ids) == (0, ids, [])
+        assert (changed.accepted, changed.duplicate_ids, changed.conflict_ids) == (0, ids, ids)
+        assert (unmarked.duplicate_ids, unmarked.conflict_ids) == (ids, [])
+    assert bulk.depth(endpoint) == 0
+
+    # And the attempts of one task: a later attempt with the same rows is accepted (its work
+    # counts), one with other rows under those ids is a conflict
+    task, rows_a = TaskAttempt("task-1"), stored(endpoint, "task", n, 0)
+    assert (
+        bulk.enqueue_encoded(endpoint, rows_a, attempt=task, fingerprints=marks(rows_a)).accepted
+        == n
+    )
+    retry = TaskAttempt("task-1")
+    assert (
+        bulk.enqueue_encoded(endpoint, rows_a, attempt=retry, fingerprints=marks(rows_a)).accepted
+        == n
+    )
+    rows_b = stored(endpoint, "task", n, 50)
+    late = bulk.enqueue_encoded(
+        endpoint, rows_b, attempt=TaskAttempt("task-1"), fingerprints=marks(rows_b)
+    )
+    assert (late.accepted, late.conflict_ids) == (0, [rid for rid, _ in rows_b])
+    # And a fingerprint per item is required
+    with pytest.raises(ValueError, match="fingerprints for"):
+        bulk.enqueue_encoded(endpoint, rows_a, fingerprints=marks(rows_a)[1:])
+
+
+def test_a_loss_watch_on_an_enqueue_is_stepped_beside_the_endpoints_records(
+    bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given a job that enqueues to two endpoints with one watch, in three round trips (on a
+    # cluster, the watch lives in the first endpoint's slot, beside its records)
+    watch = LossWatch()
+    requests = rows("poll://watched-a", "lw", 150) + rows("poll://watched-b", "lw", 50)
+    result = bulk.enqueue_many(requests, batch_size=100, watch=watch)
+    assert (result.accepted, result.data_loss) == (200, False)
+    keys = bulk.keys.endpoint("poll://watched-a")
+    assert watch.endpoint == "poll://watched-a"
+    assert int(redis_client.get(keys.loss_watch(watch.token)) or 0) == watch.count
+    # And a later call with it steps the same key, whatever endpoint it writes first
+    again = bulk.enqueue_many(rows("poll://watched-b", "lw2", 10), watch=watch)
+    assert (again.accepted, again.data_loss) == (10, False)
+
+    # When the watch's key is lost (as a flush or a restart would lose it)
+    redis_client.delete(keys.loss_watch(watch.token))
+
+    # Then the next enqueue with it says Redis lost data
+    lost = bulk.enqueue_many(rows("poll://watched-a", "lw3", 10), watch=watch)
+    assert (lost.accepted, lost.data_loss) == (10, True)

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from prq import QueueSettings, Request
-from prq.bulk import BulkClient, Ledger, LossWatch
+from prq.bulk import TAKEN_BEFORE, BulkClient, Ledger, LossWatch
 from prq.core.keys import ledger_token
 from prq.embedded import EmbeddedRedis
 from tests.queue_facades import FAST_SETTINGS, QueueFactory
@@ -22,6 +22,7 @@ from tests.stored_bodies import record_fields
 pytestmark = pytest.mark.integration
 
 ENDPOINT = "poll://ledgered"
+IDLE = "poll://ledgered-idle"
 #: Answers kept half a second (each request asks for it), so their records go soon.
 BRIEF_S = 0.5
 
@@ -80,6 +81,40 @@ async def test_an_id_a_receiver_took_is_not_queued_again_once_its_record_is_gone
     assert set(runs.values()) == {1}
     # And without the ledger they would have been queued again
     assert bulk.enqueue_many(requests).accepted == n
+
+
+async def test_an_outcome_read_after_an_answer_expired_says_the_ledger_saw_it_taken(
+    bulk: BulkClient, make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given requests enqueued with a ledger (and read, known, by a rerun's enqueue) whose
+    # answers expired before their outcomes were read, and one no receiver took, expired too
+    make_queue.serve(make_queue(), ENDPOINT, lambda request: request.params, concurrency=4)
+    ran = rows("job-6", 3)
+    never = [rows("job-6b", 1)[0].model_copy(update={"endpoint": IDLE})]  # (nobody serves it)
+    ledger = Ledger("job-6", ttl_s=3600)
+    assert bulk.enqueue_many(ran, ledger=ledger).accepted == 3
+    ids = [r.id for r in ran]
+    await async_wait_until(
+        lambda: {s.state for s in bulk.outcomes(ENDPOINT, ids).values()} == {"done"},
+        20, 0.02, "answered",
+    )  # fmt: skip
+    assert bulk.enqueue_many(ran, ledger=ledger).duplicates == 3  # a rerun: known
+    never_ledger = Ledger("job-6b", ttl_s=3600)
+    bulk.enqueue_many(never, pickup_timeout_s=0.2, ledger=never_ledger)
+    idle = bulk.keys.endpoint(IDLE).request(never[0].id)
+    await async_wait_until(lambda: gone(redis_client, bulk, ran), 20, 0.05, "answers expired")
+    await async_wait_until(lambda: not redis_client.exists(idle), 20, 0.05, "expired unread")
+
+    # When their outcomes are read with the ledger, and without
+    found = bulk.outcomes(ENDPOINT, ids, ledger=ledger)
+    plain = bulk.outcomes(ENDPOINT, ids)
+    unknown = bulk.outcomes(IDLE, [never[0].id], ledger=never_ledger)
+
+    # Then with the ledger each is missing because it was taken before (it ran: its answer
+    # expired), not missing for no known reason; the one nobody took is plainly missing
+    assert {(s.state, s.reason) for s in found.values()} == {("missing", TAKEN_BEFORE)}
+    assert {(s.state, s.reason) for s in plain.values()} == {("missing", "")}
+    assert (unknown[never[0].id].state, unknown[never[0].id].reason) == ("missing", "")
 
 
 async def test_an_id_no_receiver_took_is_queued_afresh(
@@ -186,7 +221,7 @@ def test_a_loss_watch_tells_lost_records_from_a_read_sent_again(
         bulk.enqueue_many([request])
         assert bulk.outcomes(ENDPOINT, [request.id], watch=watch)[request.id].state == "queued"
         # When Redis ran a read whose reply was lost, and the read is sent again
-        lost_reply = BulkClient._watch_call(bulk.keys.endpoint(ENDPOINT), watch)
+        lost_reply = watch.step_call(bulk.keys.endpoint(ENDPOINT))
         own_redis_client.execute_command(*lost_reply.args)  # type: ignore[no-untyped-call]
         bulk.outcomes(ENDPOINT, [request.id], watch=watch)
 

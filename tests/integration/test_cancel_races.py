@@ -14,7 +14,14 @@ import pytest
 import redis
 import redis.asyncio
 
-from prq import AsyncQueue, CancelledAfterPickup, CancelledBeforePickup, Request, Response
+from prq import (
+    AsyncQueue,
+    CancelledAfterPickup,
+    CancelledBeforePickup,
+    RedisSettings,
+    Request,
+    Response,
+)
 from prq.embedded import EmbeddedRedis
 from prq.transport.wire import send_packed
 from tests.queue_facades import QueueFactory, SyncQueueAdapter, run_all
@@ -88,8 +95,13 @@ async def test_cancels_racing_responses_end_with_exactly_one_outcome(
             assert outcome.result == "ran"
 
 
+@pytest.mark.timeout(200)  # (bounded below: 90 s for the calls, 45 s for the keys)
 async def test_cancels_while_dequeuing_runs_raise_nothing_and_leak_no_key(
-    make_queue: QueueFactory, redis_client: redis.Redis, key_prefix: str, facade: str
+    make_queue: QueueFactory,
+    redis_url: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    facade: str,
 ) -> None:
     # Given a served endpoint with short TTLs, and 500 calls of which every fifth is cancelled
     ttls: dict[str, Any] = {
@@ -97,12 +109,20 @@ async def test_cancels_while_dequeuing_runs_raise_nothing_and_leak_no_key(
         "request_ttl_extra_s": 1.0,
         "list_ttl_s": 2.0,
         "cancel_marker_ttl_s": 1.0,
-        "receiver_timeout_s": 1.0,
+        # (3 s: a beat may meet one socket timeout on a loaded cluster and still come in
+        # time; at 1 s one slow read of a gate running two passes side by side lost a
+        # receiver, and its calls ended with ReceiverLost)
+        "receiver_timeout_s": 3.0,
         "heartbeat_initial_delay_s": 0.3,
         "heartbeat_interval_s": 0.5,
-        "data_loss_check_interval_s": 1.0,
+        "data_loss_check_interval_s": 0.5,  # (below half the list TTL)
+        "retry_budget_s": 4.0,  # (2 s ran out on a loaded gate, 500 calls at once)
     }
-    sender, receiver = make_queue(**ttls), make_queue(**ttls)
+    # (short connection timeouts: a take receipt outlives a failed take and the serve loop's
+    # next one, 4 + 1 + 1 + 5 + 1 + 1 + 1 = 14 s here, the longest TTL)
+    link = RedisSettings(url=redis_url, socket_timeout_s=1.0, connect_timeout_s=1.0)
+    sender = make_queue(redis_settings=link, **ttls)
+    receiver = make_queue(redis_settings=link, **ttls)
     rng = random.Random(7)
 
     async def slow(request: Request) -> object:
@@ -113,12 +133,14 @@ async def test_cancels_while_dequeuing_runs_raise_nothing_and_leak_no_key(
     make_queue.serve(receiver, "poll://wave", handler, concurrency=8)
     wave = CANCEL_WAVE[facade]
     requests = [Request(endpoint="poll://wave", method="m", params=i) for i in range(wave)]
-    calls = [asyncio.create_task(sender.queue_and_wait(r, pickup_timeout_s=3)) for r in requests]
+    # (30 s to be picked up: an idle host takes the wave in about a second, a loaded cluster
+    # left 141 of 500 waiting past 8 s; what is judged is how the cancels and takes meet)
+    calls = [asyncio.create_task(sender.queue_and_wait(r, pickup_timeout_s=30)) for r in requests]
 
     # When every fifth one is cancelled while the serve loop dequeues
     doomed = requests[::5]
     await asyncio.gather(*(sender.cancel(r.id) for r in doomed))
-    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 90)
 
     # Then each outcome is a response or a cancellation error, nothing else
     expected = (CancelledBeforePickup, CancelledAfterPickup)
@@ -134,7 +156,7 @@ async def test_cancels_while_dequeuing_runs_raise_nothing_and_leak_no_key(
     await receiver.aclose()
     left = [(k, redis_client.pttl(k)) for k in request_keys(redis_client, key_prefix)]
     assert all(ttl != -1 for _, ttl in left), left  # (-2: it expired since it was listed)
-    await async_wait_until(lambda: not request_keys(redis_client, key_prefix), 20, 0.2, "no keys")
+    await async_wait_until(lambda: not request_keys(redis_client, key_prefix), 45, 0.2, "no keys")
 
 
 async def test_callers_cancelled_at_random_points_see_no_cross_talk(

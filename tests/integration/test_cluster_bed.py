@@ -212,8 +212,12 @@ def test_a_thousand_endpoints_land_on_every_master_and_each_script_keeps_to_its_
         slots = _slots_of(acl_cluster, master)
         with acl_cluster.client(master) as c:
             evalsha = c.info("commandstats")["cmdstat_evalsha"]
-            # (a script that touched a key of another slot fails: "non local key")
-            assert int(evalsha["calls"]) > 0 and int(evalsha["failed_calls"]) == 0, master.port
+            # (a script that touched a key of another slot fails: "non local key"; a script
+            # not loaded yet on this master fails with NOSCRIPT and is loaded and run again,
+            # which depends on what ran on this cluster before)
+            not_loaded = c.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0)
+            assert int(evalsha["calls"]) > 0, master.port
+            assert int(evalsha["failed_calls"]) == int(not_loaded), master.port
         scripted = [command for kind, command in monitor.commands if kind == "lua"]
         assert scripted, master.port
         # (and the client never asked the server where a command's keys are)

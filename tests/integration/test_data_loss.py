@@ -1,6 +1,8 @@
-"""Data loss: a flush, a canary rolled back, or an enqueue counter gone back fails every call in
-flight with DataLoss at once, cancels what the node holds, and new calls work again; an enqueue
-counter that expired in its own time (an idle endpoint) is none."""
+"""Data loss: a flush, a rollback or a restart empty fails the calls in flight that it took with
+DataLoss at once and cancels what the node holds of them; what Redis still holds from before a
+loss (ghosts) is not run again; and every call made after a loss runs, however many losses came
+before, and whichever sign showed them (prq.node.data_loss). An endpoint idle past its list TTL
+is no loss."""
 
 from __future__ import annotations
 
@@ -27,26 +29,31 @@ WATCHED: dict[str, Any] = {
     "poll_interval_s": 30.0,
     "pickup_timeout_s": 60,
 }
-#: Shrunk TTLs: an enqueue counter nobody refreshes expires 2 s after its last refresh.
+#: Shrunk TTLs: a sequence-number key nobody enqueues on expires 2 s after its last enqueue.
 SHORT_LIVED: dict[str, Any] = {"list_ttl_s": 2.0, "data_loss_check_interval_s": 0.2}
 
 
+def raw_of(queue: AnyQueue) -> AsyncQueue | Queue:
+    return queue.raw if isinstance(queue, SyncQueueAdapter) else queue
+
+
 def events(queue: AnyQueue) -> int:
-    raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
-    return raw.stats.data_loss_events
+    return raw_of(queue).stats.data_loss_events
 
 
-def armed(queue: AnyQueue) -> bool:
-    """The node knows its canary, and vouches for poll://flushed's counter: a flush shows."""
-    raw = queue.raw if isinstance(queue, SyncQueueAdapter) else queue
-    watch = raw._watch.data_loss
-    return watch.canary is not None and known_floor(raw, "poll://flushed") is not None
+def known_floor(queue: AnyQueue, endpoint: str) -> int:
+    """The highest sequence number the node read on `endpoint` (0: none)."""
+    return raw_of(queue)._watch.data_loss.floor(endpoint, time.monotonic()).value
 
 
-def known_floor(raw: AsyncQueue | Queue, endpoint: str) -> int | None:
-    """The enqueue counter a node compares the next reading with (None: not vouched for)."""
-    floor = raw._watch.data_loss.floor(endpoint, time.monotonic())
-    return None if floor is None else floor.value
+def armed(queue: AnyQueue, endpoint: str = "poll://flushed") -> bool:
+    """The node knows its canary and a floor of `endpoint`: a loss shows at its next check."""
+    watch = raw_of(queue)._watch.data_loss
+    return bool(watch.canary) and known_floor(queue, endpoint) > 0
+
+
+def fence(queue: AnyQueue, endpoint: str) -> int:
+    return raw_of(queue)._watch.data_loss.fence_of(endpoint)
 
 
 async def test_a_flush_fails_calls_in_flight_and_cancels_held_requests(
@@ -107,42 +114,61 @@ async def test_a_call_made_the_moment_a_flush_is_declared_runs(
     assert (events(sender), events(receiver)) == (3, 3)
 
 
-@pytest.mark.parametrize("sign", ["canary rolled back", "counter went back"])
-async def test_a_rollback_that_leaves_the_canary_in_place_is_noticed(
-    make_own_queue: QueueFactory, own_redis_client: redis.Redis, sign: str
+async def test_a_rollback_behind_the_canary_fails_the_call_it_took_and_calls_run_after(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
 ) -> None:
-    # Given a node that has checked its canary a few times and enqueued on an endpoint
+    # Given a node that checked its canary since a snapshot of Redis was taken, and a call
+    # waiting for a request queued after that snapshot
     sender = make_own_queue(**WATCHED)
     await sender.start()
-    raw = sender.raw if isinstance(sender, SyncQueueAdapter) else sender
+    raw = raw_of(sender)
     canary = raw.keys.canary(raw.node_id)
-    await async_wait_until(
-        lambda: int(own_redis_client.get(canary) or 0) >= 3, 5, 0.05, "canary checked"
-    )
-    for _ in range(3):
-        with pytest.raises(Exception):  # noqa: B017 - no receiver; only the enqueue matters
-            await asyncio.wait_for(
-                sender.queue_and_wait(
-                    Request(endpoint="poll://rb", method="m"), pickup_timeout_s=0.05
-                ),
-                5,
-            )
+    await async_wait_until(lambda: bool(raw._watch.data_loss.canary), 5, 0.02, "canary known")
+    before = snapshot(own_redis_client)
+    stepped = own_redis_client.get(canary)
+    await async_wait_until(lambda: own_redis_client.get(canary) != stepped, 5, 0.02, "checked")
     waiting = asyncio.create_task(sender.call("poll://rb", "m"))
-    sequence = raw.keys.endpoint("poll://rb").sequence
-    await async_wait_until(lambda: own_redis_client.get(sequence) == b"4", 5, 0.02, "queued")
-    await async_wait_until(lambda: known_floor(raw, "poll://rb") == 4, 5, 0.02, "vouched for")
+    await async_wait_until(lambda: known_floor(sender, "poll://rb") > 0, 5, 0.02, "queued")
 
-    # When Redis "goes back in time" with the canary still there (old snapshot, stale replica)
-    if sign == "canary rolled back":
-        own_redis_client.set(canary, 1)
-    else:
-        own_redis_client.set(sequence, 1)
+    # When Redis goes back to that snapshot (a restore, a stale replica promoted)
+    roll_back(own_redis_client, before)
     started = time.monotonic()
 
-    # Then the waiting call fails with DataLoss, within a check interval + 1 s
+    # Then the call fails with DataLoss within a check interval (and a second), once declared
     with pytest.raises(DataLoss):
         await asyncio.wait_for(waiting, DETECTED_WITHIN_S + 2)
     assert time.monotonic() - started < DETECTED_WITHIN_S
+    assert events(sender) == 1
+    # And a call made now runs
+    receiver = make_own_queue(**WATCHED)
+    make_own_queue.serve(receiver, "poll://rb", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://rb", "m", 5), 10) == 5
+    assert events(sender) == 1
+
+
+async def test_numbers_that_went_back_fail_the_calls_queued_before_and_not_those_after(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given a call waiting for a request queued on an endpoint
+    sender = make_own_queue(**WATCHED)
+    waiting = asyncio.create_task(sender.call("poll://rb", "m"))
+    await async_wait_until(lambda: known_floor(sender, "poll://rb") > 0, 5, 0.02, "queued")
+    numbers = raw_of(sender).keys.endpoint("poll://rb").numbers
+    given = int(own_redis_client.get(numbers) or 0)
+
+    # When the endpoint's numbers go back (a rollback the canary does not show: the snapshot
+    # was taken after its last step)
+    own_redis_client.set(numbers, given - 1_000_000)
+
+    # Then the check that reads them declares the loss and the call fails with DataLoss, its
+    # request at or below the fence (the highest number the node had read)
+    with pytest.raises(DataLoss):
+        await asyncio.wait_for(waiting, DETECTED_WITHIN_S + 2)
+    assert events(sender) == 1 and fence(sender, "poll://rb") >= given
+    # And a call queued now is numbered above the fence, and runs
+    receiver = make_own_queue(**WATCHED)
+    make_own_queue.serve(receiver, "poll://rb", lambda request: request.params)
+    assert await asyncio.wait_for(sender.call("poll://rb", "m", 6), 10) == 6
     assert events(sender) == 1
 
 
@@ -190,7 +216,7 @@ async def test_an_endpoint_left_idle_past_its_list_ttl_is_no_data_loss(
     raws = [
         queue.raw if isinstance(queue, SyncQueueAdapter) else queue for queue in (sender, receiver)
     ]
-    counter = raws[0].keys.endpoint("poll://idle").sequence
+    counter = raws[0].keys.endpoint("poll://idle").numbers
     canaries = [raw.keys.canary(raw.node_id) for raw in raws]
 
     def checks() -> list[int]:
@@ -200,26 +226,31 @@ async def test_an_endpoint_left_idle_past_its_list_ttl_is_no_data_loss(
     def checked(since: list[int], more: int) -> bool:
         return calls.done() or all(n >= s + more for n, s in zip(checks(), since, strict=True))
 
-    # When no request comes for two list TTLs (20 checks 0.2 s apart), the receiver serving on
+    # When no request comes for two list TTLs (20 checks 0.2 s apart), the receiver serving on,
+    # and the endpoint's numbers expire meanwhile
     since = checks()
     await async_wait_until(lambda: checked(since, 20), 15, 0.05, "two list TTLs of checks")
-    # Then nobody declared data loss, and the endpoint's counter lives on (the receiver compares
-    # against it)
+    assert not redis_client.exists(counter)
+    # Then nobody declared data loss, and the idle endpoint serves a call again
     assert events(sender) == events(receiver) == 0
-    assert redis_client.exists(counter)
-
-    # When nobody uses the endpoint any more, and its counter expires
+    assert await asyncio.wait_for(sender.call("poll://idle", "m", 1), 10) == 1
     await idle.stop()
-    await async_wait_until(
-        lambda: calls.done() or not redis_client.exists(counter), 20, 0.05, "counter expired"
-    )
     since = checks()
     await async_wait_until(lambda: checked(since, 3), 10, 0.05, "three more checks")
     stop.set()
 
-    # Then no node declared data loss, and every call on the busy endpoint was answered
+    # And no node declared data loss, and every call on the busy endpoint was answered
     assert await asyncio.wait_for(calls, 10) > 0
     assert events(sender) == events(receiver) == 0
+
+
+async def a_call_after_runs(sender: AnyQueue, receiver: AnyQueue, endpoint: str) -> None:
+    """A call made now on `endpoint` is taken by `receiver` and answered."""
+    after = asyncio.create_task(sender.call(endpoint, "m", 1))
+    pending = await receiver.dequeue(endpoint, timeout_s=5)
+    assert pending is not None and pending.request.params == 1
+    await receiver.apply_response(Response(id=pending.id, result="after"))
+    assert await asyncio.wait_for(after, 5) == "after"
 
 
 def snapshot(client: redis.Redis) -> list[tuple[bytes, bytes, int]]:
@@ -236,8 +267,8 @@ def roll_back(client: redis.Redis, taken: list[tuple[bytes, bytes, int]]) -> Non
     """The server goes back to `taken`, as after a failover to a replica that missed every
     write since (or a restore from that snapshot)."""
     client.flushall()
-    for key, value, ttl_ms in taken:
-        client.restore(key, ttl_ms, value)
+    for key, value, ttl_ms in taken:  # (REPLACE: a node may write a key again meanwhile)
+        client.restore(key, ttl_ms, value, replace=True)
 
 
 async def test_a_request_that_ran_before_a_rollback_is_not_run_again_by_another_receiver(
@@ -256,9 +287,9 @@ async def test_a_request_that_ran_before_a_rollback_is_not_run_again_by_another_
     request = Request(endpoint=endpoint, method="m")
     ran = asyncio.create_task(sender.queue_and_wait(request))
     await wait_for_state(sender, request.id, RequestState.QUEUED)
-    raws = [q.raw if isinstance(q, SyncQueueAdapter) else q for q in (sender, first, second)]
+    raws = [raw_of(q) for q in (sender, first, second)]
     await async_wait_until(
-        lambda: all(known_floor(raw, endpoint) == 3 for raw in raws[1:]), 5, 0.02, "vouched for"
+        lambda: all(known_floor(q, endpoint) > 0 for q in (first, second)), 5, 0.02, "read"
     )
     before = snapshot(own_redis_client)
     # ... and that one receiver ran and answered, and the other checked its canary since
@@ -282,8 +313,40 @@ async def test_a_request_that_ran_before_a_rollback_is_not_run_again_by_another_
     assert await second.dequeue(endpoint, timeout_s=0.5) is None
     assert (await second.status(request.id)).reason == "data_loss"
     # And a request queued after that runs
-    after = asyncio.create_task(sender.call(endpoint, "m", 1))
-    pending = await second.dequeue(endpoint, timeout_s=5)
-    assert pending is not None and pending.request.params == 1
-    await second.apply_response(Response(id=pending.id, result="after"))
-    assert await asyncio.wait_for(after, 5) == "after"
+    await a_call_after_runs(sender, second, endpoint)
+
+
+async def test_a_rollback_behind_a_receivers_last_take_shows_at_its_next_take_before_any_check(
+    make_own_queue: QueueFactory, own_redis_client: redis.Redis
+) -> None:
+    # Given receivers that check for data loss only once an hour, a request queued there and
+    # a snapshot of Redis then
+    quiet = {**WATCHED, "data_loss_check_interval_s": 3600.0}
+    sender = make_own_queue(**quiet)
+    first, second = make_own_queue(**quiet), make_own_queue(**quiet)
+    endpoint = "poll://stamped"
+    assert await second.dequeue(endpoint, timeout_s=0) is None  # (its stamp: in the snapshot)
+    request = Request(endpoint=endpoint, method="m")
+    ran = asyncio.create_task(sender.queue_and_wait(request))
+    await wait_for_state(sender, request.id, RequestState.QUEUED)
+    before = snapshot(own_redis_client)
+    # ... which one receiver then ran and answered, and the other took from the endpoint since
+    # (nothing there: what it read of the endpoint's numbers is what the snapshot holds)
+    pending = await first.dequeue(endpoint, timeout_s=5)
+    assert pending is not None and pending.id == request.id
+    await first.apply_response(Response(id=request.id, result="ran once"))
+    assert (await asyncio.wait_for(ran, 5)).result == "ran once"
+    assert await second.dequeue(endpoint, timeout_s=0) is None
+
+    # When Redis goes back to the snapshot (no restart: no link of the nodes breaks), so that
+    # the request is queued again and neither a canary nor the numbers have shown it yet
+    roll_back(own_redis_client, before)
+    assert events(second) == 0
+
+    # Then the other receiver's next take, in the same step, sees that Redis went back: the
+    # loss is declared there and then, and the request that ran is cancelled, not run again
+    assert await second.dequeue(endpoint, timeout_s=0.5) is None
+    assert events(second) == 1
+    assert (await second.status(request.id)).reason == "data_loss"
+    # And a request queued after that runs
+    await a_call_after_runs(sender, second, endpoint)

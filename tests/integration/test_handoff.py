@@ -28,11 +28,12 @@ from prq import PickupTimeout, Request, RequestState, Response
 from prq.bulk import BulkClient
 from prq.core.config import QueueSettings
 from prq.core.keys import EndpointKeys, KeySchema
-from prq.protocol.scripts.loading import TAKE, UNPARK
+from prq.protocol.scripts.loading import READ_RESPONSE, TAKE, UNPARK
 from prq.protocol.scripts.redelivery import Redelivery
 from prq.protocol.scripts.take import parse_take, parse_unpark, take_call, unpark_call
 from tests.queue_facades import AnyQueue, QueueFactory, SyncQueueAdapter, wait_for_state
-from tests.redis_servers import async_wait_until
+from tests.queued import take_as
+from tests.redis_servers import CommandMonitor, async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -341,3 +342,43 @@ async def test_a_threaded_serve_stops_on_sigterm_whichever_thread_the_kernel_pic
             # Then it still stops gracefully, at once
             code = await asyncio.to_thread(child.wait, 15)
             assert code == 0, child.stderr.read() if child.stderr else ""
+
+
+@pytest.mark.one_server  # MONITOR watches one server
+async def test_a_request_a_take_gave_back_unrun_is_withdrawn_as_never_run(
+    make_queue: QueueFactory, redis_client: redis.Redis, redis_admin_url: str, key_prefix: str
+) -> None:
+    # Given an at_most_once call with a 3 s pickup window, taken by a receiver, and its caller
+    # having read it taken (its read runs after the take, as MONITOR shows)
+    endpoint = "poll://given-back-unpicked"
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    sender = make_queue(receiver_timeout_s=RECEIVER_TIMEOUT_S)
+    request = Request(endpoint=endpoint, method="m")
+    token = uuid.uuid4().hex
+    with CommandMonitor(redis_admin_url, keep=True) as monitor:
+        call = asyncio.create_task(sender.queue_and_wait(request, pickup_timeout_s=3.0))
+        await wait_for_state(sender, request.id, RequestState.QUEUED)
+        taken = take_as(redis_client, key_prefix, endpoint, token)
+        assert [item.request_id for item in taken] == [request.id]
+
+        def read_after_take() -> bool:
+            commands = [command for _, command in monitor.commands]
+            takes = [i for i, c in enumerate(commands) if TAKE.sha in c and token in c]
+            return bool(takes) and any(
+                READ_RESPONSE.sha in c and request.id in c for c in commands[takes[0] + 1 :]
+            )
+
+        await async_wait_until(read_after_take, 10, 0.01, "the caller's read of it taken")
+
+    # When the take is cut short (its receiver gives it back unrun: unpark), and no receiver
+    # picks it up again before its window ends
+    redis_client.script_load(UNPARK.source)
+    unpark = unpark_call(keys, token, Redelivery.of(QueueSettings()))
+    assert parse_unpark(redis_client.execute_command(*unpark.args)) == 1  # type: ignore[no-untyped-call]
+    assert redis_client.hmget(keys.request(request.id), "st", "att") == [b"queued", None]
+
+    # Then its caller is told it was never picked up and never ran (PickupTimeout), not that a
+    # receiver that took it went silent (ReceiverLost, may have run)
+    with pytest.raises(PickupTimeout) as ended:
+        await asyncio.wait_for(call, CALL_BOUND_S)
+    assert ended.value.maybe_executed is False

@@ -16,6 +16,7 @@ from prq import (
     PayloadTooLarge,
     PickupTimeout,
     QueueSettings,
+    RedisSettings,
     Request,
     RequestState,
 )
@@ -40,14 +41,19 @@ TINY_TTLS: dict[str, Any] = {
     "heartbeat_initial_delay_s": 0.3,
     "heartbeat_interval_s": 0.5,
     "pickup_timeout_s": 0.5,
-    "data_loss_check_interval_s": 1.0,
+    # (below half the list TTL: a node's next check comes while it vouches for the counters)
+    "data_loss_check_interval_s": 0.5,
     "retry_budget_s": 2.0,
 }
-#: A node's canary lives 3 check intervals + the retry budget + 1 s = 6 s while the node runs.
-#: No key may live longer than this under TINY_TTLS (the 6 s locator, plus margin).
-LONGEST_TTL_MS = 7_000
+#: Short connection timeouts: a take receipt, which outlives a failed take and the serve loop's
+#: next one, lives retry budget 2 s + socket timeout 1 s + 1 s + the serve loop's longest pause
+#: 5 s + connect and socket timeouts 2 s + 1 s = 12 s (QueueSettings.receipt_ttl_s).
+QUICK_LINK: dict[str, Any] = {"socket_timeout_s": 1.0, "connect_timeout_s": 1.0}
+#: A node's canary lives 3 check intervals + the retry budget + 1 s = 4.5 s while the node runs.
+#: No key may live longer than a take receipt under TINY_TTLS (then the 6 s locator), plus margin.
+LONGEST_TTL_MS = 13_000
 #: How long the test waits for every key to be gone (Redis expires keys actively within ~1 s).
-ALL_EXPIRED_WITHIN_S = 15.0
+ALL_EXPIRED_WITHIN_S = 20.0
 #: What a queued at_most_once request's record may hold besides its body: state, creation
 #: time, pickup deadline, priority, sequence, and the sender (a call) or batch nonce and one-way
 #: mark (bulk, notify). Attempts, owner, receiver and pickup time are written at pickup.
@@ -63,8 +69,11 @@ async def test_every_key_has_a_ttl_and_none_remain_after_the_ttls_pass(
     key_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given tiny TTLs (a take receipt lives max(2 polls, retry budget) + 1 s = 6 s here)
-    sender, receiver = make_queue(**TINY_TTLS), make_queue(**TINY_TTLS)
+    # Given tiny TTLs (a take receipt lives 12 s here, the longest)
+    link = RedisSettings(url=redis_url, **QUICK_LINK)
+    assert QueueSettings(**TINY_TTLS).receipt_ttl_s(link) * 1000 < LONGEST_TTL_MS
+    sender = make_queue(redis_settings=link, **TINY_TTLS)
+    receiver = make_queue(redis_settings=link, **TINY_TTLS)
     served, unserved = "poll://ttl-served", "poll://ttl-unserved"
     serving = make_queue.serve(receiver, served, lambda request: request.params, concurrency=2)
 

@@ -396,7 +396,7 @@ async def test_a_refused_late_answer_leaves_the_body_and_streams_to_the_new_rece
         "heartbeat_initial_delay_s": 0.2,
     }
     slow: dict[str, Any] = {
-        "receiver_timeout_s": 6,
+        "receiver_timeout_s": 8,
         "heartbeat_initial_delay_s": 4,
         "heartbeat_interval_s": 2,
     }

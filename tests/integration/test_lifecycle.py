@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import redis
 
-from prq import PrqError, QueueShutdown, Request, RequestState
+from prq import PrqError, QueueShutdown, RedisSettings, Request, RequestState
+from prq.embedded import EmbeddedRedis
+from tests.fault.proxy import FaultProxy
 from tests.queue_facades import QueueFactory, wait_for_state
 from tests.queued import queue_depth
 from tests.redis_servers import async_wait_until
@@ -17,6 +20,11 @@ pytestmark = pytest.mark.integration
 
 #: Calls waiting when the node closes (the sync facade has one thread per waiting call).
 WAITING_CALLS = {"async": 2_000, "sync": 200}
+#: The socket timeout of the node whose background turn hangs: far longer than its close may
+#: take.
+HANGING_SOCKET_S = 20.0
+#: How long that close may take (a second or so: the watch turn is waited for briefly).
+CLOSE_BOUND_S = 5.0
 
 
 def connected_clients(client: redis.Redis) -> int:
@@ -81,3 +89,29 @@ async def test_a_call_cut_short_by_closing_while_it_runs_says_it_may_have_run(
     with pytest.raises(QueueShutdown) as refused:
         await sender.call(endpoint, "m")
     assert refused.value.maybe_executed is False
+
+
+async def test_a_close_does_not_wait_for_a_background_turn_that_redis_does_not_answer(
+    own_redis: EmbeddedRedis, key_prefix: str, facade: str
+) -> None:
+    # Given a started node that reaches Redis through a proxy, with a long socket timeout
+    with FaultProxy(own_redis.port) as proxy:
+        queues = QueueFactory(facade, proxy.url, key_prefix)
+        try:
+            settings = RedisSettings(url=proxy.url, socket_timeout_s=HANGING_SOCKET_S)
+            node = queues(redis_settings=settings, data_loss_check_interval_s=0.2)
+            await node.start()
+            # When a turn of its background work waits on a reply that never comes (the
+            # server check the watch sends with each data-loss check: its reply dropped)
+            proxy.drop_replies(True, to=b"persistence")
+            await async_wait_until(lambda: proxy.dropped_frames > 0, 10, 0.01, "a reply lost")
+
+            # Then the node closes at once, not at that turn's socket timeout
+            started = time.monotonic()
+            await asyncio.wait_for(node.aclose(), HANGING_SOCKET_S)
+            took = time.monotonic() - started
+            assert took < CLOSE_BOUND_S, f"closing took {took:.2f} s"
+            # And none of its connections stays open behind it
+            await async_wait_until(lambda: proxy.open_connections == 0, 10, 0.02, "all closed")
+        finally:
+            await queues.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -24,6 +25,9 @@ from prq import (
 )
 from prq.bulk import BatchRefused, BulkClient
 from prq.core.models import MAX_PRIORITY, MAX_PRODUCER_LENGTH, MIN_PRIORITY
+from prq.protocol.scripts.loading import HAND_BACK, TAKE
+from prq.protocol.scripts.redelivery import Redelivery
+from prq.protocol.scripts.take import hand_back_call, parse_take, take_call
 from tests.queue_facades import FAST_SETTINGS, AnyQueue, QueueFactory, wait_for_state
 from tests.queued import level_ids, queue_depth, queued_ids, silent_take
 from tests.redis_servers import async_wait_until, wait_until
@@ -153,6 +157,75 @@ async def test_lower_priorities_keep_a_share_and_are_never_starved(
         assert got == list(range(len(got)))
 
 
+async def test_a_lower_priority_keeps_its_share_under_a_trickle_that_empties_the_higher_level(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    """Slowed, never starved, even when the higher level runs empty at every take: the count that
+    sends every SHARE-th take down is the endpoint's (_queue.lua, `prq:{e}:pri:s`), not the
+    higher level's, so it survives that level's keys going."""
+    receiver = make_queue()
+    endpoint = "poll://steady"
+    keys = bulk.keys.endpoint(endpoint)
+    # Given one request waiting at a low priority
+    assert bulk.enqueue_many(batch(endpoint, "low", 1, priority=0)).accepted == 1
+
+    # When a steady stream at a higher priority brings one request before each take, so that
+    # every take finds exactly one there and empties the level
+    taken: list[Request] = []
+    for i in range(3 * SHARE):
+        assert bulk.enqueue_many(batch(endpoint, "high", 1, priority=5, tag=f"h{i}")).accepted
+        assert level_ids(redis_client, keys, 5) == [f"h{i}-5:0"]
+        taken += await take(receiver, endpoint, 1)
+        if taken[-1].priority == 0:
+            break
+        assert level_ids(redis_client, keys, 5) == [], i
+
+    # Then the low request is the SHARE-th take, the higher ones before it in the order sent
+    assert [r.id for r in taken] == [f"h{i}-5:0" for i in range(SHARE - 1)] + ["low-0:0"]
+    # ... and with no lower level left the count is gone; the trickle is taken as it comes
+    assert not redis_client.exists(keys.share)
+    assert [r.id for r in await take(receiver, endpoint, 1)] == [f"h{SHARE - 1}-5:0"]
+    assert queue_depth(redis_client, keys) == 0
+
+
+async def test_lower_priorities_take_turns_under_a_trickle_each_within_share_times_their_number(
+    make_queue: QueueFactory, bulk: BulkClient, redis_client: redis.Redis
+) -> None:
+    # Given three lower priorities waiting (two requests at the first, one at each other)
+    receiver = make_queue()
+    endpoint = "poll://steady-many"
+    keys = bulk.keys.endpoint(endpoint)
+    lower = {3: 2, 0: 1, -7: 1}
+    for priority, n in lower.items():
+        assert bulk.enqueue_many(batch(endpoint, "low", n, priority)).accepted == n
+
+    # When a trickle at a higher priority brings one request whenever that level is empty, so
+    # that every take finds exactly one there (and a take of it empties the level)
+    taken: list[Request] = []
+    sent = 0
+    for _ in range(4 * SHARE):
+        if not level_ids(redis_client, keys, 9):
+            trickle = batch(endpoint, "high", 1, priority=9, tag=f"h{sent}")
+            assert bulk.enqueue_many(trickle).accepted == 1
+            sent += 1
+        assert len(level_ids(redis_client, keys, 9)) == 1
+        taken += await take(receiver, endpoint, 1)
+
+    # Then every SHARE-th take went down, round the lower levels from the highest: each of the
+    # n = 3 waited at most SHARE * n takes, and the first one's second request came next round
+    turns = [(i, r.id) for i, r in enumerate(taken) if r.priority != 9]
+    assert turns == [
+        (SHARE - 1, "low-3:0"),
+        (2 * SHARE - 1, "low-0:0"),
+        (3 * SHARE - 1, "low--7:0"),
+        (4 * SHARE - 1, "low-3:1"),
+    ]
+    assert [r.id for r in taken if r.priority == 9] == [f"h{i}-9:0" for i in range(4 * SHARE - 4)]
+    # ... and once the lower levels ran empty the count went with them
+    assert level_ids(redis_client, keys, 9) == [f"h{4 * SHARE - 4}-9:0"]
+    assert not redis_client.exists(keys.share)
+
+
 async def test_max_pending_counts_every_priority_and_withdrawals_leave_no_keys(
     make_queue: QueueFactory, redis_client: redis.Redis
 ) -> None:
@@ -237,7 +310,7 @@ async def test_a_level_that_never_empties_keeps_no_trace_of_producers_it_served(
 
     # Then the level's clock holds its fixed fields only, whatever the producers it served
     fields: list[bytes] = redis_client.hkeys(keys.level(0))  # type: ignore[assignment]
-    assert set(fields) <= {b"g", b"n", b"r", b"s", b"t", b"x"}, fields
+    assert set(fields) <= {b"g", b"n", b"r", b"t", b"x"}, fields
     # ... its lanes are the producers with something queued, and the others left no key
     lanes: list[bytes] = redis_client.zrange(keys.level_lanes(0), 0, -1)  # type: ignore[assignment]
     assert lanes == [b"psteady"]
@@ -248,8 +321,10 @@ async def test_a_level_that_never_empties_keeps_no_trace_of_producers_it_served(
 def test_a_busy_level_renews_its_ttls_once_an_eighth_has_passed_and_a_new_lane_gets_one(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    # Given a level just given its TTL by a push (list TTL 4 s: renewed at most every 0.5 s)
-    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 60, "list_ttl_s": 4.0})
+    # Given a level just given its TTL by a push (list TTL 4 s: renewed at most every 0.5 s;
+    # its requests' records live 2 s, so the queue's TTL is what the level's keys get)
+    shorter = {"pickup_timeout_s": 1.0, "request_ttl_extra_s": 1.0, "list_ttl_s": 4.0}
+    settings = QueueSettings(**{**FAST_SETTINGS, **shorter})
     endpoint = "poll://ttl-renewal"
     with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as client:
         keys = client.keys.endpoint(endpoint)
@@ -437,3 +512,134 @@ async def test_a_batch_take_hands_out_exactly_what_takes_of_one_would_in_the_sam
     for endpoint in sides.values():
         assert queue_depth(redis_client, bulk.keys.endpoint(endpoint)) == 0
         assert silent_take(redis_client, bulk.keys.prefix, endpoint, 5) == []
+
+
+class ShareModel:
+    """Which level each take serves, by the rule the README gives ("Priorities and fairness"):
+    the highest level with work, but while a lower one holds work every SHARE-th take goes to
+    the next lower level below the one the last lower turn went to (after the lowest: the
+    highest lower level again). Only takes made while two or more levels hold work count; the
+    count starts over when the levels below the highest run empty (or nothing is queued)."""
+
+    def __init__(self) -> None:
+        self.depth: Counter[int] = Counter()
+        self.count = 0
+        self.last: int | None = None
+        #: What a story did: the lower turns, and how often each level ran empty.
+        self.turns = 0
+        self.emptied: Counter[int] = Counter()
+
+    def levels(self) -> list[int]:
+        return sorted((p for p, n in self.depth.items() if n > 0), reverse=True)
+
+    def push(self, priority: int, n: int = 1) -> None:
+        self.depth[priority] += n
+
+    def take(self) -> int | None:
+        levels = self.levels()
+        if not levels:
+            return None
+        chosen = levels[0]
+        if len(levels) > 1:
+            self.count += 1
+            if self.count >= SHARE:
+                start = chosen if self.last is None else min(self.last, chosen)
+                chosen = next((p for p in levels if p < start), levels[1])
+                self.count, self.last = 0, chosen
+                self.turns += 1
+        self.remove(chosen)
+        return chosen
+
+    def remove(self, priority: int) -> None:
+        self.depth[priority] -= 1
+        if self.depth[priority] == 0:
+            self.emptied[priority] += 1
+            left = self.levels()
+            if not left or (len(left) == 1 and left[0] > priority):
+                self.count, self.last = 0, None
+
+
+@pytest.mark.parametrize("seed", [5, 23, 61])
+async def test_every_take_serves_the_level_the_share_rule_names_as_levels_empty_and_refill(
+    seed: int, make_queue: QueueFactory, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    # Given an endpoint that a seeded random story drives: short bursts at four priorities (the
+    # highest one most often, so it runs empty and fills again), takes of 1 to 3, cancels of
+    # queued requests, and requests a receiver gives back (to the front lane of their level)
+    rng = random.Random(seed)
+    settings = QueueSettings(**{**FAST_SETTINGS, "pickup_timeout_s": 120, "max_attempts": 100})
+    endpoint = f"poll://share-model-{seed}"
+    canceller = make_queue()
+    model = ShareModel()
+    redelivery = Redelivery.of(settings)
+    queued: dict[str, int] = {}  # id -> priority
+    held: dict[str, tuple[int, str]] = {}  # id -> (priority, the token that took it)
+    client = redis_client
+    for script in (TAKE, HAND_BACK):
+        client.script_load(script.source)
+    sent = 0
+
+    def take_call_of(token: str, want: int) -> list[str]:
+        call = take_call(
+            keys, token, "model-node", 2000, want, 100, 600_000, 60_000, 0, 600_000, 600_000,
+            redelivery,
+        )  # fmt: skip
+        reply = client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+        return [item.request_id for item in parse_take(reply).items]
+
+    with BulkClient.from_url(redis_url, prefix=key_prefix, settings=settings) as bulk:
+        keys = bulk.keys.endpoint(endpoint)
+        for step in range(400):
+            roll = rng.random()
+            # When the next step of the story runs
+            if roll < 0.4:
+                priority = rng.choices([9, 4, 0, -3], weights=[5, 2, 2, 1])[0]
+                n = 1 if priority == 9 else rng.randint(1, 3)
+                producer = rng.choice("ab")
+                requests = [
+                    Request(endpoint=endpoint, method="m", id=f"r{sent + i}", priority=priority,
+                            producer=producer, delivery="at_least_once")
+                    for i in range(n)
+                ]  # fmt: skip
+                sent += n
+                assert bulk.enqueue_many(requests).accepted == n
+                queued.update((r.id, priority) for r in requests)
+                model.push(priority, n)
+            elif roll < 0.85:
+                want = rng.randint(1, 3)
+                order = {p: level_ids(redis_client, keys, p) for p in model.levels()}
+                expected: list[str] = []
+                for _ in range(want):
+                    level = model.take()
+                    if level is None:
+                        break
+                    expected.append(order[level].pop(0))
+                token = uuid.uuid4().hex
+                # Then the take hands out, id by id, the head of the level the rule names
+                assert take_call_of(token, want) == expected, step
+                for request_id in expected:
+                    held[request_id] = (queued.pop(request_id), token)
+            elif roll < 0.93 and queued:
+                request_id = rng.choice(sorted(queued))
+                assert await canceller.cancel(request_id) is True
+                model.remove(queued.pop(request_id))
+            elif held:
+                request_id = rng.choice(sorted(held))
+                priority, token = held.pop(request_id)
+                call = hand_back_call(keys, request_id, token, redelivery)
+                assert client.execute_command(*call.args) == b"queued"  # type: ignore[no-untyped-call]
+                queued[request_id] = priority
+                model.push(priority)
+            # ... the levels listed are those with work, and the share count is the model's
+            listed: list[bytes] = redis_client.zrange(keys.levels, 0, -1, desc=True)  # type: ignore[assignment]
+            assert [int(p) for p in listed] == model.levels(), step
+            share: dict[bytes, bytes] = redis_client.hgetall(keys.share)  # type: ignore[assignment]
+            if share:
+                assert redis_client.pttl(keys.share) > 0
+                last = int(share[b"c"]) if b"c" in share else None
+                assert (int(share[b"s"]), last) == (model.count, model.last), step
+            else:
+                assert (model.count, model.last) == (0, None), step
+    # And the story did what it is for: the highest level ran empty and filled again many
+    # times, and lower turns came while it did
+    assert model.emptied[9] >= 20 and model.turns >= 5, (model.emptied, model.turns)

@@ -20,13 +20,19 @@ from prq.protocol.dead import dead_letter_call, replay_dead_letter_flow
 from prq.protocol.effects import Call, Exec, Flow, Reply
 from prq.protocol.flows.context import Context
 from prq.protocol.scripts.answer import apply_response_call, parse_apply_response
-from prq.protocol.scripts.enqueue import enqueue_call, parse_enqueue
+from prq.protocol.scripts.enqueue import (
+    SHARED_HEAD_MIN,
+    enqueue_call,
+    enqueue_many_call,
+    parse_enqueue,
+    parse_enqueue_many,
+)
 from prq.protocol.scripts.liveness import presence_call
 from prq.protocol.scripts.loading import ALL_SCRIPTS
 from prq.protocol.scripts.merging import merge_answers, merge_enqueues
 from prq.protocol.scripts.redelivery import Redelivery
 from prq.protocol.scripts.request_state import parse_withdraw, withdraw_call
-from prq.protocol.scripts.take import parse_take, take_call
+from prq.protocol.scripts.take import TakeReply, parse_take, take_call
 from tests.queued import level_ids, queue_depth, queued_ids
 from tests.redis_servers import url_client
 
@@ -68,9 +74,11 @@ def state(client: redis.Redis, keys: KeySchema, request_id: str) -> dict[bytes, 
 
 
 def enqueue(keys: KeySchema, request: Request, now_ms: int) -> Call:
+    """The call a node sends for `request` (its priority and producer too)."""
     return enqueue_call(
         keys.endpoint(ENDPOINT), request.id, request.model_dump_json().encode(), "sender-node",
         now_ms, TTL_MS, TTL_MS, TTL_MS, TTL_MS, TTL_MS, 2000, TTL_MS,
+        priority=request.priority, producer=request.producer or "sender-node",
     )  # fmt: skip
 
 
@@ -91,19 +99,27 @@ def take(keys: KeySchema, token: str, now_ms: int) -> Call:
     )
 
 
+def server_clock_us(client: redis.Redis) -> int:
+    """The server's clock, µs (sequence numbers are at least it: scripts/_sequence.lua)."""
+    seconds, micros = client.time()
+    return seconds * 1_000_000 + micros
+
+
 def test_enqueue_replay_enqueues_nothing_twice(client: redis.Redis, key_prefix: str) -> None:
     # Given a request enqueued once
     keys = KeySchema(key_prefix)
     request = Request(endpoint=ENDPOINT, method="m")
     now_ms = int(time.time() * 1000)
+    clock = server_clock_us(client)
     first = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
-    assert first.counter == 1
+    assert first.counter is not None and first.counter >= clock and first.before == 0
     # When the same call is replayed
     again = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
     # Then it is reported as known, and the list holds the id once
     assert again.known is not None and again.known.state == "queued"
     assert queued_ids(client, keys.endpoint(ENDPOINT)) == [request.id.encode()]
-    assert client.get(keys.endpoint(ENDPOINT).sequence) == b"1"
+    assert client.get(keys.endpoint(ENDPOINT).sequence) == b"1"  # (one enqueued)
+    assert client.get(keys.endpoint(ENDPOINT).numbers) == str(first.counter).encode()
 
 
 def test_take_replay_returns_the_same_requests_and_takes_no_more(
@@ -137,6 +153,43 @@ def test_take_replay_returns_the_same_requests_and_takes_no_more(
     assert [i.request_id for i in again] == [i.request_id for i in first] == [requests[0].id]
     assert state(client, keys, requests[1].id)[b"st"] == b"queued"
     assert state(client, keys, requests[0].id)[b"att"] == b"1"
+
+
+def test_a_replayed_take_moves_the_share_of_lower_priorities_once(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given 10 requests at priority 5 and two at 0, and 9 takes of one (the share count at 9)
+    keys = KeySchema(key_prefix)
+    endpoint = keys.endpoint(ENDPOINT)
+    now_ms = int(time.time() * 1000)
+    high = [Request(endpoint=ENDPOINT, method="m", priority=5) for _ in range(10)]
+    low = [Request(endpoint=ENDPOINT, method="m", priority=0) for _ in range(2)]
+    for request in [*high, *low]:
+        send(client, enqueue(keys, request, now_ms))
+
+    def take_one(token: str) -> list[str]:
+        call = take_call(
+            endpoint, token, "receiver-node", 2000, 1, 100, TTL_MS, TTL_MS, 0, TTL_MS, TTL_MS,
+            Redelivery.of(QueueSettings()),
+        )  # fmt: skip
+        return [item.request_id for item in parse_take(send(client, call)).items]
+
+    for i in range(9):
+        assert take_one(uuid.uuid4().hex) == [high[i].id]
+    assert client.hget(endpoint.share, "s") == b"9"
+
+    # When the 10th take (it goes down) is sent, then sent again as after a lost reply
+    token = uuid.uuid4().hex
+    first = take_one(token)
+    after_once = client.hgetall(endpoint.share), queued_ids(client, endpoint)
+    again = take_one(token)
+
+    # Then both hand out the first low request, and the count (started over, its turn at
+    # level 0) and the queue are as after one take
+    assert again == first == [low[0].id]
+    assert (client.hgetall(endpoint.share), queued_ids(client, endpoint)) == after_once
+    assert after_once[0] == {b"s": b"0", b"c": b"0"}
+    assert after_once[1] == [high[9].id.encode(), low[1].id.encode()]
 
 
 def test_apply_response_replay_is_reported_and_changes_nothing(
@@ -222,7 +275,8 @@ def test_enqueues_merged_into_one_call_are_each_judged_in_order_and_replay_safel
     now_ms = int(time.time() * 1000)
     client.hset(endpoint.limits, "mp", 4)
     waiting = Request(endpoint=ENDPOINT, method="m")
-    assert parse_enqueue(send(client, enqueue(keys, waiting, now_ms))).counter == 1
+    one = parse_enqueue(send(client, enqueue(keys, waiting, now_ms))).counter
+    assert one is not None
     a, b, c = (Request(endpoint=ENDPOINT, method="m", params=i) for i in range(3))
     batch = [a, a, b, c, Request(endpoint=ENDPOINT, method="m", params=4)]
 
@@ -234,7 +288,15 @@ def test_enqueues_merged_into_one_call_are_each_judged_in_order_and_replay_safel
 
     # Then each was judged as if it came alone, in order: new ones numbered in turn, the
     # duplicate known, and the one past max_pending refused
-    assert outcomes == [("new", 2), ("known", "queued"), ("new", 3), ("new", 4), ("full", 4)]
+    first = outcomes[0][1]
+    assert isinstance(first, int) and first > one
+    assert outcomes == [
+        ("new", first),
+        ("known", "queued"),
+        ("new", first + 1),
+        ("new", first + 2),
+        ("full", 4),
+    ]
     # And the replay enqueued nothing more
     assert again == [("known", "queued")] * 4 + [("full", 4)]
     assert queue_depth(client, endpoint) == 4
@@ -317,7 +379,9 @@ def test_merged_enqueues_go_to_parked_receivers_first_then_queue(
     outcomes = [parse_enqueue_or_full(reply) for reply in spread([send(client, merged)])]
 
     # Then the first two were handed to the parked receivers, in order, and the third queued
-    assert outcomes == [("handed", 1), ("handed", 2), ("new", 3)]
+    first = outcomes[0][1]
+    assert isinstance(first, int)
+    assert outcomes == [("handed", first), ("handed", first + 1), ("new", first + 2)]
     assert queued_ids(client, endpoint) == [requests[2].id.encode()]
 
 
@@ -395,3 +459,89 @@ def test_a_replayed_dead_letter_keeps_its_priority_and_producer(
     assert [i.request_id for i in items] == [named.id, garbled.id]
     assert queued_ids(client, endpoint) == []
     assert not client.exists(endpoint.levels)
+
+
+def test_an_enqueue_replayed_after_another_node_withdrew_it_stays_withdrawn(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a request enqueued once (its reply lost), then cancelled by another node, which is
+    # told it was withdrawn and will never run
+    keys = KeySchema(key_prefix)
+    request = Request(endpoint=ENDPOINT, method="m")
+    now_ms = int(time.time() * 1000)
+    send(client, enqueue(keys, request, now_ms))
+    cancelled = withdraw_call(keys.endpoint(ENDPOINT), request.id, "cancelled", TTL_MS, now_ms, "n")
+    snapshot, mine = parse_withdraw(send(client, cancelled))
+    assert (snapshot.state, mine) == ("withdrawn", True)
+
+    # When the enqueue is sent again as it was (the sender's retry of the lost reply)
+    again = parse_enqueue(send(client, enqueue(keys, request, now_ms)))
+
+    # Then it is told the request was withdrawn, and nothing is queued: nothing runs it
+    assert again.known is not None
+    assert (again.known.state, again.known.reason) == ("withdrawn", "cancelled")
+    assert queue_depth(client, keys.endpoint(ENDPOINT)) == 0
+    assert parse_take(send(client, take(keys, uuid.uuid4().hex, now_ms))).items == []
+
+    # And the same id sent afresh (a new enqueue: its own creation time) is a new request
+    fresh = parse_enqueue(send(client, enqueue(keys, request, now_ms + 1)))
+    assert fresh.known is None
+    assert queued_ids(client, keys.endpoint(ENDPOINT)) == [request.id.encode()]
+
+
+@pytest.mark.parametrize("count", [2, SHARED_HEAD_MIN])  # each shape of the queued form
+def test_a_bulk_batch_replayed_after_a_node_withdrew_one_leaves_it_withdrawn(
+    client: redis.Redis, key_prefix: str, count: int
+) -> None:
+    # Given a bulk batch written once (its reply lost), and one of its requests withdrawn since
+    keys = KeySchema(key_prefix).endpoint(ENDPOINT)
+    ids = [f"b{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
+    now_ms = int(time.time() * 1000)
+    call = enqueue_many_call(
+        keys, f"nonce-{uuid.uuid4().hex}", [(i, b'{"m":"m"}') for i in ids], now_ms, 60_000,
+        TTL_MS, TTL_MS,
+    )  # fmt: skip
+    assert parse_enqueue_many(send(client, call), count).accepted == count
+    withdrawn = withdraw_call(keys, ids[0], "cancelled", TTL_MS, now_ms, "n")
+    assert parse_withdraw(send(client, withdrawn))[1] is True
+
+    # When the batch is sent again as it was
+    again = parse_enqueue_many(send(client, call), count)
+
+    # Then it counts as the same batch (nothing duplicated), and the withdrawn request stays
+    # withdrawn: a take hands out only the others
+    assert again.accepted == count and again.duplicate_ids == []
+    assert client.hget(keys.request(ids[0]), "st") == b"withdrawn"
+    items = parse_take(send(client, take(KeySchema(key_prefix), uuid.uuid4().hex, now_ms))).items
+    assert sorted(item.request_id for item in items) == sorted(ids[1:])
+
+
+def test_takes_on_their_way_after_a_rollback_each_find_the_stamp_low_and_take_nothing(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    # Given a receiver's take that wrote its stamp, a request queued then, and Redis gone back
+    # to before that take (its stamp as it was: gone)
+    keys = KeySchema(key_prefix)
+    endpoint = keys.endpoint(ENDPOINT)
+
+    def take_knowing(known: int) -> TakeReply:
+        call = take_call(
+            endpoint, uuid.uuid4().hex, "receiver-node", 2000, 1, 100, TTL_MS, TTL_MS, 0,
+            TTL_MS, TTL_MS, Redelivery.of(QueueSettings()), known,
+        )  # fmt: skip
+        return parse_take(send(client, call))
+
+    known = take_knowing(0).stamp
+    assert known > 0
+    send(client, enqueue(keys, Request(endpoint=ENDPOINT, method="m"), int(time.time() * 1000)))
+    client.delete(endpoint.stamp("receiver-node"))
+    # When two takes the receiver sent with that stamp reach Redis one after the other (two
+    # serve slots)
+    first, second = take_knowing(known), take_knowing(known)
+    # Then each finds it gone and takes nothing: the first left it as it found it
+    assert (first.went_back, first.items) == (0, [])
+    assert (second.went_back, second.items) == (0, [])
+    assert client.get(endpoint.stamp("receiver-node")) is None
+    # And a take that sends none (the receiver forgot its stamp) writes one afresh, and takes
+    fresh = take_knowing(0)
+    assert fresh.went_back is None and len(fresh.items) == 1 and fresh.stamp > 0

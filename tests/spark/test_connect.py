@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(300)  # (the job's own bound is 240 s: a loaded host starts Connect slowly)
 def test_enqueue_and_call_work_through_a_spark_connect_session(
     redis_url: str,
     key_prefix: str,

@@ -35,6 +35,7 @@ def run_example(name: str, rows: int, redis_url: str, key_prefix: str) -> str:
     return done.stdout
 
 
+@pytest.mark.timeout(240)  # (the example runs 180 s at most: a loaded host is slow)
 def test_the_enqueue_example_enqueues_once_and_reports_the_rerun_as_duplicates(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
@@ -47,6 +48,7 @@ def test_the_enqueue_example_enqueues_once_and_reports_the_rerun_as_duplicates(
     assert queue_depth(redis_client, pending) == 3000
 
 
+@pytest.mark.timeout(240)  # (the example runs 180 s at most: a loaded host is slow)
 def test_the_call_example_collects_every_response(redis_url: str, key_prefix: str) -> None:
     out = run_example("spark_call.py", 500, redis_url, key_prefix)
     assert re.search(r"^500 answers in ", out, re.MULTILINE), out[-2000:]

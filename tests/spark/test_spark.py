@@ -98,7 +98,7 @@ async def admin_view(redis_url: str, key_prefix: str) -> dict[str, EndpointInfo]
         return {info.endpoint: info for info in await inspector.endpoints()}
 
 
-def totals(counts: list[tuple[int, int, int, int]]) -> tuple[int, int, int]:
+def totals(counts: list[tuple[Any, ...]]) -> tuple[int, int, int]:
     return (
         sum(c[1] for c in counts),
         sum(c[2] for c in counts),
@@ -157,14 +157,16 @@ def test_the_counts_come_as_a_dataframe_of_the_stats_schema_also_with_no_partiti
     df = spark.range(0, 10, numPartitions=2).selectExpr("id AS key", "id * 2 AS doubled")
     empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), df.schema)
     assert empty.rdd.getNumPartitions() == 0
-    stats = "struct<partition:int,accepted:bigint,duplicate:bigint,rejected:bigint>"
+    stats = (
+        "struct<partition:int,accepted:bigint,duplicate:bigint,rejected:bigint,data_loss:boolean>"
+    )
 
     # When each is enqueued
     counts, none = enqueue_dataframe(df, cfg), enqueue_dataframe(empty, cfg)
 
     # Then the counts say so, one row per partition in partition order, in the stats schema
     assert counts.schema.simpleString() == none.schema.simpleString() == stats
-    assert [tuple(r) for r in counts.collect()] == [(0, 5, 0, 0), (1, 5, 0, 0)]
+    assert [tuple(r) for r in counts.collect()] == [(0, 5, 0, 0, False), (1, 5, 0, 0, False)]
     assert none.collect() == []
 
 
@@ -356,6 +358,107 @@ def test_enqueue_raises_when_redis_is_away(spark: SparkSession, key_prefix: str)
 
 
 # -- call and collect -----------------------------------------------------------------------------
+
+
+def completed_tasks(spark: SparkSession, group: str) -> int:
+    """Task attempts completed so far in the jobs run under job group `group`."""
+    tracker = spark.sparkContext.statusTracker()
+    done = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            done += stage.numCompletedTasks if stage is not None else 0
+    return done
+
+
+def test_an_enqueue_across_a_flush_says_which_partitions_lost_rows_and_a_rerun_repairs_it(
+    spark: SparkSession,
+    own_redis: EmbeddedRedis,
+    own_redis_client: redis.Redis,
+    key_prefix: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a job of 4 partitions (1,000, 2,000, 2,000 and 1,000 rows, two tasks at a time) and
+    # an endpoint that holds at most 2,000 queued requests: partitions 0 and 1 write until it
+    # is full and one of them ends, then the other and partition 2 wait for room (partition 3
+    # waits for a task slot)
+    endpoint, ledger = "poll://spark-signal", tmp_path / "ledger.txt"
+    ledger.touch()
+    cfg = config(own_redis.url, key_prefix, endpoint, queue_full_timeout_s=60.0)
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    own_redis_client.hset(keys.limits, "mp", 2_000)
+    sizes = [(0, 1_000), (1_000, 3_000), (3_000, 5_000), (5_000, 6_000)]
+    rows = spark.sparkContext.parallelize(sizes, len(sizes)).flatMap(
+        lambda bounds: [(n, n) for n in range(*bounds)]
+    )
+    df = spark.createDataFrame(rows, "key long, n long")
+    runner = PrqRunner(own_redis.url, key_prefix)
+    group = f"signal-{uuid.uuid4().hex[:6]}"
+
+    def watches() -> int:  # (the tasks' loss watches, not the action's job mark)
+        return sum(b":lw:job." not in key for key in scan_keys(own_redis_client, f"{keys.tag}:lw"))
+
+    def first_run() -> list[Any]:
+        spark.sparkContext.setJobGroup(group, "an enqueue across a flush")
+        return enqueue_dataframe(df, cfg).collect()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(first_run)
+            wait_until(
+                lambda: completed_tasks(spark, group) == 1 and watches() == 3, 60, 0.02,
+                "partition 0 done, partitions 1 and 2 waiting for room",
+            )  # fmt: skip
+            # (which partition wrote what first is up to Spark: partitions 0 and 1 race)
+            held = [int(rid.rsplit(b":", 1)[1]) for rid in queued_ids(own_redis_client, keys)]
+            assert len(held) == 2_000
+            # When Redis is flushed (its limit goes with it: they write on)
+            own_redis_client.flushall()
+            # (and a worker serves the endpoint from then on: a flush takes the ledger's note
+            # of what ran before it too, and that would run again)
+            worker = runner.start(
+                "worker", "tests.spark.ledger_handler:record", "-e", endpoint,
+                "--concurrency", "16", PRQ_TEST_LEDGER=str(ledger),
+            )  # fmt: skip
+            worker.wait_for_line("prq worker: serving")
+            first = [tuple(r) for r in running.result(timeout=120)]
+
+        # Then every row counts as accepted, and the partitions whose rows the flush may have
+        # taken say so: 0 and 1 (the one that ended before the flush is unseen by its own
+        # watch), 2 (nothing yet, but its watch had started); not 3, which began after it
+        assert first == [
+            (0, 1000, 0, 0, True), (1, 2000, 0, 0, True), (2, 2000, 0, 0, True),
+            (3, 1000, 0, 0, False),
+        ]  # fmt: skip
+        # And one WARNING says how many partitions, and what to do
+        warned = [r for r in caplog.records if r.name == "prq.spark" and r.levelname == "WARNING"]
+        assert len(warned) == 1, warned
+        assert "3 of 4 partitions (0, 1, 2)" in warned[0].getMessage()
+        assert "with the same namespace" in warned[0].getMessage()
+
+        # When the job runs again, plainly, with the same namespace
+        caplog.clear()
+        again = [tuple(r) for r in enqueue_dataframe(df, cfg).collect()]
+
+        # Then it queues exactly the rows the flush took, counts the others as duplicates, and
+        # sees no loss
+        took = [sum(start <= n < end for n in held) for start, end in sizes]
+        assert again == [
+            (p, took[p], end - start - took[p], 0, False) for p, (start, end) in enumerate(sizes)
+        ]
+        # (which of partitions 0, 1 and 2 filled the queue first is Spark's scheduling: 2 may
+        # start as 0 ends and write before 1 does; 3 began after the flush)
+        assert (took[0] + took[1] + took[2], took[3]) == (2_000, 0)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        # And every row ran once
+        wait_until(lambda: len(ledger_lines(ledger)) >= 6_000, 60, 0.1, "every row ran")
+        wait_until(lambda: queue_depth(own_redis_client, keys) == 0, 10, 0.05, "none queued")
+        runs = Counter(int(line.rsplit(":", 1)[1]) for line in ledger_lines(ledger))
+        assert runs == Counter(range(6_000))
+    finally:
+        runner.close()
 
 
 def ledger_lines(ledger: Path) -> list[str]:
@@ -566,6 +669,117 @@ def test_requests_redis_lost_mid_call_say_so_and_a_repairing_rerun_sends_only_th
     assert set(runs) == set(range(400))
     twice = {k for k, count in runs.items() if count > 1}
     assert max(runs.values()) <= 2 and twice == lost
+
+
+def test_a_key_that_comes_in_two_partitions_gets_one_answer_and_one_duplicate_key(
+    spark: SparkSession, redis_url: str, key_prefix: str, receiver: tuple[Prq, Path]
+) -> None:
+    _, ledger = receiver
+    # Given 200 rows in 4 partitions whose keys 0-99 each come twice, in two partitions, with
+    # other params each time (key = id % 100, n = id)
+    cfg = config(redis_url, key_prefix, "poll://spark-call", poll_interval_s=0.02)
+    df = spark.range(0, 200, numPartitions=4).selectExpr("id % 100 AS key", "id AS n")
+
+    # When they are called
+    rows = call_dataframe(df, cfg).collect()
+
+    # Then every row has one answer: for each key, one row's own (the handler ran it with its
+    # own n), and a DuplicateKey for the other, whose request never ran
+    assert len(rows) == 200
+    by_key: dict[int, list[Any]] = {}
+    for row in rows:
+        by_key.setdefault(row.key, []).append(row)
+    assert sorted(by_key) == list(range(100))
+    ran = Counter(ledger_lines(ledger))
+    assert len(ran) == 100 and set(ran.values()) == {1}
+    for key, answers in by_key.items():
+        kinds = sorted(str(a.error_type) for a in answers)
+        assert len(answers) == 2 and "DuplicateKey" in kinds, (key, kinds)
+        (own,) = [a for a in answers if a.error_type != "DuplicateKey"]
+        (other,) = [a for a in answers if a.error_type == "DuplicateKey"]
+        if own.error_type is None:
+            n = json.loads(own.result_json)["n"]
+        else:
+            assert own.error_type == "ValueError"
+            n = int(own.error_message.split()[0])
+        assert n % 100 == key
+        assert "other params" in other.error_message and not other.maybe_executed
+    # (the n each key's request ran with: one of its two rows', each answered once)
+    assert len({json.loads(a.result_json)["n"] for a in rows if a.result_json}) == sum(
+        a.result_json is not None for a in rows
+    )
+
+    # When the job runs again with the same namespace over the same rows
+    again = call_dataframe(df, cfg).collect()
+
+    # Then the rows whose requests ran read their answers back, the others are DuplicateKey
+    # again, and nothing runs a second time
+    assert Counter(r.error_type == "DuplicateKey" for r in again) == {True: 100, False: 100}
+    assert {(r.request_id, r.result_json, r.error_type) for r in again} == {
+        (r.request_id, r.result_json, r.error_type) for r in rows
+    }
+    # And a rerun whose rows now carry other params gets DuplicateKey for every row: the
+    # answers stored under those ids are not theirs
+    changed = call_dataframe(df.selectExpr("key", "n + 1000 AS n"), cfg).collect()
+    assert len(changed) == 200 and {r.error_type for r in changed} == {"DuplicateKey"}
+    assert len(ledger_lines(ledger)) == 100
+
+
+def test_a_rerun_whose_answers_expire_while_it_waits_says_outcome_expired(
+    spark: SparkSession, redis_url: str, key_prefix: str, redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    # Given a worker that holds rows from n = 1000 on until a gate opens, and a job whose 100
+    # rows (n < 1000) it answered, kept 5 s
+    endpoint, ledger, gate = "poll://spark-straddle", tmp_path / "ledger.txt", tmp_path / "gate"
+    ledger.touch()
+    runner = PrqRunner(redis_url, key_prefix)
+    cfg = config(
+        redis_url, key_prefix, endpoint, poll_interval_s=0.02, response_ttl_s=5.0, batch_size=10
+    )
+    keys = KeySchema(key_prefix).endpoint(endpoint)
+    try:
+        worker = runner.start(
+            "worker", "tests.spark.ledger_handler:record_gated", "-e", endpoint,
+            "--concurrency", "16", PRQ_TEST_LEDGER=str(ledger), PRQ_TEST_GATE=str(gate),
+            PRQ_TEST_GATE_FROM="1000",
+        )  # fmt: skip
+        worker.wait_for_line("prq worker: serving")
+        df = spark.range(0, 100, numPartitions=1).selectExpr("id AS key", "id AS n")
+        first = call_dataframe(df, cfg).collect()
+        assert len(first) == 100 and {r.error_type for r in first} == {None, "ValueError"}
+        records = [keys.request(r.request_id) for r in first]
+
+        # When the job runs again at once, in one task, with 10 new rows first (held by the
+        # worker: the task reads no younger outcome while its oldest ones are open), and the
+        # answers of the 100 expire while it waits
+        rerun = spark.range(0, 110, numPartitions=1).selectExpr(
+            "IF(id < 10, id + 1000, id - 10) AS key", "IF(id < 10, id + 1000, id - 10) AS n"
+        )
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(lambda: call_dataframe(rerun, cfg).collect())
+            wait_until(lambda: len(ledger_lines(ledger)) == 110, 60, 0.02, "the new rows started")
+            # (it sends them right after the new rows, while their answers are still kept:
+            # known, not gone)
+            assert min(redis_client.pttl(record) for record in records) > 1_000
+            wait_until(lambda: redis_client.exists(*records) == 0, 30, 0.05, "answers expired")
+            gate.touch()
+            again = running.result(timeout=120)
+    finally:
+        runner.close()
+
+    # Then the 100, which ran in the first run, are answered OutcomeExpired (as the ledger
+    # knows: not worth another try), never RequestExpired, and ran once; the new rows ran
+    by_key = {r.key: r for r in again}
+    assert len(again) == len(by_key) == 110
+    assert {by_key[k].error_type for k in range(100)} == {"OutcomeExpired"}
+    assert all(by_key[k].maybe_executed for k in range(100))
+    assert all(json.loads(by_key[k].result_json)["n"] == k for k in range(1000, 1010))
+    assert not rows_to_retry(
+        rerun, spark.createDataFrame(again, f"{CALL_RESULT_SCHEMA}, key bigint"), cfg
+    ).count()
+    runs = Counter(ledger_lines(ledger))
+    assert len(runs) == 110 and set(runs.values()) == {1}
 
 
 #: Receiver timeout of the delivery test (and the heartbeat that keeps live receivers in it).
@@ -1115,5 +1329,5 @@ def test_an_endpoint_at_max_pending_is_waited_out_with_exact_counts(
         redis_client.hdel(keys.limits, "mp")
         output = future.result(timeout=30)
     assert output[0].to_pylist()[0] == {"partition": 0, "accepted": 2_000, "duplicate": 0,
-                                        "rejected": 0}  # fmt: skip
+                                        "rejected": 0, "data_loss": False}  # fmt: skip
     assert queue_depth(redis_client, keys) == 2_000

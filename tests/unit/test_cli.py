@@ -23,7 +23,8 @@ from prq.cli.call import CallSummary, exit_code_for, parse_params, pickup_timeou
 from prq.cli.options import EXIT_FAILED, EXIT_OK, EXIT_RETRYABLE, EXIT_USAGE, redact_url
 from prq.cli.stats import Snapshot, format_age, render
 from prq.cli.worker_handler import is_coroutine_handler, load_handler
-from prq.core.config import DEFAULT_PICKUP_TIMEOUT_S, QueueSettings
+from prq.core.config import QueueSettings
+from prq.core.defaults import DEFAULT_PICKUP_TIMEOUT_S
 from prq.core.errors import QueueUnavailable
 from prq.ops.answers import EndpointInfo, RedisHealth
 
@@ -398,6 +399,19 @@ def test_the_stats_table_shows_endpoints_and_warnings() -> None:
     for expected in ("poll://a", "depth", "in flight", "1m 15s", "41", "warning: Redis evicts"):
         assert expected in text
     assert snapshot.to_json()["endpoints"] == [snapshot.endpoints[0].model_dump(mode="json")]
+
+
+def test_a_redis_that_stops_answering_is_shown_as_the_error_every_command_prints() -> None:
+    from rich.console import Console
+
+    snapshot = Snapshot(
+        "prq", [], RedisHealth(ok=False, error="QueueUnavailable: Redis did not answer: refused")
+    )
+    console = Console(record=True, width=120)
+    console.print(render(snapshot, "redis://r:6379/0", 2.0))
+    text = console.export_text()
+    assert "error: QueueUnavailable: Redis did not answer: refused" in text
+    assert "no endpoints under prefix" not in text
 
 
 def test_ages_read_like_ages() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
+from importlib import resources
 
 import pytest
 from hypothesis import given
@@ -39,6 +41,7 @@ def test_every_key_of_an_endpoint_has_one_hash_tag(endpoint: str) -> None:
     keys = KeySchema("prq").endpoint(endpoint)
     for key in (
         keys.levels,
+        keys.share,
         keys.request("abc"),
         keys.renewal("abc"),
         keys.sequence,
@@ -87,7 +90,7 @@ def test_priority_levels_and_their_lanes_have_keys_of_their_own(
     endpoint: str, p: int, q: int, producer: str, other: str
 ) -> None:
     keys = KeySchema("prq").endpoint(endpoint)
-    others = {keys.levels, keys.old_levels, keys.sequence, keys.parked, keys.parks,
+    others = {keys.levels, keys.share, keys.old_levels, keys.sequence, keys.parked, keys.parks,
               keys.running, keys.limits, keys.receivers, *keys.dead, keys.request("1"),
               keys.take_receipt("t")}  # fmt: skip
 
@@ -104,3 +107,12 @@ def test_priority_levels_and_their_lanes_have_keys_of_their_own(
         assert not mine & level_keys(q, other)
     if producer != other:
         assert keys.producer_lane(p, producer) != keys.producer_lane(p, other)
+
+
+def test_the_share_count_has_the_name_the_scripts_give_it() -> None:
+    # _queue.lua is not passed the key: it names it as the levels key plus its SHARES suffix
+    keys = KeySchema("prq").endpoint("poll://shares")
+    source = resources.files("prq.protocol.scripts").joinpath("_queue.lua").read_text("utf-8")
+    suffix = re.search(r"^local SHARES = '([^']+)'$", source, re.MULTILINE)
+    assert suffix is not None
+    assert keys.share == keys.levels + suffix.group(1)

@@ -3,9 +3,7 @@ requests: the plan reads a snapshot of the leases, never a dict another thread i
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,17 +15,6 @@ from prq.protocol.flows.context import Context
 
 #: Holds and releases made while the plan is read again and again.
 CHURN = 20_000
-
-
-@pytest.fixture
-def frequent_switches() -> Iterator[None]:
-    """Let threads take turns every microsecond, so a race shows in a short run."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def pending(n: int) -> PendingRequest:

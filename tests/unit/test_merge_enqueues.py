@@ -8,7 +8,7 @@ from redis.exceptions import NoScriptError
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.answer import apply_response_call
-from prq.protocol.scripts.enqueue import ENQUEUE_ARGS, enqueue_call
+from prq.protocol.scripts.enqueue import ENQUEUE_ARGS, ENQUEUE_KEYS, enqueue_call
 from prq.protocol.scripts.merging import MAX_MERGED_ENQUEUES, merge_calls, merge_enqueues
 
 KEYS = KeySchema("t")
@@ -36,13 +36,14 @@ def test_enqueues_to_one_endpoint_go_as_one_call_where_the_first_stood() -> None
     assert [call.args[0] for call in sent] == ["EVALSHA", "GET", "EVALSHA"]
     merged = sent[0].args
     first = calls[0].args
-    assert merged[1] == first[1] and merged[2] == 11 + 2
-    assert merged[3:14] == first[3:14]
-    assert merged[14:16] == (calls[2].args[3], calls[4].args[3])
-    values = merged[16:]
+    assert merged[1] == first[1] and merged[2] == ENQUEUE_KEYS + 2
+    assert merged[3 : 3 + ENQUEUE_KEYS] == first[3 : 3 + ENQUEUE_KEYS]
+    others = 3 + ENQUEUE_KEYS
+    assert merged[others : others + 2] == (calls[2].args[3], calls[4].args[3])
+    values = merged[others + 2 :]
     assert len(values) == 3 * ENQUEUE_ARGS
     assert [values[i * ENQUEUE_ARGS] for i in range(3)] == ["1", "2", "4"]
-    assert values[:ENQUEUE_ARGS] == first[14:]
+    assert values[:ENQUEUE_ARGS] == first[3 + ENQUEUE_KEYS :]
     assert sent[1] is other and sent[2] is calls[3]
     # And each call gets its own reply back
     replies: list[Reply] = [[[b"new", 1], [b"known", b"queued", b"", b""], [b"new", 2]], b"v",

@@ -23,7 +23,8 @@ def test_every_script_documents_keys_argv_reply_and_invariants() -> None:
 
 
 def test_parse_enqueue() -> None:
-    assert parse_enqueue([b"new", 7]).counter == 7
+    assert (parse_enqueue([b"new", 7, 3]).counter, parse_enqueue([b"new", 7, 3]).before) == (7, 3)
+    assert parse_enqueue([b"handed", 8, 0]).handed
     known = parse_enqueue([b"known", b"done", b'{"id":"a"}', b""]).known
     assert known is not None
     assert known.state == "done"
@@ -32,22 +33,23 @@ def test_parse_enqueue() -> None:
 
 def test_parse_enqueue_many() -> None:
     # 2 accepted, 1 duplicate, counter 40, 1 refused, 1,500 queued after the batch, 1 gone,
-    # 2 repeated
-    reply = [2, 1, 40, 1, 1500, 1, 2, b"dup", b"full", b"gone", b"again-1", b"again-2"]
-    outcome = parse_enqueue_many(reply, 7)  # type: ignore[arg-type]
+    # 2 repeated, 1 conflict
+    reply = [2, 1, 40, 1, 1500, 1, 2, 1, b"dup", b"full", b"gone", b"again-1", b"again-2", b"c"]
+    outcome = parse_enqueue_many(reply, 8)  # type: ignore[arg-type]
     assert (outcome.accepted, outcome.counter, outcome.depth) == (2, 40, 1500)
     assert (outcome.duplicate_ids, outcome.refused_ids) == (["dup"], ["full"])
     assert (outcome.gone_ids, outcome.repeated_ids) == (["gone"], ["again-1", "again-2"])
-    assert parse_enqueue_many([1, 0, 7, 0, 1, 0, 0], 1).gone_ids == []
+    assert outcome.conflict_ids == ["c"]
+    assert parse_enqueue_many([1, 0, 7, 0, 1, 0, 0, 0], 1).gone_ids == []
 
 
 @pytest.mark.parametrize(
     "reply",
     [
-        [2, 1, 40, 1, 1500, 1, b"dup", b"full", b"gone"],  # no repeats (an older script's)
-        [2, 1, 40, 1, 1500, 1, 0, b"dup", b"full"],  # an id missing
-        [2, 1, 40, 1, b"many", 1, 0, b"dup", b"full", b"gone"],  # depth not a number
-        [3, 1, 40, 1, 1500, 0, 0, b"dup", b"full"],  # counts over what was sent
+        [2, 1, 40, 1, 1500, 1, 0, b"dup", b"full", b"gone"],  # no conflicts (an older script's)
+        [2, 1, 40, 1, 1500, 1, 0, 0, b"dup", b"full"],  # an id missing
+        [2, 1, 40, 1, b"many", 1, 0, 0, b"dup", b"full", b"gone"],  # depth not a number
+        [3, 1, 40, 1, 1500, 0, 0, 0, b"dup", b"full"],  # counts over what was sent
         b"OK",
     ],
 )
@@ -57,17 +59,21 @@ def test_parse_enqueue_many_refuses_a_reply_of_another_shape(reply: object) -> N
 
 
 def test_parse_take() -> None:
-    reply = [2, 9, 1, 0, b"id1", b"{}", b"1", b"1700000000000", b"41", b"id2", b"{}", b"3", b"0"]
-    reply.append(b"")
+    reply = [2, 9, 1, 0, 77, -1, b"id1", b"{}", b"1", b"1700000000000", b"41", b"id2", b"{}"]
+    reply += [b"3", b"0", b""]
     taken = parse_take(reply)  # type: ignore[arg-type]
     assert (taken.skipped, taken.counter, taken.redelivered, taken.limited) == (2, 9, 1, False)
+    assert (taken.stamp, taken.went_back) == (77, None)
     assert [(i.request_id, i.attempt, i.created_ms, i.sequence) for i in taken.items] == [
         ("id1", 1, 1_700_000_000_000, 41),
         ("id2", 3, 0, 0),
     ]
-    assert parse_take([0, 0, 0, 1]) == TakeReply(0, 0, 0, [], limited=True)
+    assert parse_take([0, 0, 0, 1, 5, -1]) == TakeReply(0, 0, 0, [], limited=True, stamp=5)
     # (a take answered from its receipt did not look at the limits)
-    assert parse_take([0, 0, 0, -1]).limited is None
+    assert parse_take([0, 0, 0, -1, 5, -1]).limited is None
+    # (a stamp found below the one sent, or gone: Redis went back)
+    assert parse_take([0, 0, 0, -1, 90, 12]).went_back == 12
+    assert parse_take([0, 0, 0, -1, 90, 0]).went_back == 0
 
 
 def test_parse_withdraw() -> None:

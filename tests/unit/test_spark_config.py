@@ -28,7 +28,7 @@ def config(**overrides: Any) -> SparkQueueConfig:
         ({"max_attempts": 0}, "max_attempts: Input should be greater than or equal to 1"),
         (
             {"receiver_timeout_s": 5, "heartbeat_interval_s": 9},
-            "heartbeat_interval_s (9 s) must be below the receiver and sender timeouts",
+            "heartbeat_interval_s (9 s) must be at most half of the shorter of receiver_timeout_s",
         ),
         ({"inline_limit_bytes": 10, "max_body_bytes": 5}, "inline_limit_bytes must not exceed"),
     ],

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import DataLoss, PrqError, QueueShutdown
 from prq.node.base import SHUTDOWN_POLL_S, QueueBase
+from prq.node.data_loss.counters import CallMark
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
 from prq.protocol.scripts.loading import script_load_calls
@@ -138,13 +139,14 @@ class AsyncDriver(QueueBase):
         logger.info("queue closed node_id=%s", self.node_id)
 
     async def _run(
-        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
+        self, flow: Flow[T], mark: CallMark | None = None, *, closing_ok: bool = False
     ) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
-        that point (e.g. that an enqueued request may run although Redis went away). With an
-        `epoch`, the call fails with DataLoss as soon as the node declares data loss. Once
+        that point (e.g. that an enqueued request may run although Redis went away). With a
+        `mark` (a call's), the call fails with DataLoss as soon as the node declares a data
+        loss its request may be one of (prq.node.data_loss). Once
         closing began only `closing_ok` flows (answers, giving back) go on.
         """
         reply: object = None
@@ -164,7 +166,7 @@ class AsyncDriver(QueueBase):
                 flow.close()
                 raise self._shutdown_error(sent)
             try:
-                self._check_epoch(epoch)
+                self._check_epoch(mark)
             except DataLoss:
                 flow.close()
                 raise

@@ -62,14 +62,16 @@ class AsyncReceiver(AsyncDriver):
             return await self._run(
                 self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop, current)
             )
-        except asyncio.CancelledError:
+        except BaseException:
+            # cut short (a cancel; an error after the take returned: a failed take leaves
+            # `current` empty, its token a spare): give back what the take got
             if current:
                 self._give_back_in_background(current)
             raise
 
     def _give_back_in_background(self, tokens: list[str]) -> None:
-        """A take was cancelled (e.g. `asyncio.wait_for` around `dequeue`): withdraw its park
-        and give back what it was handed, so no request waits on a take that is gone."""
+        """A take was cut short (e.g. `asyncio.wait_for` around `dequeue`): withdraw its park
+        and give back what it was handed or took, so no request waits on a take that is gone."""
         if self._closed:
             return
 

@@ -81,6 +81,7 @@ class AsyncSender(AsyncDriver):
                 self._streams.spill_request, request, body, self._pickup_timeout(pickup_timeout_s)
             )
         self._sending(request, on_progress)
+        mark = self._watch.mark(request.endpoint)
         started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:
@@ -91,17 +92,12 @@ class AsyncSender(AsyncDriver):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(
-                        self._enqueued,
-                        request.endpoint,
-                        self._watch.data_loss.epoch,
-                        then=on_enqueued,
-                    ),
+                    partial(self._enqueued, mark, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),
                 )
-                response = await self._run(flow, self._watch.epoch_of(request.endpoint))
+                response = await self._run(flow, mark)
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
             if isinstance(exc, asyncio.CancelledError):

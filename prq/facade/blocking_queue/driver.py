@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import DataLoss, PrqError, QueueShutdown
 from prq.node.base import SHUTDOWN_POLL_S, QueueBase
+from prq.node.data_loss.counters import CallMark
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
 from prq.protocol.scripts.loading import script_load_calls
@@ -33,6 +34,12 @@ if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore
 
 logger = logging.getLogger(__name__)
+
+#: How long a close waits for a watch turn in flight, seconds, before closing the connections
+#: under it, and again after: a turn waiting on a node that does not answer (a master killed,
+#: its address silent) would hold the close up to a socket timeout. A turn cut short is one
+#: beat or check fewer of a node that is closing.
+WATCH_STOP_S = 0.5
 
 __all__ = ["BlockingDriver"]
 
@@ -124,20 +131,25 @@ class BlockingDriver(QueueBase):
         self._closed = True
         self._router.wake_all()
         self._watch_wake.set()
-        if self._watch_thread is not None:
-            self._watch_thread.join(timeout=10)
+        watch = self._watch_thread
+        if watch is not None:
+            watch.join(timeout=WATCH_STOP_S)
         self._pulses.close()
-        self._io.close()
+        self._io.close()  # (wakes a turn still reading: its connections are closed under it)
+        if watch is not None:
+            watch.join(timeout=WATCH_STOP_S)
+            if watch.is_alive():  # (on a connection the client no longer holds: it ends by
+                # itself at its socket timeout, and the loop then sees the queue closed)
+                logger.debug("watch turn still waiting on Redis after the close")
         logger.info("queue closed node_id=%s", self.node_id)
 
-    def _run(
-        self, flow: Flow[T], epoch: tuple[str, int] | None = None, *, closing_ok: bool = False
-    ) -> T:
+    def _run(self, flow: Flow[T], mark: CallMark | None = None, *, closing_ok: bool = False) -> T:
         """Drive a flow: send its calls, wait on its signals, return its result.
 
         A prq error from Redis is thrown into the flow, so the flow can say what it means at
-        that point (e.g. that an enqueued request may run although Redis went away). With an
-        `epoch`, the call fails with DataLoss as soon as the node declares data loss.
+        that point (e.g. that an enqueued request may run although Redis went away). With a
+        `mark` (a call's), the call fails with DataLoss as soon as the node declares a data
+        loss its request may be one of (prq.node.data_loss).
         """
         reply: object = None
         error: PrqError | None = None
@@ -156,7 +168,7 @@ class BlockingDriver(QueueBase):
                 flow.close()
                 raise self._shutdown_error(sent)
             try:
-                self._check_epoch(epoch)
+                self._check_epoch(mark)
             except DataLoss:
                 flow.close()
                 raise
@@ -187,26 +199,35 @@ class BlockingDriver(QueueBase):
 
     def _watch_loop(self) -> None:
         """Beat, look for cancellations, check for data loss, renew the signatures and extend
-        the stored data of held requests; never dies on an error."""
+        the stored data of held requests; never dies on an error from Redis."""
         while not self._closed:
-            plan = self._watch.plan(time.monotonic())
-            if plan.steps:
-                try:
-                    results = self._io.execute_many(plan.steps)
-                except PrqError as exc:
-                    logger.debug("watch turn failed error=%s", exc)
-                    self._watch.forget(plan)
-                else:
-                    self._watch.settle(plan, results, time.monotonic())
-            if self._streams.sweep_due(time.monotonic()):
-                self._streams.sweep()
-            if self._renewal_due(time.monotonic()):
-                try:
-                    self._run(self._renew_flow(), closing_ok=True)
-                except PrqError as exc:
-                    logger.debug("signature renewal failed error=%s", exc)
+            try:
+                self._watch_turn()
+            except Exception:
+                if self._closed:  # (a turn the close cut short, whatever it raised)
+                    return
+                raise
             self._watch_wake.wait(self._watch.wait_s(time.monotonic()))
             self._watch_wake.clear()
+
+    def _watch_turn(self) -> None:
+        """One turn of the watch loop."""
+        plan = self._watch.plan(time.monotonic())
+        if plan.steps:
+            try:
+                results = self._io.execute_many(plan.steps)
+            except PrqError as exc:
+                logger.debug("watch turn failed error=%s", exc)
+                self._watch.forget(plan)
+            else:
+                self._watch.settle(plan, results, time.monotonic())
+        if self._streams.sweep_due(time.monotonic()):
+            self._streams.sweep()
+        if self._renewal_due(time.monotonic()):
+            try:
+                self._run(self._renew_flow(), closing_ok=True)
+            except PrqError as exc:
+                logger.debug("signature renewal failed error=%s", exc)
 
     def _ready(self, *, closing_ok: bool = False) -> None:
         if not self._started:

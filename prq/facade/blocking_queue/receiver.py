@@ -57,9 +57,11 @@ class BlockingReceiver(BlockingDriver):
             return self._run(
                 self._receive_flow(endpoint, channel, max_items, timeout_s, should_stop, current)
             )
-        except BaseException as exc:
-            if current and not isinstance(exc, PrqError):
-                # cut short (KeyboardInterrupt, SystemExit): give back what the take was handed
+        except BaseException:
+            if current:
+                # cut short after the take returned (an error in the steps after it,
+                # KeyboardInterrupt, SystemExit; a failed take leaves `current` empty, its
+                # token a spare): give back what the take was handed or took
                 with contextlib.suppress(Exception):
                     self._run(self._unpark_flow(current), closing_ok=True)
             raise

@@ -77,6 +77,7 @@ class BlockingSender(BlockingDriver):
                 request, body, self._pickup_timeout(pickup_timeout_s)
             )
         self._sending(request, on_progress)
+        mark = self._watch.mark(request.endpoint)
         started = time.perf_counter()
         try:
             with self._router.watch_response(request.id) as signal:
@@ -87,17 +88,12 @@ class BlockingSender(BlockingDriver):
                     signal,
                     self._pickup_timeout(pickup_timeout_s),
                     timeout_s,
-                    partial(
-                        self._enqueued,
-                        request.endpoint,
-                        self._watch.data_loss.epoch,
-                        then=on_enqueued,
-                    ),
+                    partial(self._enqueued, mark, then=on_enqueued),
                     partial(self._redelivered, request.endpoint),
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),
                 )
-                response = self._run(flow, self._watch.epoch_of(request.endpoint))
+                response = self._run(flow, mark)
         except BaseException as exc:
             metrics.call_ended(request.endpoint, started, None, exc)
             if self._data_spent(request, body, exc):

@@ -1,160 +1,219 @@
-"""What a node knows of each endpoint's enqueue counter (prq.node.data_loss): the highest value
-it saw (its floor), whether it vouches for the counter, the counter's life, and how far the
-ghosts of a declared loss go; and whether a reading of the counter went back.
+"""What a node knows of each endpoint's sequence numbers, and judging a reading of them
+(prq.node.data_loss, second part).
+
+An endpoint's *floor* is the highest sequence number the node read there (its enqueues', its
+takes' and its checks' readings). A reading is judged against the floor the node had when it
+sent the reading, and only if no declaration covered the endpoint since (replies of concurrent
+steps arrive in any order; one sent before a declaration may show Redis from before the loss).
+A reading below that floor, of a counter that exists, is a rollback. A counter that does not
+exist is no sign by itself (it expires when idle; a flush shows in the canary), but a node that
+read it lately checks at once; the floor stays (numbers rise with the server's clock, so a
+counter written again reads above it, and a rollback after the counter was gone reads below).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
-from prq.node.data_loss.scopes import LossScopes
+from prq.node.data_loss.scopes import Loss, LossScopes
 
-__all__ = ["EnqueueCounters", "Floor", "learn_ghosts"]
+__all__ = ["STAMP_TRUST_SHARE", "CallMark", "EnqueueCounters", "Floor"]
+
+#: A take carries the receiver's stamp only within this share of a list TTL (the stamp's TTL)
+#: after the take that read it: later, the stamp may have expired, which says nothing.
+STAMP_TRUST_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class Floor:
-    """What an enqueue counter must not be below when a reading sent now comes back: the
-    value, in which life of the counter, and in which epoch of the node."""
+    """What a reading sent now is judged against: the endpoint's floor, and its epoch; for a
+    take, the receiver's stamp there it sends (0: none it can rely on), and when it was sent
+    (monotonic)."""
 
     value: int
-    life: int
     epoch: int
+    stamp: int = 0
+    at: float = 0.0
+    #: The epoch the endpoint was in when the node learned `stamp`.
+    stamp_epoch: int = 0
 
 
 @dataclass(slots=True)
+class CallMark:
+    """A call in flight as a data loss judges it: its endpoint, the epoch it was last judged
+    in, the floor when it began, and its request's sequence number once the enqueue answered
+    (None: not enqueued yet; 0: not known, the id was known already). A declaration fails the
+    call unless the number is above the new fence (DataLossWatch.survives)."""
+
+    endpoint: str
+    epoch: int
+    floor: Floor
+    number: int | None = None
+
+
+# (not frozen: one per endpoint, updated on every reading)
+@dataclass(slots=True)
 class _Counter:
-    """What a node knows of one endpoint's enqueue counter."""
-
-    life: int
-    #: When this node last used the endpoint (monotonic).
-    used: float
+    #: The highest sequence number read (0: none since the node last forgot it).
     floor: int = 0
-    #: Until when (monotonic) the counter surely lives, but for a loss; None: not vouched for.
-    vouched_until: float | None = None
-    #: Sequence numbers up to this one are ghosts (0: none): requests queued before a loss
-    #: that the Redis which lost data may hand out again, though they may have run already.
-    ghosts_up_to: int = 0
-    #: A loss was declared and no reading of the counter sent after it came back since: the
-    #: first one (a take's, a check's) sets `ghosts_up_to`, as everything queued then came
-    #: before it.
-    ghost_reading_due: bool = False
-    #: The node's epoch from that declaration on: a reading sent in an earlier epoch (before
-    #: the declaration) may show the counter before the loss, above what the Redis that lost
-    #: data numbered since, so it would count requests queued after the loss as ghosts.
-    ghost_epoch: int = 0
-
-
-def learn_ghosts(counter: _Counter, value: int, sent_epoch: int) -> None:
-    """A reading of the counter sent in epoch `sent_epoch` came back: the first sent since a
-    declaration tells how far the ghosts go (the counter is then at least at every ghost's
-    number: the Redis that lost data numbered them all before the reading)."""
-    if counter.ghost_reading_due and sent_epoch >= counter.ghost_epoch:
-        counter.ghosts_up_to = max(counter.ghosts_up_to, value)
-        counter.ghost_reading_due = False
+    #: When the node last used the endpoint (monotonic): forgotten a list TTL later.
+    used: float = 0.0
+    #: The floor at which a reading last found the counter gone (a check was asked for then;
+    #: another is asked for only once a number was read again).
+    gone_at: int = 0
+    #: This node's stamp as a receiver here (take.lua: the server's clock at its last take, µs;
+    #: it only grows on one server's data), and when the take that read it was sent
+    #: (monotonic). Kept across declarations: it is judged by its own rule.
+    stamp: int = 0
+    stamped: float = 0.0
+    #: The endpoint's epoch when the node learned `stamp`: a declaration since may be of the
+    #: loss the stamp shows next (another sign of it came first).
+    stamp_epoch: int = 0
 
 
 class EnqueueCounters(LossScopes):
-    """One node's remembered enqueue counters (a mixin of `DataLossWatch`)."""
+    """The floors of one node's endpoints (a mixin of `DataLossWatch`)."""
 
     _counters: dict[str, _Counter]
-    _lives: itertools.count[int]
 
-    def floor(self, endpoint: str, now: float) -> Floor | None:
-        """The floor a reading of `endpoint`'s counter sent now is judged against (None: not
-        vouched for, the reading cannot tell a loss); a use of the endpoint."""
+    def floor(self, endpoint: str, now: float) -> Floor:
+        """The floor a reading of `endpoint` sent now is judged against, with the stamp a take
+        sent now carries (0 when it may have expired since: it lives a list TTL from the take
+        that read it, and a stamp gone is a sign only while it cannot have); a use of it."""
         with self._lock:
-            return self._floor(endpoint, self._counter(endpoint, now, used=True))
+            counter = self._counter(endpoint, now)
+            fresh = now - counter.stamped < self.ctx.settings.list_ttl_s * STAMP_TRUST_SHARE
+            stamp = counter.stamp if fresh else 0
+            epoch = self.epoch_of(endpoint)
+            return Floor(counter.floor, epoch, stamp, now, counter.stamp_epoch)
 
-    def read(
-        self, endpoint: str, floor: Floor | None, value: int, now: float, sent_epoch: int
-    ) -> str | None:
-        """A reading of the counter (a take's), sent when `floor` was had and the node's epoch
-        was `sent_epoch`: why it shows data loss, or None (the value is then learned)."""
+    def stamped(
+        self, endpoint: str, floor: Floor, stamp: int, went_back: int | None
+    ) -> Loss | None:
+        """A take sent when `floor` was had answered the receiver's `stamp` (take.lua) and,
+        when it found the stamp below `floor.stamp`, what it held (`went_back`; 0: gone):
+        Redis lost or rolled back the data since this node's take that read `floor.stamp`, so
+        all it holds now from before is numbered below that, a server time before the loss:
+        the fence. The sign of a loss, or None: none, or one declared already with that fence
+        or a higher one (nothing more to refuse), or one a declaration since the node learned
+        `floor.stamp` may be of (another sign of the same loss came first): its fence is
+        raised to this one, in the epoch it is in, so that no loss is declared twice (one that
+        came after that declaration shows in its canary at the next check)."""
         with self._lock:
-            counter = self._counter(endpoint, now, used=True)
-            reason = self._went_back(endpoint, counter, floor, value)
-            if not reason:
-                self._raise_floor(endpoint, counter, value, sent_epoch)
-                learn_ghosts(counter, value, sent_epoch)
-            return reason
+            epoch = self._learn(endpoint, floor, stamp)
+            if went_back is None:
+                return None
+            # (forgotten: the next take sends none and writes a fresh stamp; the takes already
+            # sent with it find it low as well, since a take that finds it low leaves it)
+            counter = self._counter(endpoint, floor.at)
+            counter.stamp, counter.stamped, counter.stamp_epoch = 0, floor.at, epoch
+            if floor.stamp <= self.fence_of(endpoint):
+                return None
+            if floor.stamp_epoch != epoch:
+                self._raise_fence(self.scope_of(endpoint), floor.stamp)
+                return None
+        what = "is gone" if went_back == 0 else f"went back to {went_back}"
+        reason = f"the receiver's stamp on {endpoint!r} was {floor.stamp} and {what}"
+        return Loss(reason, self.scope_of(endpoint), floor.stamp)
 
-    def ghosts_up_to(self, endpoint: str) -> int:
-        """Requests handed out with a sequence number up to this one (and above 0: a
-        hand-off's is not known) were queued before a loss this node declared, in this life of
-        the counter: the Redis that lost data may hand them out though they ran already, so
-        they must not run (at most once). 0: none."""
+    def learned(self, endpoint: str, floor: Floor, stamp: int) -> None:
+        """A take sent when `floor` was had wrote the receiver's `stamp` and found none below
+        (its flow may wait on before it is judged): the node's takes sent from now carry it."""
+        with self._lock:
+            self._learn(endpoint, floor, stamp)
+
+    def _learn(self, endpoint: str, floor: Floor, stamp: int) -> int:
+        """Keep `stamp` if it is the highest yet (under the lock); the epoch now."""
+        counter = self._counter(endpoint, floor.at)
+        epoch = self.epoch_of(endpoint)
+        if stamp > counter.stamp:
+            counter.stamp, counter.stamped, counter.stamp_epoch = stamp, floor.at, epoch
+        return epoch
+
+    def mark(self, endpoint: str, now: float) -> CallMark:
+        """A call on `endpoint` begins now."""
+        with self._lock:
+            floor = Floor(self._counter(endpoint, now).floor, self.epoch_of(endpoint))
+            return CallMark(endpoint, floor.epoch, floor)
+
+    def survives(self, mark: CallMark) -> bool:
+        """Whether the call of `mark` goes on: no declaration covered its endpoint since it was
+        last judged, or its request is numbered above the fence (queued after the loss), or it
+        has not been enqueued yet (judged once its number is known)."""
+        with self._lock:
+            current = self.mark_of(mark.endpoint)
+        if current.epoch == mark.epoch or mark.number is None:
+            return True
+        if mark.number > current.fence:
+            mark.epoch = current.epoch
+            return True
+        return False
+
+    def read(self, endpoint: str, floor: Floor, value: int, now: float) -> Loss | None:
+        """A take's reading of the last sequence number (0: no counter), sent when `floor` was
+        had: the sign of a loss it shows, or None (the reading is then learned)."""
+        with self._lock:
+            return self._judge(endpoint, self._counter(endpoint, now), floor, value, True)
+
+    def declared_by_stamp(self, endpoint: str) -> None:
+        """The loss a take's stamp showed was declared: the stamp that take wrote on the data
+        Redis holds now belongs to the new epoch (a loss it shows next is a new one)."""
         with self._lock:
             counter = self._counters.get(endpoint)
-            return 0 if counter is None else counter.ghosts_up_to
+            if counter is not None:
+                counter.stamp_epoch = self.epoch_of(endpoint)
 
-    def ghosts_for_take(self, endpoint: str, counter: int | None) -> int:
-        """ghosts_up_to for the items of a take whose reading of the counter was `counter`
-        (None: it read none): while no reading sent after a declaration has come back, that
-        take's own reading bounds the ghosts it may hold (kept for that take alone: sent
-        before the declaration, it may show the counter before the loss)."""
+    def enqueued(
+        self, endpoint: str, floor: Floor, before: int, number: int, now: float
+    ) -> Loss | None:
+        """An enqueue sent when `floor` was had gave its request `number`; the endpoint's last
+        number before it was `before` (0: none). The sign of a loss `before` shows, or None."""
         with self._lock:
-            known = self._counters.get(endpoint)
-            if known is None:
-                return 0
-            if known.ghost_reading_due and counter is not None:
-                return max(known.ghosts_up_to, counter)
-            return known.ghosts_up_to
+            counter = self._counter(endpoint, now)
+            loss = self._judge(endpoint, counter, floor, before, True)
+            if loss is None and floor.epoch == self.epoch_of(endpoint):
+                counter.floor = max(counter.floor, number)
+            return loss
 
-    def observe(self, endpoint: str, value: int, now: float, sent_epoch: int) -> None:
-        """Note an endpoint's counter as this node's own enqueue, sent when the node's epoch was
-        `sent_epoch`, reported it: the highest value seen is kept; a use of the endpoint. (An
-        enqueue's reading sets no ghost mark: the enqueue's own requests are numbered up to
-        it.)"""
+    def handed_again(self, endpoint: str, number: int) -> int:
+        """The fence for a hand-out this node took before, handed out again: a rollback no
+        reading showed; what Redis holds was numbered up to the floor (which the take that
+        brought it raised) or, at least, up to the hand-out's own number."""
         with self._lock:
-            counter = self._counter(endpoint, now, used=True)
-            self._raise_floor(endpoint, counter, value, sent_epoch)
+            counter = self._counters.get(endpoint)
+            return max(number, 0 if counter is None else counter.floor)
 
-    def _raise_floor(self, endpoint: str, counter: _Counter, value: int, sent_epoch: int) -> None:
-        """Learn a reading sent in epoch `sent_epoch` as the floor, unless a declaration that
-        covers the endpoint came since it was sent: it may show the Redis from before the
-        loss (a counter since started again), and a floor from it would make the next check
-        declare the same loss a second time. Call with the lock held."""
-        if sent_epoch >= self.epoch_of(endpoint):
-            counter.floor = max(counter.floor, value)
-
-    def life(self, endpoint: str, now: float) -> int:
-        """The endpoint's counter's life now: sequence numbers seen in another life may belong
-        to other requests (module docstring)."""
-        with self._lock:
-            return self._counter(endpoint, now, used=True).life
-
-    def _counter(self, endpoint: str, now: float, *, used: bool = False) -> _Counter:
-        """What is known of `endpoint`'s counter at `now` (a new life if its vouching lapsed);
-        call with the lock held."""
-        counter = self._counters.get(endpoint)
-        if counter is None:
-            counter = self._counters[endpoint] = _Counter(next(self._lives), now)
-            self.next_check = now  # refresh it, and vouch for it, at once
-            self.wake()
-        elif counter.vouched_until is not None and now >= counter.vouched_until:
-            # Not refreshed for as long as vouched: it may have expired and started again.
-            counter.life = next(self._lives)
-            counter.floor = 0
-            counter.vouched_until = None
-            counter.ghosts_up_to, counter.ghost_reading_due = 0, False  # (numbers start again)
-        if used:
-            counter.used = max(counter.used, now)
-        return counter
-
-    def _floor(self, endpoint: str, counter: _Counter) -> Floor | None:
-        if counter.vouched_until is None:
-            return None
-        return Floor(counter.floor, counter.life, self.epoch_of(endpoint))
-
-    def _went_back(
-        self, endpoint: str, counter: _Counter, floor: Floor | None, value: int
-    ) -> str | None:
-        """Why a reading below `floor` is data loss, if it is: the floor was vouched for when
-        the reading was sent, and neither a new life nor a declaration came since."""
-        if floor is None or floor.life != counter.life or floor.epoch != self.epoch_of(endpoint):
+    def _judge(
+        self, endpoint: str, counter: _Counter, floor: Floor, value: int, suspect: bool
+    ) -> Loss | None:
+        """Judge a reading (module docstring); with `suspect`, a counter gone that the node read
+        lately makes it check at once. Call with the lock held."""
+        if floor.epoch != self.epoch_of(endpoint):
+            return None  # a declaration came since it was sent: it says nothing
+        if value <= 0:
+            # The floor stays: numbers come from the server's clock, so a counter written again
+            # (an endpoint idle past its TTL used again, or after a flush) reads above it, and a
+            # rollback that follows (a restart from an older snapshot) below it, whatever came
+            # between. (Lowering it until the check below declared the flush left a window in
+            # which such a rollback's ghosts ran.)
+            if floor.value and counter.gone_at != counter.floor:
+                counter.gone_at = counter.floor
+                if suspect:
+                    self.next_check = 0.0
+                    self.wake()
             return None
         if value < floor.value:
-            return f"enqueue counter of {endpoint!r} went back from {floor.value} to {value}"
+            reason = f"sequence numbers of {endpoint!r} went back from {floor.value} to {value}"
+            return Loss(reason, self.scope_of(endpoint), floor.value)
+        counter.floor = max(counter.floor, value)
         return None
+
+    def _counter(self, endpoint: str, now: float, *, used: bool = True) -> _Counter:
+        """What is known of `endpoint`'s numbers (a use of it, unless not `used`); call with
+        the lock held."""
+        counter = self._counters.get(endpoint)
+        if counter is None:
+            counter = self._counters[endpoint] = _Counter(0, now)
+        elif used:
+            counter.used = max(counter.used, now)
+        return counter

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prq.core.bodies import is_spilled
-from prq.core.config import MAX_ATTEMPTS_LIMIT
+from prq.core.defaults import MAX_ATTEMPTS_LIMIT
 from prq.core.errors import PayloadTooLarge, PrqError, SerializationError, ServerError
 from prq.core.lifecycle import PendingRequest
 from prq.core.models import Response
@@ -58,11 +58,13 @@ class Answerer(HeldRequests):
         return False
 
     def _answer_ttl_s(self, request_id: str) -> float:
-        """How long the answer to a held request is kept: what it asked for, within this
-        node's bounds (QueueSettings.response_ttl_for)."""
+        """How long the data an answer to a held request keeps beside Redis must last: as long
+        as the answer may be kept, which is what the request asked for within this node's
+        bounds (QueueSettings.response_ttl_for), or longer when a caller waits for it
+        (waited_response_ttl_s)."""
         pending = self._held.get(request_id)
         asked = pending.request.response_ttl_s if pending is not None else None
-        return self.settings.response_ttl_for(asked)
+        return max(self.settings.response_ttl_for(asked), self.settings.waited_response_ttl_s())
 
     def _answer_instead(self, request_id: str, exc: Exception) -> tuple[PrqError, bytes]:
         """An answer that cannot be sent (over max_body_bytes, not JSON, DataStreams that

@@ -7,9 +7,12 @@ The state is typed here and built by `QueueBase.__init__`; the other receiver mi
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from prq.core.bodies import parse as parse_body
+from prq.core.errors import PrqError
 from prq.core.lifecycle import PendingRequest
 from prq.node.core import NodeCore
 from prq.node.receiver.ran import RanRequests
@@ -38,6 +41,8 @@ class HeldRequests(NodeCore):
     #: can only come from a Redis that went back in time, and must not run
     #: (prq.node.receiver.taken).
     _taken: TakenRequests
+    #: Numbers this node's takes in the order they are sent (TakenRequests.take).
+    _take_serials: Iterator[int]
     #: at_least_once requests this node ran, and their answers (prq.node.receiver.ran).
     _ran: RanRequests
     #: Take tokens whose take failed on the client side (it may still run in Redis): the
@@ -80,7 +85,7 @@ class HeldRequests(NodeCore):
         held = list(self._held.values())
         if not held:
             return uncollected
-        redelivery = Redelivery.of(self.settings)
+        redelivery = Redelivery.of(self.settings, self.redis_settings)
         given = [(p.request.endpoint, p.id, p.owner_token) for p in held]
         calls = tuple(
             hand_back_call(self.keys.endpoint(endpoint), request_id, token, redelivery)
@@ -107,17 +112,22 @@ class HeldRequests(NodeCore):
         attempt not counted); how many requests went back."""
         taking = [(t, endpoint) for t in tokens if (endpoint := self._taking.pop(t, None))]
         for token, endpoint in taking:  # never used again: its receipt goes
-            spare = self._spare_tokens.get(endpoint, [])
-            if token in spare:
-                spare.remove(token)
+            # (a serve thread may pop it meanwhile, as a spare for its take: _take_token)
+            with contextlib.suppress(ValueError):
+                self._spare_tokens.get(endpoint, []).remove(token)
         if not taking:
             return 0
-        redelivery = Redelivery.of(self.settings)
+        redelivery = Redelivery.of(self.settings, self.redis_settings)
         calls = tuple(
             unpark_call(self.keys.endpoint(endpoint), token, redelivery)
             for token, endpoint in taking
         )
-        replies = yield Exec(calls)
+        try:
+            replies = yield Exec(calls)
+        except PrqError:  # (kept, so that closing tries again)
+            for token, endpoint in taking:
+                self._taking.setdefault(token, endpoint)
+            raise
         assert isinstance(replies, list)
         given = sum(parse_unpark(reply) for reply in replies)
         if given:

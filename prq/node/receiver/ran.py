@@ -2,20 +2,18 @@
 
 Per endpoint, the sequence numbers it ran (prq.node.receiver.seen: "highest seen + gaps"), and the
 answers it gave, newest last and bounded, to answer a redelivery with the same answer. A sequence
-number names one enqueue only within one *generation* of the endpoint: the node's epoch and the life
-of the endpoint's enqueue counter (prq.node.data_loss). After a declared data loss the counter may
-have gone back, after a lapse it may have expired; either way it hands the same numbers to new
-requests, so an endpoint's numbers are forgotten when its generation changes. An answer is kept by
-request id, for the latest run of that id only: an id sent again after its record expired is a new
-request, and a redelivery of it must not get the answer of the earlier one. Thread-safe (the
-blocking facade adopts requests from several serve threads).
+number names one enqueue: numbers never repeat on an endpoint (scripts/_sequence.lua), not after its
+counter expired nor after a data loss (what a rolled-back Redis numbers again lies behind the fence,
+prq.node.data_loss, and is refused before it gets here). An answer is kept by request id, for the
+latest run of that id only: an id sent again after its record expired is a new request, and a
+redelivery of it must not get the answer of the earlier one. Thread-safe (the blocking facade adopts
+requests from several serve threads).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
 
 from prq.node.receiver.seen import SeenSequences
 
@@ -31,24 +29,21 @@ class RanRequests:
 
     def __init__(self, max_responses: int = DEFAULT_RAN_RESPONSES) -> None:
         self._lock = threading.Lock()
-        #: endpoint -> (generation, the sequence numbers run in it)
-        self._sequences: dict[str, tuple[Hashable, SeenSequences]] = {}
+        #: endpoint -> the sequence numbers run there
+        self._sequences: dict[str, SeenSequences] = {}
         self._responses: OrderedDict[str, bytes] = OrderedDict()
         self._max_responses = max_responses
 
-    def first_run(
-        self, endpoint: str, sequence: int, request_id: str, attempt: int, generation: Hashable
-    ) -> bool:
+    def first_run(self, endpoint: str, sequence: int, request_id: str, attempt: int) -> bool:
         """Remember that a request runs here; False if this node ran (or runs) it before: a
-        redelivery (attempt 2 or later), not to be run again. `generation` is the endpoint's
-        (module docstring): a new one forgets the endpoint's numbers."""
+        redelivery (attempt 2 or later), not to be run again."""
         with self._lock:
             if sequence <= 0:
                 return True
-            known = self._sequences.get(endpoint)
-            if known is None or known[0] != generation:
-                known = self._sequences[endpoint] = (generation, SeenSequences())
-            first = known[1].add(sequence)
+            seen = self._sequences.get(endpoint)
+            if seen is None:
+                seen = self._sequences[endpoint] = SeenSequences()
+            first = seen.add(sequence)
             if first:
                 self._responses.pop(request_id, None)  # an earlier request's, under the same id
             return first or attempt <= 1  # a first attempt is never a redelivery

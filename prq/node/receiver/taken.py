@@ -1,21 +1,18 @@
 """What one receiver node took lately, so it never runs what a rolled-back Redis hands out again.
 
-A hand-out is known by the request's sequence number on its endpoint ("sq", the endpoint's
-enqueue counter when the request was enqueued; take.lua returns it): fresh for every enqueue,
-so a request id sent again after its record expired (a deterministic id re-run, a dead letter
-replayed) is a new request, not a second delivery. Within one life of the counter
-(prq.node.data_loss) a sequence number names one enqueue; a hand-out of the same one at the same or
-an earlier attempt can only come from a Redis that went back in time.
-
-What a node took before it declared data loss is kept: the rolled-back Redis may hand it out
-again, and it must not run twice. But a rolled-back counter hands the same sequence numbers to
-new requests, so a remembered hand-out matches only the same request id; and one that matches
-from before the declaration is refused without declaring again (the loss was told already).
-A new life forgets the endpoint's hand-outs: its sequence numbers start again.
+A hand-out is known by the request's sequence number on its endpoint ("sq", take.lua returns
+it) and its id. Sequence numbers never repeat on an endpoint (scripts/_sequence.lua: each is at
+least the server's clock in microseconds, above every earlier one), so a request id sent again
+after its record expired (a deterministic id re-run, a dead letter replayed) is a new request
+with a new number, not a second delivery; and a hand-out of the same number and id at the same
+or an earlier attempt can only come from a Redis that went back in time, which no reading of
+its numbers showed (prq.node.data_loss: the taker declares the loss), unless it is a reply that
+came late: an earlier attempt got by an earlier take of this node, whose reply reached it after
+the reply of a later take that got the request again (two connections, or a reply held).
 
 Bounded (the oldest hand-outs are forgotten first: a very old one handed out again then runs,
-unless the counter shows the rollback first) and thread-safe (the blocking facade takes from
-several serve threads).
+unless a reading or a fence shows the rollback first) and thread-safe (the blocking facade takes
+from several serve threads).
 """
 
 from __future__ import annotations
@@ -30,19 +27,18 @@ __all__ = ["DEFAULT_TAKEN_MEMORY", "TakenRequests", "Verdict"]
 #: How many hand-outs a node remembers.
 DEFAULT_TAKEN_MEMORY = 100_000
 
-#: "first": run it; "again": handed out a second time in this epoch (a rollback the counter
-#: did not show: declare data loss); "again_after_loss": handed out again by the Redis this node
-#: declared lost (refuse it, the loss was declared already).
-Verdict = Literal["first", "again", "again_after_loss"]
-
 
 # (not frozen: a frozen dataclass costs 3.5 times as much to build, one per request taken)
+#: What a hand-out is to the node that takes it (TakenRequests.take)
+Verdict = Literal["first", "again", "late"]
+
+
 @dataclass(slots=True)
 class _Taken:
     request_id: str
     attempt: int
-    life: int
-    epoch: int
+    #: the order of the take that got it among this node's takes (0: unknown)
+    serial: int
 
 
 class TakenRequests:
@@ -54,24 +50,35 @@ class TakenRequests:
         self._max_items = max_items
 
     def take(
-        self, endpoint: str, sequence: int, request_id: str, attempt: int, life: int, epoch: int
+        self, endpoint: str, sequence: int, request_id: str, attempt: int, serial: int = 0
     ) -> Verdict:
-        """Remember a hand-out of the counter's `life`, taken in the node's `epoch`; whether it
-        was handed to this node before. A sequence number of 0 (unknown) cannot be judged."""
+        """Remember a hand-out; what it is: "first" (not handed to this node before), "again"
+        (handed to it before: the same number and id, an attempt not later), or "late" (an
+        earlier attempt, got by a take this node sent before the take that got the later one,
+        whose reply came after it: Redis handed it out in that order, and the earlier owner
+        token has lost the request; nothing is remembered). `serial` orders this node's
+        takes by their sending (0: unknown, never late). A sequence number of 0 (unknown)
+        cannot be judged."""
         if sequence <= 0:
             return "first"
         key = (endpoint, sequence)
         with self._lock:
             before = self._taken.get(key)
-            if (
-                before is not None
-                and before.life == life
-                and before.request_id == request_id
-                and attempt <= before.attempt
-            ):
-                return "again" if before.epoch == epoch else "again_after_loss"
-            self._taken[key] = _Taken(request_id, attempt, life, epoch)
+            if before is not None and before.request_id == request_id:
+                if attempt < before.attempt and 0 < serial < before.serial:
+                    return "late"
+                if attempt <= before.attempt:
+                    return "again"
+            self._taken[key] = _Taken(request_id, attempt, serial)
             self._taken.move_to_end(key)
             while len(self._taken) > self._max_items:
                 self._taken.popitem(last=False)
             return "first"
+
+    def forget(self, endpoint: str, sequence: int, request_id: str) -> None:
+        """Forget a hand-out given back unrun (a take cut short: unpark.lua), which may be
+        handed out again, to this node too, at the same attempt."""
+        with self._lock:
+            before = self._taken.get((endpoint, sequence))
+            if before is not None and before.request_id == request_id:
+                del self._taken[(endpoint, sequence)]

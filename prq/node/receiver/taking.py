@@ -1,11 +1,12 @@
 """A receiver's take, and deciding what of it may run.
 
-A take (flows.take_flow) is judged before anything of it runs: a take that shows the enqueue counter
-went back declares data loss and cancels all it got (prq.node.data_loss); requests queued before a
-declared loss (ghosts), and hand-outs this node took before (prq.node.receiver.taken), are
-cancelled, not run; undecodable ones and ones whose signature fails are dead-lettered and answered
-with an error; a redelivery of an at_least_once request this node ran already gets the answer it
-keeps (prq.node.receiver.ran). What is left is held (`_held`) for the handler to run.
+A take (flows.take_flow) is judged before anything of it runs: a take whose reading shows the
+sequence numbers went back declares data loss (prq.node.data_loss); requests numbered at or below
+the fence of a declared loss (ghosts), and hand-outs this node took before
+(prq.node.receiver.taken), are cancelled, not run; undecodable ones and ones whose signature fails
+are dead-lettered and answered with an error; a redelivery of an at_least_once request this node ran
+already gets the answer it keeps (prq.node.receiver.ran). What is left is held (`_held`) for the
+handler to run.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from functools import partial
 from prq.core.bodies import is_spilled
 from prq.core.errors import PrqError, SerializationError, ServerError, SignatureError
 from prq.core.lifecycle import DeliveryInfo, PendingRequest
-from prq.core.models import Response, checked_model, decode_stored_request
+from prq.core.models import Request, Response, checked_model, decode_stored_request
 from prq.node.data_loss.counters import Floor
+from prq.node.data_loss.scopes import Loss
 from prq.node.receiver.signatures import HeldSignatures
+from prq.node.receiver.taken import Verdict
 from prq.observe import metrics, tracing
+from prq.observe.throttle import LogThrottle
 from prq.protocol.dead import dead_letter_call
 from prq.protocol.dedup import delivery_hash
 from prq.protocol.effects import Exec, Flow, Offload
@@ -34,6 +38,11 @@ from prq.protocol.scripts.take import TakenItem
 logger = logging.getLogger(__name__)
 
 __all__ = ["Adopted", "Taker"]
+
+#: Refused ghosts are logged at most once per endpoint in this many seconds (with the count of
+#: those refused since): after a loss, every take may refuse some.
+GHOST_LOG_EVERY_S = 10.0
+_ghost_log = LogThrottle(GHOST_LOG_EVERY_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,52 +78,106 @@ class Taker(HeldSignatures):
             if self._watch.presence.took(endpoint, time.monotonic()):
                 self._watch.wake()
             token = self._take_token(endpoint)
-            floor = self._watch.data_loss.floor(endpoint, time.monotonic())
-            sent_epoch = self._watch.data_loss.epoch
+            # (the floor as the take that returns was sent: one from before would be lower)
+            floors = [self._watch.data_loss.floor(endpoint, time.monotonic())]
+            # (and its place among this node's takes as it was sent: TakenRequests.take)
+            serials = [next(self._take_serials)]
+
+            def sending(floors: list[Floor] = floors, serials: list[int] = serials) -> int:
+                floors[0] = self._watch.data_loss.floor(endpoint, time.monotonic())
+                serials[0] = next(self._take_serials)
+                return floors[0].stamp
+
+            def stamped(stamp: int, floors: list[Floor] = floors) -> None:
+                self._watch.data_loss.learned(endpoint, floors[0], stamp)
+
             self._taking[token] = endpoint
             current[:] = [token]
             try:
                 with self._router.watch_take(channel, token) as signal:
                     result = yield from take_flow(
-                        self.ctx, endpoint, token, signal, max_items, timeout_s, should_stop
-                    )
+                        self.ctx, endpoint, token, signal, max_items, timeout_s, should_stop,
+                        sending, stamped,
+                    )  # fmt: skip
             except PrqError:
                 self._take_failed(endpoint, token)
+                current.clear()  # (a spare now: the next take collects what this one got)
                 raise
-            self._taking.pop(token, None)
-            current.clear()
+            if token not in self._taking:
+                # withdrawn while the take was on its way (the node closing: _unpark_flow):
+                # what it took went back to the queue with its park, for another receiver,
+                # and a take that ran after took nothing; none of it runs here
+                current.clear()
+                return []
             if result.redelivered:
                 metrics.REDELIVERED.labels(endpoint).inc(result.redelivered)
-            good: list[PendingRequest] = []
-            if self._rolled_back(endpoint, floor, sent_epoch, result):
-                refused = [item.request_id for item in result.items]
-            else:
-                items, ghosts = self._without_ghosts(endpoint, result.items, result.counter)
-                opened, markers = yield from self._open_items(endpoint, items)
-                adopted = self._adopt(endpoint, result.token, items, opened)
-                for pending in adopted.good:
-                    if pending.id in markers:
-                        self._held_bodies[pending.id] = markers[pending.id]
-                good, refused = adopted.good, adopted.refused + ghosts
-                for item in adopted.ran:
-                    yield from self._ran_again(endpoint, result.token, item)
-                for item, exc in adopted.bad:
-                    # kept first, so whoever sees the error answer finds the dead letter
-                    yield Exec((
-                        dead_letter_call(
-                            self.ctx, endpoint, item.request_id, item.body,
-                            self._dead_reason(exc), item.attempt,
-                        ),
-                    ))  # fmt: skip
-                    metrics.DEAD_LETTERED.labels(endpoint).inc()
-                    yield from respond_flow(
-                        self.ctx, endpoint, item.request_id, result.token,
-                        self._bad_item_response(item, exc),
-                    )  # fmt: skip
-            for request_id in refused:
-                yield from cancel_flow(self.ctx, request_id, endpoint, "data_loss")
-            if good or not result.items:
+            # What the take got is this flow's until it returns: cut short before (a cancel,
+            # an error in the steps below, the node closing), none of it ran, and all of it
+            # goes back with the token (`current` keeps it for the driver, `_taking` for a
+            # close), let go here first
+            try:
+                good = yield from self._sort_taken(endpoint, floors[0], result, serials[0])
+            except BaseException:
+                self._let_go(endpoint, token, result.items)
+                raise
+            current.clear()
+            if self._taking.pop(token, None) is None:  # withdrawn meanwhile: given back
+                self._let_go(endpoint, token, result.items)
+                return []
+            if good or not (result.items or result.went_back is not None):
                 return good
+            # (a take that found Redis went back took nothing: the loss is declared now, and
+            # the next take is judged under its fence)
+
+    def _sort_taken(
+        self, endpoint: str, floor: Floor, result: TakeResult, serial: int = 0
+    ) -> Flow[list[PendingRequest]]:
+        """Judge a take (its reading, ghosts), hold what may run, answer or cancel the rest;
+        what the handler may run. `serial`: the take's place among this node's takes."""
+        good: list[PendingRequest] = []
+        self._judge_reading(endpoint, floor, result)
+        items, refused = self._without_ghosts(endpoint, result.items)
+        if items:
+            opened, markers = yield from self._open_items(endpoint, items)
+            adopted = self._adopt(endpoint, result.token, items, opened, serial)
+            for pending in adopted.good:
+                if pending.id in markers:
+                    self._held_bodies[pending.id] = markers[pending.id]
+            good, refused = adopted.good, refused + adopted.refused
+            for item in adopted.ran:
+                yield from self._ran_again(endpoint, result.token, item)
+            for item, exc in adopted.bad:
+                # kept first, so whoever sees the error answer finds the dead letter
+                yield Exec((
+                    dead_letter_call(
+                        self.ctx, endpoint, item.request_id, item.body,
+                        self._dead_reason(exc), item.attempt,
+                    ),
+                ))  # fmt: skip
+                metrics.DEAD_LETTERED.labels(endpoint).inc()
+                yield from respond_flow(
+                    self.ctx, endpoint, item.request_id, result.token,
+                    self._bad_item_response(item, exc),
+                )  # fmt: skip
+        for request_id in refused:
+            yield from cancel_flow(self.ctx, request_id, endpoint, "data_loss")
+        return good
+
+    def _let_go(self, endpoint: str, token: str, items: list[TakenItem]) -> None:
+        """Forget the items of a take that goes back unrun with its token (unpark.lua): not
+        held, not beaten for, not remembered as taken (so that taking one again is no sign of
+        a rolled-back Redis; a ghost, at or below the fence of a declared loss, stays refused
+        by it)."""
+        fence = self._watch.data_loss.fence_of(endpoint) or 0
+        for item in items:
+            pending = self._held.get(item.request_id)
+            if pending is not None and pending.owner_token == token:
+                self._held.pop(item.request_id, None)
+                self._held_bodies.pop(item.request_id, None)
+                self._watch.liveness.release(item.request_id)
+                pending.mark_cancelled("given_back")
+            if item.sequence > fence:
+                self._taken.forget(endpoint, item.sequence, item.request_id)
 
     def _open_items(
         self, endpoint: str, items: list[TakenItem]
@@ -148,17 +211,21 @@ class Taker(HeldSignatures):
         token: str,
         items: list[TakenItem],
         opened: dict[str, bytes | SerializationError],
+        serial: int = 0,
     ) -> Adopted:
         """Turn taken items into PendingRequests; set apart the undecodable ones, the ids of
         ones delivered a second time (to be cancelled, not run), and redeliveries of
-        at_least_once requests this node ran already (never run twice)."""
+        at_least_once requests this node ran already (never run twice). Items whose reply came
+        late (a later take of this node got them again since: TakenRequests.take) are left
+        out: their owner token lost them. `serial`: the take's place among this node's
+        takes (0: unknown)."""
         good: list[PendingRequest] = []
         bad: list[tuple[TakenItem, SerializationError]] = []
         refused: list[str] = []
         ran: list[TakenItem] = []
         created: list[int] = []
         now = time.monotonic()  # (a take's items arrived together)
-        life = self._watch.data_loss.life(endpoint, now)
+        decoded: list[tuple[TakenItem, Request]] = []
         for item in items:
             try:
                 data = opened[item.request_id]
@@ -175,10 +242,28 @@ class Taker(HeldSignatures):
                 )
                 bad.append((item, exc))
                 continue
-            if not self._first_delivery(endpoint, item, life):
+            decoded.append((item, request))
+        # Every item is looked up in the taken memory first: a repeat declares a loss, whose
+        # fence then judges the whole take (its other items came from the same rolled-back
+        # Redis, though this node never took them)
+        verdicts = {
+            item.request_id: self._first_delivery(endpoint, item, serial) for item, _ in decoded
+        }
+        repeats = {request_id for request_id, verdict in verdicts.items() if verdict == "again"}
+        fence = self._watch.data_loss.fence_of(endpoint) if repeats else 0
+        for item, request in decoded:
+            if verdicts[item.request_id] == "late":
+                logger.info(
+                    "a take's reply came after a later take got the request again, dropped "
+                    "request_id=%s attempt=%d",
+                    item.request_id,
+                    item.attempt,
+                )
+                continue
+            if item.request_id in repeats or 0 < item.sequence <= fence:
                 refused.append(item.request_id)
                 continue
-            if request.delivery == "at_least_once" and not self._first_run(endpoint, item, life):
+            if request.delivery == "at_least_once" and not self._first_run(endpoint, item):
                 ran.append(item)
                 continue
             delivery = checked_model(  # (an int, a hex digest: nothing to check)
@@ -190,42 +275,36 @@ class Taker(HeldSignatures):
             self._held[request.id] = pending
             if self.ctx.signer is not None and request.delivery == "at_least_once":
                 self._renewals.hold(request.id, endpoint, item.body, now)
-            self._watch.hold(pending, now)
+            self._watch.hold(pending, now, item.sequence)
             good.append(pending)
             created.append(item.created_ms)
         metrics.taken(endpoint, created)
         return Adopted(good, bad, refused, ran)
 
-    def _first_delivery(self, endpoint: str, item: TakenItem, life: int) -> bool:
-        """Remember a take; False if this node took the same hand-out before (the same
-        sequence number in this life of the endpoint's counter, the same id, an attempt not
-        later): a Redis that went back in time handed it out again, and it must not run. Data
-        loss is declared, unless it was already when that Redis was met
-        (prq.node.receiver.taken)."""
-        epoch = self._watch.data_loss.epoch_of(endpoint)
-        verdict = self._taken.take(
-            endpoint, item.sequence, item.request_id, item.attempt, life, epoch
-        )
-        if verdict == "again":
-            self._watch.declare_data_loss(
+    def _first_delivery(self, endpoint: str, item: TakenItem, serial: int = 0) -> Verdict:
+        """Remember a take; what it is (prq.node.receiver.taken). "again": this node took the
+        same hand-out before (the same sequence number and id, an attempt not later, not a
+        reply that came late): a Redis that went back in time handed it out again, which no
+        reading showed. It must not run, and data loss is declared, with what Redis holds now
+        behind the fence."""
+        verdict = self._taken.take(endpoint, item.sequence, item.request_id, item.attempt, serial)
+        if verdict != "again":
+            return verdict
+        watch = self._watch.data_loss
+        self._watch.declare_data_loss(
+            Loss(
                 f"request {item.request_id} was handed out again (sequence {item.sequence}, "
                 f"attempt {item.attempt})",
-                self._watch.data_loss.scope_of(endpoint),
+                watch.scope_of(endpoint),
+                watch.handed_again(endpoint, item.sequence),
             )
-        elif verdict == "again_after_loss":
-            logger.warning(
-                "request handed out again after data loss refused request_id=%s sequence=%d",
-                item.request_id, item.sequence,
-            )  # fmt: skip
-        return verdict == "first"
+        )
+        return "again"
 
-    def _first_run(self, endpoint: str, item: TakenItem, life: int) -> bool:
+    def _first_run(self, endpoint: str, item: TakenItem) -> bool:
         """Remember that this node runs an at_least_once request; False if it ran (or runs)
         the same one before: a redelivery (attempt 2 or later), not to be run again."""
-        generation = (self._watch.data_loss.epoch_of(endpoint), life)
-        return self._ran.first_run(
-            endpoint, item.sequence, item.request_id, item.attempt, generation
-        )
+        return self._ran.first_run(endpoint, item.sequence, item.request_id, item.attempt)
 
     def _ran_again(self, endpoint: str, token: str, item: TakenItem) -> Flow[None]:
         """A redelivery of an at_least_once request this node ran or runs: never run it again.
@@ -252,53 +331,61 @@ class Taker(HeldSignatures):
             logger.warning("answer dropped request_id=%s outcome=%s", request_id, outcome)
 
     def _without_ghosts(
-        self, endpoint: str, items: list[TakenItem], counter: int | None
+        self, endpoint: str, items: list[TakenItem]
     ) -> tuple[list[TakenItem], list[str]]:
-        """Set apart the taken items queued before a loss this node declared (their ids): the
-        Redis that lost data may hand them out though they ran already (data_loss: ghosts), so
-        they are cancelled, not run; their callers, if any still wait, get DataLoss. `counter`:
-        the take's reading of the enqueue counter."""
-        up_to = self._watch.data_loss.ghosts_for_take(endpoint, counter)
-        if not up_to:
+        """Set apart the taken items numbered at or below the fence of a loss this node
+        declared (their ids): queued before it, the Redis that lost data may hand them out
+        though they ran already (ghosts), so they are cancelled, not run; their callers, if any
+        still wait, get DataLoss. (0 is a number not known: such an item is not judged.)"""
+        fence = self._watch.data_loss.fence_of(endpoint)
+        if not fence:
             return items, []
         kept: list[TakenItem] = []
         ghosts: list[str] = []
         for item in items:
-            if 0 < item.sequence <= up_to:
+            if 0 < item.sequence <= fence:
                 ghosts.append(item.request_id)
             else:
                 kept.append(item)
-        if ghosts:
+        quiet = _ghost_log.admit(endpoint, len(ghosts)) if ghosts else None
+        if quiet is not None:
             logger.warning(
-                "requests queued before a data loss refused endpoint=%r count=%d",
+                "requests queued before a data loss refused endpoint=%r count=%d%s",
                 endpoint, len(ghosts),
+                f" (and {quiet} in the {GHOST_LOG_EVERY_S:g} s before)" if quiet else "",
             )  # fmt: skip
         return kept, ghosts
 
     def _take_token(self, endpoint: str) -> str:
+        """A spare token of the endpoint (`_spare_tokens`), else a new one. Serve threads take
+        at once: another may pop the last spare between a look and a pop, so only the pop
+        (one step) decides."""
         spare = self._spare_tokens.get(endpoint)
-        return spare.pop() if spare else new_token()
+        if spare:
+            try:
+                return spare.pop()
+            except IndexError:  # (another thread took the last one meanwhile)
+                pass
+        return new_token()
 
     def _take_failed(self, endpoint: str, token: str) -> None:
         self._spare_tokens.setdefault(endpoint, []).append(token)
 
-    def _rolled_back(
-        self, endpoint: str, floor: Floor | None, sent_epoch: int, result: TakeResult
-    ) -> bool:
-        """A take saw the enqueue counter lower than known (and vouched for) before it was
-        sent (in epoch `sent_epoch`): Redis went back in time, and what it handed out may have
-        run already. Declare data loss (True)."""
-        if result.counter is None:
-            return False
-        now = time.monotonic()
+    def _judge_reading(self, endpoint: str, floor: Floor, result: TakeResult) -> None:
+        """A take's readings, sent when `floor` was had: the receiver's stamp below the one it
+        sent, or the endpoint's last sequence number below the floor, says Redis went back in
+        time, and data loss is declared (what the take got is then judged against the new
+        fence); no number where it read one, a check is due at once."""
         watch = self._watch.data_loss
-        reason = watch.read(endpoint, floor, result.counter, now, sent_epoch)
-        if reason:
-            self._watch.declare_data_loss(reason, watch.scope_of(endpoint))
-            # (the first reading after it: it was taken after the loss, which it showed)
-            watch.read(endpoint, None, result.counter, now, watch.epoch)
-            return True
-        return False
+        loss = watch.stamped(endpoint, floor, result.stamp, result.went_back)
+        if loss is not None:
+            self._watch.declare_data_loss(loss)
+            watch.declared_by_stamp(endpoint)
+            return
+        if result.counter is not None:
+            loss = watch.read(endpoint, floor, result.counter, time.monotonic())
+        if loss is not None:
+            self._watch.declare_data_loss(loss)
 
     @staticmethod
     def _dead_reason(exc: SerializationError) -> str:

@@ -4,7 +4,13 @@ pickup deadline and cancelling it at the call deadline (see prq.protocol.flows).
 
 Reading an outcome: a final state becomes a response or its error in prq.protocol.outcomes
 (pure, shared with BulkClient); the helpers here open a pulse's response and read a body kept
-beside Redis back from the store (an `Offload`)."""
+beside Redis back from the store (an `Offload`).
+
+A record found gone is DataLoss only if it cannot have expired: an answer a caller waits for is
+kept at least `waited_response_ttl_s` (apply_response.lua), so a record gone sooner than that
+after the last read that found it unanswered was sent was lost. Later (the caller was paused,
+or a read took that long to get through), its answer may simply have expired before the caller
+read it: RequestExpired, which asks the node for no data-loss check."""
 
 from __future__ import annotations
 
@@ -20,8 +26,8 @@ from prq.protocol.effects import Exec, Flow, Offload, Waitable, first_reply
 from prq.protocol.flows.cancel import cancel_step, withdraw_flow
 from prq.protocol.flows.context import Context, exec_calls, to_ms, wait_for
 from prq.protocol.flows.registry import locator_calls, registry_calls
-from prq.protocol.outcomes import open_response, resolve, response_of
-from prq.protocol.scripts.enqueue import enqueue_call, parse_enqueue
+from prq.protocol.outcomes import missing_error, open_response, resolve, response_of
+from prq.protocol.scripts.enqueue import EnqueueOutcome, enqueue_call, parse_enqueue
 from prq.protocol.scripts.redelivery import Redelivery
 from prq.protocol.scripts.replies import HANDED, RequestSnapshot
 from prq.protocol.scripts.request_state import parse_snapshots, read_response_call
@@ -36,7 +42,7 @@ def call_flow(
     signal: Waitable,
     pickup_timeout_s: float,
     timeout_s: float | None,
-    on_counter: Callable[[int | None], None] | None = None,
+    on_enqueue: Callable[[EnqueueOutcome], None] | None = None,
     on_redelivered: Callable[[str], None] | None = None,
     register: bool = False,
     layout: Flow[None] | None = None,
@@ -46,8 +52,9 @@ def call_flow(
     `register`: add the endpoint to the registry with the enqueue (the node's first use of it).
     `layout`: a check that runs before anything is written (the node's layout check, which
     raises ConfigurationError for an endpoint holding the previous layout).
-    `on_counter` is called once the enqueue step answered, with the endpoint's enqueue counter
-    (for the data-loss watch), or None when the id was known already;
+    `on_enqueue` is called once the enqueue step answered, with what it did (for the data-loss
+    watch: the request's sequence number, none when the id was known already, and the last
+    number the endpoint gave before);
     `on_redelivered` gets the request's new state when this call's poll handed it out again
     ("queued") or dead-lettered it ("cancelled") because its receiver went silent
     (at_least_once)."""
@@ -58,6 +65,7 @@ def call_flow(
         poll_interval_s=ctx.settings.poll_interval_s,
         next_poll=started + ctx.settings.poll_interval_s,
         last_contact=started,
+        open_seen=started,
     )
     seen = signal.generation
     if layout is not None:
@@ -73,7 +81,7 @@ def call_flow(
                 pickup_timeout_s,
                 timeout_s,
                 clock,
-                on_counter,
+                on_enqueue,
                 on_redelivered,
             )
         )
@@ -100,6 +108,10 @@ class _CallClock:
     poll_interval_s: float
     next_poll: float
     last_contact: float
+    #: When the last read that found the request unanswered (or, first, the enqueue) was sent:
+    #: an answer stored since lives at least waited_response_ttl_s from then (call_flow's
+    #: module docstring).
+    open_seen: float
     picked_up: bool = False
     #: Handed out again after its receiver went silent (at_least_once): it may have run.
     redelivered: bool = False
@@ -155,7 +167,7 @@ def _enqueue_calls(
             to_ms(request_ttl_s),
             to_ms(settings.list_ttl_s),
             to_ms(settings.in_flight_ttl_s()),
-            to_ms(settings.receipt_ttl_s()),
+            to_ms(settings.receipt_ttl_s(ctx.redis)),
             to_ms(settings.handoff_confirm_s),
             to_ms(settings.receiver_timeout_s),
             request.priority,
@@ -178,17 +190,17 @@ def _await_outcome(
     pickup_timeout_s: float,
     timeout_s: float | None,
     clock: _CallClock,
-    on_counter: Callable[[int | None], None] | None,
+    on_enqueue: Callable[[EnqueueOutcome], None] | None,
     on_redelivered: Callable[[str], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
     replies = yield enqueue
     outcome = parse_enqueue(first_reply(replies), request.endpoint)
     clock.saw(outcome.handed, ctx.monotonic(), ctx.settings.handoff_confirm_s)
-    if on_counter is not None:
-        on_counter(outcome.counter)
+    if on_enqueue is not None:
+        on_enqueue(outcome)
     if outcome.known is not None:
-        known = yield from _outcome(ctx, outcome.known, request)
+        known = yield from _outcome(ctx, outcome.known, request, clock)
         if known is not None:
             return known
         clock.picked_up = outcome.known.state == RequestState.TAKEN
@@ -207,18 +219,28 @@ def _await_outcome(
             keys,
             (request.id,),
             to_ms(ctx.settings.receiver_timeout_s) if judge else 0,
-            Redelivery.of(ctx.settings),
+            Redelivery.of(ctx.settings, ctx.redis),
         )
+        sent = ctx.monotonic()
         (snapshot,) = parse_snapshots(first_reply((yield exec_calls(read))), 1)
         clock.saw(snapshot.state == HANDED, ctx.monotonic(), ctx.settings.handoff_confirm_s)
+        if snapshot.state in (RequestState.QUEUED, RequestState.TAKEN, HANDED):
+            clock.open_seen = sent
         if snapshot.redelivered and on_redelivered is not None:
             on_redelivered(snapshot.state)
-        result = yield from _outcome(ctx, snapshot, request)
+        result = yield from _outcome(ctx, snapshot, request, clock)
         if clock.picked_up and snapshot.state in (RequestState.QUEUED, HANDED):
             # handed out again (at_least_once), or given back unrun by a take cut short: it
-            # waits for a pickup afresh
+            # waits for a pickup again, until the deadline its record holds (a redelivery's
+            # window afresh; a given-back request's own, or a short grace if that has passed).
+            # Whether it may have run is its record's to say when it is withdrawn (withdraw.lua)
             clock.picked_up, clock.redelivered = False, True
-            clock.pickup_deadline = ctx.monotonic() + pickup_timeout_s
+            left_s = (
+                pickup_timeout_s
+                if snapshot.pickup_left_ms is None
+                else max(0.0, snapshot.pickup_left_ms / 1000)
+            )
+            clock.pickup_deadline = ctx.monotonic() + left_s
         if result is None:
             clock.picked_up = clock.picked_up or snapshot.state == RequestState.TAKEN
             result = yield from _past_deadlines(ctx, request, clock, timeout_s)
@@ -259,8 +281,17 @@ def _read_response(ctx: Context, request: Request, data: bytes) -> Flow[Response
     return response_of(data, request.id)
 
 
-def _outcome(ctx: Context, snapshot: RequestSnapshot, request: Request) -> Flow[Response | None]:
-    """resolve(), reading a response kept beside Redis back from the store."""
+def _outcome(
+    ctx: Context, snapshot: RequestSnapshot, request: Request, clock: _CallClock
+) -> Flow[Response | None]:
+    """resolve(), reading a response kept beside Redis back from the store; a record gone is
+    DataLoss or RequestExpired by how long ago the caller saw it unanswered (see the module
+    docstring)."""
+    if snapshot.state == "missing":
+        unseen_s = ctx.monotonic() - clock.open_seen
+        raise missing_error(
+            request.id, request.endpoint, unseen_s, ctx.settings.waited_response_ttl_s()
+        )
     if snapshot.state != RequestState.DONE:
         return resolve(snapshot, request.id, request.endpoint, ctx.signer)
     data = open_response(ctx.signer, request.id, request.endpoint, snapshot.response)
@@ -275,11 +306,11 @@ def _past_deadlines(
     if not clock.picked_up and now >= clock.pickup_deadline:
         why = "redelivery_timeout" if clock.redelivered else "pickup_timeout"
         snapshot = yield from withdraw_flow(ctx, request, why)
-        result = yield from _outcome(ctx, snapshot, request)
+        result = yield from _outcome(ctx, snapshot, request, clock)
         if result is not None:
             return result
         clock.picked_up = True  # taken just before the deadline: it keeps waiting
     if clock.call_deadline is not None and now >= clock.call_deadline:
         snapshot, _mine = yield from cancel_step(ctx, request.endpoint, request.id, "call_timeout")
-        return (yield from _outcome(ctx, snapshot, request))  # raises unless it was answered
+        return (yield from _outcome(ctx, snapshot, request, clock))  # raises unless answered
     return None

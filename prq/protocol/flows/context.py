@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prq.core.config import QueueSettings
+from prq.core.config import QueueSettings, RedisSettings
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Call, Exec, Wait, Waitable
 from prq.protocol.signing import Signer
@@ -34,7 +34,9 @@ class Context:
     settings: QueueSettings
     node_id: str
     wall_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
-    monotonic: Callable[[], float] = time.monotonic
+    #: (read through the module at each call, as wall_ms is: whoever stands in for `time` in
+    #: this module, as the protocol's simulation does, moves this clock too)
+    monotonic: Callable[[], float] = field(default=lambda: time.monotonic())
     #: Signs what this node writes and checks what it reads (None: no signing key).
     signer: Signer | None = None
     #: Reads back bodies kept beside Redis (prq.core.bodies); None: such a body is an error.
@@ -42,6 +44,9 @@ class Context:
     #: The endpoints this node's last take found without a max_in_flight limit: its answers
     #: there skip looking for receivers that wait for a free slot (take_flow keeps it).
     unlimited: set[str] = field(default_factory=set)
+    #: The node's connection settings: their timeouts bound how long a failed take lasts,
+    #: which its receipt outlives (QueueSettings.receipt_ttl_s; None: the defaults).
+    redis: RedisSettings | None = None
 
 
 def new_token() -> str:

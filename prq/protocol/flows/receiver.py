@@ -27,10 +27,18 @@ class TakeResult:
 
     token: str
     items: list[TakenItem]
-    #: The endpoint's enqueue counter as the last take saw it.
+    #: The endpoint's last sequence number as the last take saw it (0: none).
     counter: int | None = None
     #: at_least_once requests of silent receivers the takes queued again or dead-lettered.
     redelivered: int = 0
+    #: The receiver's stamp after the last take (take.lua; 0: not known).
+    stamp: int = 0
+    #: What the stamp held when the last take found it below the stamp it was sent with (0:
+    #: gone; None: it was not): Redis went back, and that take took nothing.
+    went_back: int | None = None
+    #: The stamp the last take was sent with (what `went_back` is below: a server time before
+    #: the loss, its fence).
+    sent_stamp: int = 0
 
 
 def take_flow(
@@ -41,6 +49,8 @@ def take_flow(
     max_items: int,
     timeout_s: float,
     should_stop: Callable[[], bool] | None = None,
+    before_take: Callable[[], int] | None = None,
+    on_stamp: Callable[[int], None] | None = None,
 ) -> Flow[TakeResult]:
     """Take up to `max_items` requests, waiting up to `timeout_s` for the first.
 
@@ -51,18 +61,26 @@ def take_flow(
     receiver instead of being lost with it. Between takes nothing is sent to Redis until a
     pulse or a hand-off arrives or the poll interval passes; `should_stop` is checked at least
     every `DEFAULT_STOP_CHECK_S`. The last take (at the deadline, or on stop) does not park, and
-    returns whatever the token was handed.
+    returns whatever the token was handed. `before_take` is called as each take is sent (the
+    result is the last one's: what it read is judged against what the node knew then); it
+    returns the highest stamp the receiver was answered on the endpoint (0: none), and a take
+    that finds its stamp below that (Redis went back) returns at once, having taken nothing.
+    `on_stamp` is told the stamp of each take that found none below: the node's other takes,
+    sent while this flow waits on, carry it (a rollback behind this take shows in theirs).
     """
     settings = ctx.settings
     keys = ctx.keys.endpoint(endpoint)
     deadline = ctx.monotonic() + timeout_s
     final = timeout_s <= 0
     redelivered = 0
-    redelivery = Redelivery.of(settings)
+    stamp = 0
+    redelivery = Redelivery.of(settings, ctx.redis)
     while True:
         seen = signal.generation
         now = ctx.monotonic()
         park_s = 0.0 if final else min(settings.poll_interval_s, deadline - now)
+        # (the flow's own last stamp counts too: an earlier take of it parked and came back)
+        known_stamp = max(stamp, 0 if before_take is None else before_take())
         replies = yield Exec(
             (take_call(
                 keys,
@@ -72,22 +90,34 @@ def take_flow(
                 max_items,
                 DEFAULT_TAKE_SCAN,
                 to_ms(settings.in_flight_ttl_s()),
-                to_ms(settings.receipt_ttl_s()),
+                to_ms(settings.receipt_ttl_s(ctx.redis)),
                 to_ms(park_s) if park_s > 0 else 0,
                 to_ms(settings.list_ttl_s),
                 to_ms(settings.receiver_timeout_s),
                 redelivery,
+                known_stamp,
             ),),
             express=final,  # (a take ahead, or the last one: not worth waiting for answers)
         )  # fmt: skip
         taken = parse_take(first_reply(replies))
         redelivered += taken.redelivered
+        stamp = taken.stamp
+        if on_stamp is not None and taken.went_back is None:
+            on_stamp(stamp)
         if taken.limited:
             ctx.unlimited.discard(endpoint)
         elif taken.limited is not None:
             ctx.unlimited.add(endpoint)
-        if taken.items or final:
-            return TakeResult(token, taken.items, taken.counter, redelivered)
+        if taken.items or final or taken.went_back is not None:
+            return TakeResult(
+                token,
+                taken.items,
+                taken.counter,
+                redelivered,
+                taken.stamp,
+                taken.went_back,
+                known_stamp,
+            )
         if taken.skipped >= DEFAULT_TAKE_SCAN:
             continue  # a run of dead ids: keep taking before waiting
         next_poll = ctx.monotonic() + park_s
@@ -112,11 +142,13 @@ def respond_flow(
     response: bytes,
     ttl_s: float | None = None,
 ) -> Flow[str]:
-    """Store a response as the request's owner, kept `ttl_s` (None: the response TTL; signed
-    to expire then too, with a signing key); returns the script's outcome."""
+    """Store a response as the request's owner, kept `ttl_s` (None: the response TTL), or
+    longer when a caller waits for it (QueueSettings.waited_response_ttl_s); signed, with a
+    signing key, to expire when the longer of the two ends; returns the script's outcome."""
     keep_ms = to_ms(ctx.settings.response_ttl_s if ttl_s is None else ttl_s)
+    waited_ms = to_ms(ctx.settings.waited_response_ttl_s())
     if ctx.signer is not None:
-        expiry_ms = ctx.wall_ms() + keep_ms
+        expiry_ms = ctx.wall_ms() + max(keep_ms, waited_ms)
         response = ctx.signer.sign("response", request_id, endpoint, response, expiry_ms)
     replies = yield exec_calls(
         apply_response_call(
@@ -128,6 +160,7 @@ def respond_flow(
             ctx.wall_ms(),
             ctx.settings.pulse_inline_limit_bytes,
             unlimited=endpoint in ctx.unlimited,
+            waited_ttl_ms=waited_ms,
         )
     )
     return parse_apply_response(first_reply(replies))

@@ -189,7 +189,8 @@ local function queued_fields(key, s)
     local deadline, first, nonce = string.match(shared or '', '^(%d+),(%d+),(.*)$')
     if deadline then
       out.pd, out.bn = deadline, nonce
-      out.sq = tostring(tonumber(first) + tonumber(ix) - 1)
+      -- (16 digits: tostring would keep 14, _sequence.lua)
+      out.sq = string.format('%.0f', tonumber(first) + tonumber(ix) - 1)
     end
   end
   return out

@@ -80,9 +80,9 @@ local function reclaim(k, id, now, o, overdue)
   if hand_off(k, id, now, o) then return 'handed' end
   redis.call('HSET', k.hash, 'st', 'queued')
   redis.call('HDEL', k.hash, 'own', 'rcv', 'ho')
-  local left = math.max(0, (tonumber(pd) or now) - now)
-  redis.call('PEXPIRE', k.hash, left + tonumber(o.extra_ttl))
-  queue_push_front(k.levels, k.prefix, pri or '0', id, o.list_ttl)
+  local ttl = math.max(0, (tonumber(pd) or now) - now) + tonumber(o.extra_ttl)
+  redis.call('PEXPIRE', k.hash, ttl)
+  queue_push_front(k.levels, k.prefix, pri or '0', id, o.list_ttl, now, ttl)
   redis.call('PUBLISH', o.pulse, '')
   return 'queued'
 end

@@ -26,8 +26,9 @@ local function redeliver(k, id, now, o)
   if att < ma and body then
     redis.call('HSET', k.hash, 'st', 'queued', 'pd', now + pw)
     redis.call('HDEL', k.hash, 'own', 'rcv', 'tk', 'hr')
-    redis.call('PEXPIRE', k.hash, pw + tonumber(o.extra_ttl))
-    queue_push_front(k.levels, k.prefix, pri or '0', id, o.list_ttl)
+    local ttl = pw + tonumber(o.extra_ttl)
+    redis.call('PEXPIRE', k.hash, ttl)
+    queue_push_front(k.levels, k.prefix, pri or '0', id, o.list_ttl, now, ttl)
     redis.call('PUBLISH', o.pulse, '')
     return 'queued'
   end

@@ -26,11 +26,11 @@ __all__ = [
 APPLY_OUTCOMES: Final = frozenset({"ok", "replay", "duplicate", "stale", "fenced", "unknown"})
 
 
-#: Values per answer in an apply_response call, after its keys and its three shared values.
+#: Values per answer in an apply_response call, after its keys and its shared values.
 ANSWER_ARGS: Final = 5
 ANSWER_KEYS: Final = 5
-#: EVALSHA, sha, numkeys, the keys, the four values every answer of a call shares.
-ANSWER_HEAD: Final = 3 + ANSWER_KEYS + 4
+#: EVALSHA, sha, numkeys, the keys, the five values every answer of a call shares.
+ANSWER_HEAD: Final = 3 + ANSWER_KEYS + 5
 
 
 def apply_response_call(
@@ -42,10 +42,13 @@ def apply_response_call(
     now_ms: int,
     pulse_inline_limit_bytes: int,
     unlimited: bool = False,
+    waited_ttl_ms: int = 0,
 ) -> Call:
     """One answer; answers to one endpoint sent together go as one call (merge_answers).
     `unlimited`: the receiver's last take found no max_in_flight limit on the endpoint, so the
-    answer need not look for receivers waiting for the slot it frees."""
+    answer need not look for receivers waiting for the slot it frees. `waited_ttl_ms`: the
+    shortest an answer that a caller waits for is kept (QueueSettings.waited_response_ttl_s;
+    0: just its own TTL)."""
     return APPLY_RESPONSE.call(
         (keys.running, keys.limits, keys.levels, keys.lease, keys.request_prefix),
         (
@@ -53,6 +56,7 @@ def apply_response_call(
             pulse_inline_limit_bytes,
             keys.pulse_channel,
             0 if unlimited else 1,
+            waited_ttl_ms,
             request_id,
             owner_token,
             response,

@@ -13,7 +13,10 @@ ARGV[3]  the endpoint's pulse channel
 ARGV[4]  '0' when the receiver knows the endpoint has no max_in_flight limit (its last take
          said so: take.lua), so that no receiver can wait for the slots these answers free;
          '1' to look
-ARGV[5..] one group of ANSWER_ARGS values per answer:
+ARGV[5]  the shortest an answer someone waits for is kept, ms (QueueSettings
+         .waited_response_ttl_s): an answer whose request has a sender or watchers is kept at
+         least this long, whatever its own TTL
+ARGV[6..] one group of ANSWER_ARGS values per answer:
          request id, owner token of the receiver that answers, response (JSON),
          response TTL (ms), now_ms
 
@@ -34,12 +37,18 @@ Invariants:
 - only the owner of a taken request can answer it, and only once
 - value and TTL are written together; the request body is dropped with the answer (its fields
   emptied in the same write: blank_body)
+- an answer that a caller waits for (the request names a sender, or has watchers) outlives the
+  caller's next poll: a caller that missed the pulse then still reads it, and a record such a
+  caller finds gone sooner was lost, not expired (prq.protocol.flows.call). A detached answer
+  (nobody waits; its readers tell expiry from loss themselves: prq.bulk.LossWatch) is kept
+  exactly its TTL
 - a one-way message (notify, "ow") keeps no answer: it is marked done, the answer dropped
 - each answer is judged alone: one call's answers may be for requests in any state
 ]]
 -- include: _body
 local ANSWER_ARGS = 5
-local first = 5
+local first = 6
+local waited_ttl = tonumber(ARGV[5])
 local statuses, answered, leased = {}, {}, {}
 local inline_max = tonumber(ARGV[2])
 -- the pulses to send, by channel, in the order the channels first came
@@ -73,6 +82,7 @@ local function answer(id, token, response, ttl, now)
     fields[6] = response
   end
   redis.call('HSET', key, unpack(blank_body(fields, bk)))
+  if (snd or watchers) and tonumber(ttl) < waited_ttl then ttl = waited_ttl end
   redis.call('PEXPIRE', key, ttl)
   answered[#answered + 1] = id
   if ma then leased[#leased + 1] = id end

@@ -13,10 +13,12 @@ ARGV[4]  request id
 ARGV[5]  nonce of this cancel call (the same when the call is retried)
 
 Reply: {state, response, reason, mine}
-  state = "withdrawn"   it was queued, or handed to a receiver that had not confirmed it: it
-                        will never run (CancelledBeforePickup)
-          "cancelled"   it was taken: its receiver is told (pub/sub "c|<id>|<reason>", and the
-                        state it polls), and a response that comes later is dropped
+  state = "withdrawn"   it was queued, or handed to a receiver that had not confirmed it, and
+                        was never handed out before: it will never run (CancelledBeforePickup)
+          "cancelled"   it was taken, or it is an at_least_once request queued again after a
+                        receiver that took it went silent (it may have run there): its last
+                        receiver is told (pub/sub "c|<id>|<reason>", and the state it polls),
+                        and a response that comes later is dropped
           "done"        too late: it has its response (returned)
           "missing"     nothing is stored under the id
   mine  = 1 when this call (this nonce) made the change, also on a replay; else 0
@@ -27,18 +29,20 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
-local st, rsp, why, wn, rcv, snd, watchers, pri, ma = unpack(record_hmget(KEYS[1], {'st',
-  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma'}))
+local st, rsp, why, wn, rcv, snd, watchers, pri, ma, att = unpack(record_hmget(KEYS[1], {'st',
+  'rsp', 'why', 'wn', 'rcv', 'snd', 'w', 'pri', 'ma', 'att'}))
 if not st then return {'missing', '', '', 0} end
 if st == 'queued' or st == 'handed' or st == 'taken' then
-  local after = st == 'taken'
+  -- handed out before (att counts confirmed pickups): it may have run, so it is cancelled after
+  -- pickup, whatever lane or hand-off it waits in now
+  local after = st == 'taken' or (tonumber(att) or 0) > 0
   local was = st
   st = after and 'cancelled' or 'withdrawn'
   local now = server_ms()
   redis.call('HSET', KEYS[1], 'st', st, 'why', ARGV[1], 'dn', now, 'wn', ARGV[5])
   drop_body(KEYS[1], {})
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if after then
+  if was == 'taken' then
     redis.call('ZREM', KEYS[2], ARGV[4])
     if ma then redis.call('ZREM', KEYS[5], ARGV[4]) end
   elseif was == 'handed' then

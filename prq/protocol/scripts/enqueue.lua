@@ -2,7 +2,7 @@
 One call enqueues one request or many: a node's enqueues to one endpoint that go out together
 are merged into one call (prq.protocol.scripts.merging.merge_enqueues), each judged as if it came alone, in order.
 
-KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[12..] the others')
+KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[13..] the others')
 KEYS[2]  queued levels         prq:{e}:pri      (see _queue.lua)
 KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
@@ -13,6 +13,7 @@ KEYS[8]  limits                prq:{e}:lim      (hash: mif, mp; absent = no limi
 KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queue.lua)
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
+KEYS[12] sequence numbers      prq:{e}:sq       (the last one given; _sequence.lua)
 ARGV[1..16] the first request's values, ARGV[17..32] the second's, and so on:
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
@@ -33,9 +34,10 @@ ARGV[16] pickup window, ms: the pickup deadline "pd" is this much after now by s
          (TIME), the clock every take judges it by
 
 Reply, for one request (a call of several answers a list of these, one per request, in order):
-  {"new", counter}                      queued (and the endpoint pulsed if a receiver is
-                                        parked); counter = the endpoint's enqueue count so far
-  {"handed", counter}                   handed to a parked receiver (_handoff.lua): "handed" to
+  {"new", sq, before}                   queued (and the endpoint pulsed if a receiver is
+                                        parked); sq = its sequence number, before = the last
+                                        number the endpoint gave before this call (0: none)
+  {"handed", sq, before}                handed to a parked receiver (_handoff.lua): "handed" to
                                         its token, listed in its receipt, and its node pulsed
                                         "t|<token>|<id>"; not picked up until the receiver
                                         confirms it
@@ -48,7 +50,9 @@ Reply, for one request (a call of several answers a list of these, one per reque
 Invariants:
 - a known id (queued, taken, answered or cancelled, until its hash expires) is never enqueued
   again, so a replay of this script after a lost reply changes nothing; a withdrawn id (it never
-  ran) is enqueued afresh, so a caller may retry a PickupTimeout with the same id
+  ran) is enqueued afresh, so a caller may retry a PickupTimeout with the same id, but not by
+  a replay of the enqueue that queued it (same sender, same creation time "ct"): withdrawn
+  between the two, it stays withdrawn
 - a request goes to a parked receiver only if nothing is queued (what waits goes first, in the
   order of _queue.lua) and its park is live by server time; stale parks are
   dropped; a hand-off is recorded in the token's receipt, so a lost pulse loses nothing, and
@@ -57,38 +61,40 @@ Invariants:
 - the requests of one call are judged in order, each seeing what those before it wrote
   (consecutive ones of one lane are pushed together, before anything reads the queue); the
   endpoint is pulsed once, after the last
-- the counter only grows while Redis keeps its data and the key lives (nodes use it to notice a
-  rollback; their data-loss checks refresh its TTL while they compare against it, and it expires
-  a list TTL after the last node stopped using the endpoint)
+- the enqueue counter (KEYS[3]) counts the requests enqueued, for operators; the sequence
+  numbers (KEYS[12], _sequence.lua) only grow on one server's data, also when their key expires
+  or is flushed (each is at least the server's clock in microseconds): nodes judge rollbacks
+  and refuse what a lost Redis still holds by them (prq.node.data_loss)
 - a handed-off request is listed in the in-flight set (take.lua does the same for what it takes)
   and in the hand-off set, until it is confirmed or reclaimed
 - capacity: no new request while max_pending ids are queued; no hand-off while max_in_flight
   requests are in flight (entries refreshed within the receiver timeout), it is queued instead
 - a queued request joins its priority level, in its producer's turn (_queue.lua)
-- the request's sequence number "sq" is a value the counter took: unique per endpoint while
-  Redis keeps its data and the counter lives (receivers track what they took and ran by it, per
-  life of the counter); the first new request of a call raises the counter once for itself and
-  every request after it in the call, so numbers of requests found known or refused after it
-  go unused (gaps are harmless: nothing counts on consecutive numbers)
+- the request's sequence number "sq" is unique per endpoint (receivers track what they took and
+  ran by it); the first new request of a call takes numbers once for itself and every request
+  after it in the call, so numbers of requests found known or refused after it go unused (gaps
+  are harmless: nothing counts on consecutive numbers)
 ]]
 -- include: _body
 -- include: _queue
 -- include: _handoff
+-- include: _sequence
 local GROUP = 16
 -- what every request of the call shares, read once: the limits, the server's clock, whether a
 -- receiver is parked (read again after a hand-off, which takes or drops parks)
 local limits, now, parked = nil, nil, nil
 local queued = false
--- sequence numbers: the first new request of a call reserves one for itself and each request
--- after it (one INCRBY); `numbered` is the last handed out, `reserved` the last reserved
-local numbered, reserved = 0, 0
+-- sequence numbers: the first new request of a call takes one for itself and each request
+-- after it (_sequence.lua), and counts them; `numbered` is the last handed out, `reserved` the
+-- last taken, `before` the last the endpoint gave before this call
+local numbered, reserved, before = 0, 0, 0
 -- ids to push to one lane (priority, producer) not pushed yet: consecutive requests of one
 -- lane go in one push, made before anything reads the queue and at the end of the call
 local lane = {ids = {}}
 
 local function flush()
   if #lane.ids > 0 then
-    queue_push(KEYS[2], KEYS[9], lane.p, lane.producer, lane.ids, lane.ttl, now)
+    queue_push(KEYS[2], KEYS[9], lane.p, lane.producer, lane.ids, lane.ttl, now, lane.hold)
     lane = {ids = {}}
   end
 end
@@ -96,8 +102,11 @@ end
 -- the sequence number of the new request whose values start after ARGV[a]
 local function next_number(a)
   if numbered == reserved then
-    reserved = redis.call('INCRBY', KEYS[3], (#ARGV - a) / GROUP)
-    numbered = reserved - (#ARGV - a) / GROUP
+    local count = (#ARGV - a) / GROUP
+    local first, last = take_numbers(KEYS[12], count, ARGV[a + 7])
+    if reserved == 0 then before = last end
+    numbered, reserved = first - 1, first + count - 1
+    redis.call('INCRBY', KEYS[3], count)
     redis.call('PEXPIRE', KEYS[3], ARGV[a + 7])
   end
   numbered = numbered + 1
@@ -107,10 +116,12 @@ end
 -- enqueue the request whose record is `key` and whose values start after ARGV[a]
 local function enqueue_one(key, a)
   -- (the hash form: a watcher may join below)
-  local known = record_hmget(key, {'st', 'snd', 'w', 'rsp', 'why'})
+  local known = record_hmget(key, {'st', 'snd', 'w', 'rsp', 'why', 'ct'})
   local state = known[1]
-  if state == 'withdrawn' then
-    -- it never ran and never will: a retry with the same id is a fresh request
+  if state == 'withdrawn' and not (known[2] == ARGV[a + 3] and known[6] == ARGV[a + 4]) then
+    -- it never ran and never will: a request sent again with the same id is a fresh one. Not
+    -- this very enqueue replayed (the same sender and creation time: its first reply was
+    -- lost) after another node withdrew or cancelled it: whoever did was told it never runs
     redis.call('DEL', key)
     state = nil
   end
@@ -142,7 +153,7 @@ local function enqueue_one(key, a)
   now = now or server_ms()
   -- the record, queued (a hand-off below makes it 'handed', adding that state's fields)
   local fields = body_fields({'st', 'queued', 'snd', ARGV[a + 3], 'ct', ARGV[a + 4],
-    'pd', now + tonumber(ARGV[a + 16]), 'sq', counter}, ARGV[a + 2])
+    'pd', now + tonumber(ARGV[a + 16]), 'sq', number_text(counter)}, ARGV[a + 2])
   if ARGV[a + 13] ~= '0' then  -- absent reads as priority 0 everywhere
     fields[#fields + 1] = 'pri'
     fields[#fields + 1] = ARGV[a + 13]
@@ -170,7 +181,7 @@ local function enqueue_one(key, a)
       list_ttl = ARGV[a + 7], node_prefix = ARGV[a + 9]}
     local handed = hand_off(k, ARGV[a + 1], now, o)
     parked = nil  -- (the hand-off took a park, or dropped those it found stale)
-    if handed then return {'handed', counter} end
+    if handed then return {'handed', counter, before} end
   end
 
   redis.call('PEXPIRE', key, ARGV[a + 6])
@@ -180,14 +191,15 @@ local function enqueue_one(key, a)
     lane.p, lane.producer, lane.ttl = p, producer, ttl
   end
   lane.ids[#lane.ids + 1] = ARGV[a + 1]
+  lane.hold = math.max(lane.hold or 0, tonumber(ARGV[a + 6]))
   queued = true
-  return {'new', counter}
+  return {'new', counter, before}
 end
 
 local n = #ARGV / GROUP
 local replies = {}
 for j = 1, n do
-  replies[j] = enqueue_one(j == 1 and KEYS[1] or KEYS[10 + j], (j - 1) * GROUP)
+  replies[j] = enqueue_one(j == 1 and KEYS[1] or KEYS[11 + j], (j - 1) * GROUP)
 end
 flush()
 -- only a parked receiver waits for the pulse: one that is not parked is taking or handling,

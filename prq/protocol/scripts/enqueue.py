@@ -32,12 +32,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOutcome:
-    """`counter` is set when the request was enqueued; `known` when its id already existed;
-    `handed` when it went straight to a parked receiver (to be confirmed)."""
+    """`counter` is set when the request was enqueued: its sequence number; `before` the last
+    number the endpoint gave before (0: none; prq.node.data_loss judges both); `known` when its
+    id already existed; `handed` when it went straight to a parked receiver (to be
+    confirmed)."""
 
     counter: int | None
     known: RequestSnapshot | None
     handed: bool = False
+    before: int = 0
 
 
 def enqueue_call(
@@ -63,7 +66,7 @@ def enqueue_call(
     return ENQUEUE.call(
         (keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
          keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
-         keys.handoffs),
+         keys.handoffs, keys.numbers),
         (request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
          keys.pulse_channel, keys.node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
          receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms),
@@ -72,14 +75,20 @@ def enqueue_call(
 
 #: Values per request in an enqueue call; the keys shared by a merged call's requests.
 ENQUEUE_ARGS: Final = 16
-ENQUEUE_KEYS: Final = 11
+ENQUEUE_KEYS: Final = 12
 
 
 def parse_enqueue(reply: Reply, endpoint: str = "") -> EnqueueOutcome:
     """Raises QueueFull when the endpoint is at its max_pending."""
     items = as_array(reply, "enqueue")
-    if len(items) == 2 and as_text(items[0]) in ("new", "handed") and isinstance(items[1], int):
-        return EnqueueOutcome(counter=items[1], known=None, handed=as_text(items[0]) == "handed")
+    if (
+        len(items) == 3
+        and as_text(items[0]) in ("new", "handed")
+        and isinstance(items[1], int)
+        and isinstance(items[2], int)
+    ):
+        handed = as_text(items[0]) == "handed"
+        return EnqueueOutcome(items[1], None, handed, items[2])
     if len(items) == 3 and as_text(items[0]) == "full":
         raise QueueFull(
             f"endpoint {endpoint or '?'} holds {as_text(items[1])} queued requests, its "
@@ -109,6 +118,9 @@ class BatchOutcome:
     #: Ids the batch's task attempt wrote in another of its batches: not enqueued again (not
     #: among duplicate_ids).
     repeated_ids: list[str] = field(default_factory=list)
+    #: Known ids whose record carries another fingerprint than the new request's: another
+    #: request holds the id; not enqueued again (not among duplicate_ids).
+    conflict_ids: list[str] = field(default_factory=list)
 
 
 def enqueue_many_call(
@@ -126,6 +138,7 @@ def enqueue_many_call(
     ledger: tuple[str, int] | None = None,
     retry_failed: bool = False,
     attempt_of: tuple[str, str] = ("", ""),
+    fingerprints: Sequence[bytes] | None = None,
 ) -> Call:
     """All `items` are queued at `priority` for `producer`, at_least_once when `max_attempts`
     is above 0 (their bodies should say the same); `one_way`: no answer is kept (notify).
@@ -135,6 +148,8 @@ def enqueue_many_call(
     another try (data loss, a lost or shut-down receiver, attempts used up) are queued afresh.
     `attempt_of`: the prefixes of the nonces of this batch's task attempt and of its task
     (prq.bulk.TaskAttempt; empty: none), which `nonce` begins with.
+    `fingerprints`: one per item (prq.bulk.fingerprints), stored in its record as its first
+    named field 'fp': a known id whose record has another one is a conflict, not a duplicate.
     `now_ms` is the enqueuer's clock (the creation time); the pickup deadline is
     `pickup_window_ms` after now by Redis's clock.
 
@@ -168,22 +183,43 @@ def enqueue_many_call(
         priority, producer, shape, token, ledger[1] if ledger is not None else 0,
         1 if retry_failed else 0, *attempt_of,
     ]  # fmt: skip
+    if fingerprints is not None and len(fingerprints) != len(items):
+        raise ValueError("one fingerprint per item")
     if shape == "Q2":
-        prefix = keys.request_prefix
-        head = b"Q2%d," % now_ms
-        for place, (request_id, body) in enumerate(items, 1):
-            raw = body.encode() if isinstance(body, str) else body
-            args += [prefix + request_id, b"%b%d,%b%b" % (head, place, fields, raw)]
+        args += _whole_records(keys.request_prefix, b"Q2%d," % now_ms, fields, items, fingerprints)
     else:
-        for request_id, body in items:
+        for at, (request_id, body) in enumerate(items):
             raw = body.encode() if isinstance(body, str) else body
-            args += [request_id, fields + raw]
+            mark = b"" if fingerprints is None else _queued_field(b"fp", fingerprints[at])
+            args += [request_id, mark + fields + raw]
     endpoint_keys: tuple[str, ...] = (
-        keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix
+        keys.levels, keys.sequence, keys.request_prefix, keys.limits, keys.level_prefix,
+        keys.numbers,
     )  # fmt: skip
     if ledger is not None:
         endpoint_keys += (keys.ledger(ledger[0]),)
     return ENQUEUE_MANY.call(endpoint_keys, tuple(args))
+
+
+def _whole_records(
+    prefix: str,
+    head: bytes,
+    fields: bytes,
+    items: Sequence[tuple[str, str | bytes]],
+    fingerprints: Sequence[bytes] | None,
+) -> list[str | int | bytes]:
+    """The Q2 shape's arguments: each record's key and its whole string (its head, its place,
+    its fingerprint first when it has one, the batch's fields, its body)."""
+    args: list[str | int | bytes] = []
+    if fingerprints is None:
+        for place, (request_id, body) in enumerate(items, 1):
+            raw = body.encode() if isinstance(body, str) else body
+            args += [prefix + request_id, b"%b%d,%b%b" % (head, place, fields, raw)]
+        return args
+    for place, ((request_id, body), fp) in enumerate(zip(items, fingerprints, strict=True), 1):
+        raw = body.encode() if isinstance(body, str) else body
+        args += [prefix + request_id, b"%b%d,fp%d:%b%b%b" % (head, place, len(fp), fp, fields, raw)]
+    return args
 
 
 #: The smallest batch enqueue_many sends whole, with a shared head (see enqueue_many_call).
@@ -197,15 +233,23 @@ def _queued_field(name: bytes, value: bytes) -> bytes:
 
 def parse_enqueue_many(reply: Reply, expected: int) -> BatchOutcome:
     items = as_array(reply, "enqueue_many")
-    head = items[:7]
-    if len(head) < 7 or not all(isinstance(v, int) for v in head):
+    head = items[:_COUNTS]
+    if len(head) < _COUNTS or not all(isinstance(v, int) for v in head):
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
     counts: list[int] = [v for v in head if isinstance(v, int)]
-    accepted, duplicates, counter, refused, depth, gone, repeats = counts
-    listed = duplicates + refused + gone + repeats
-    if len(items) != 7 + listed or accepted + listed != expected:
+    accepted, duplicates, counter, refused, depth, gone, repeats, conflicts = counts
+    listed = duplicates + refused + gone + repeats + conflicts
+    if len(items) != _COUNTS + listed or accepted + listed != expected:
         raise SerializationError(f"unexpected enqueue_many reply from Redis: {reply!r:.200}")
-    ids = [as_text(v) for v in items[7:]]
-    cuts = [0, duplicates, duplicates + refused, duplicates + refused + gone, listed]
-    dup_ids, refused_ids, gone_ids, repeated_ids = (ids[a:b] for a, b in itertools.pairwise(cuts))
-    return BatchOutcome(accepted, dup_ids, counter, refused_ids, depth, gone_ids, repeated_ids)
+    ids = [as_text(v) for v in items[_COUNTS:]]
+    cuts = list(itertools.accumulate((duplicates, refused, gone, repeats, conflicts), initial=0))
+    dup_ids, refused_ids, gone_ids, repeated_ids, conflict_ids = (
+        ids[a:b] for a, b in itertools.pairwise(cuts)
+    )
+    return BatchOutcome(
+        accepted, dup_ids, counter, refused_ids, depth, gone_ids, repeated_ids, conflict_ids
+    )
+
+
+#: The counts that open an enqueue_many reply (enqueue_many.lua), before the ids.
+_COUNTS: Final = 8

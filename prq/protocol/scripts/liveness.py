@@ -4,13 +4,22 @@ whose loss tells that Redis lost data), each a call builder and, where it answer
 
 from __future__ import annotations
 
+import secrets
+
 from prq.core.errors import SerializationError
 from prq.core.keys import EndpointKeys
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.loading import BEAT, CANARY, PRESENCE
 from prq.protocol.scripts.replies import as_array, as_text
 
-__all__ = ["beat_call", "canary_call", "parse_beat", "parse_canary", "presence_call"]
+__all__ = [
+    "beat_call",
+    "canary_call",
+    "fresh_canary",
+    "parse_beat",
+    "parse_canary",
+    "presence_call",
+]
 
 
 def beat_call(
@@ -47,11 +56,26 @@ def presence_call(keys: EndpointKeys, node_id: str, stale_ms: int, ttl_ms: int) 
     return PRESENCE.call((keys.receivers,), (node_id, stale_ms, ttl_ms))
 
 
-def canary_call(key: str, ttl_ms: int, last: int | None) -> Call:
-    return CANARY.call((key,), (ttl_ms, -1 if last is None else last))
+def canary_call(key: str, ttl_ms: int, expected: int | None, following: int) -> Call:
+    """Step the canary `key` from `expected` (0: none; None: not known, write anyway) to
+    `following`: the reply is `following` when the canary held what was expected."""
+    return CANARY.call((key,), (ttl_ms, -1 if expected is None else expected, following))
 
 
-def parse_canary(reply: Reply) -> int:
-    if not isinstance(reply, int):
+def fresh_canary() -> int:
+    """A fresh canary's value: at random, so that no canary Redis brings back from an older
+    state of its data has it (and, below 2**53, exact in Lua)."""
+    return secrets.randbelow(2**52) + 2**40
+
+
+def parse_canary(reply: Reply) -> tuple[int, int]:
+    """The canary's value after the step, and the server's clock then (microseconds)."""
+    if (
+        not isinstance(reply, list)
+        or len(reply) != 2
+        or not all(isinstance(part, int) for part in reply)
+    ):
         raise SerializationError(f"unexpected canary reply from Redis: {reply!r:.200}")
-    return reply
+    value, clock = reply
+    assert isinstance(value, int) and isinstance(clock, int)
+    return value, clock

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prq.core.config import QueueSettings
+from prq.core.config import QueueSettings, RedisSettings
 
 __all__ = ["Redelivery"]
 
@@ -26,7 +26,9 @@ class Redelivery:
     receipt_ttl_ms: int
 
     @classmethod
-    def of(cls, settings: QueueSettings) -> Redelivery:
+    def of(cls, settings: QueueSettings, redis: RedisSettings | None = None) -> Redelivery:
+        """From the node's settings (`redis`: its connection settings, which the receipt TTL
+        follows; None: the defaults)."""
         return cls(
             int(settings.request_ttl_extra_s * 1000),
             int(settings.list_ttl_s * 1000),
@@ -34,5 +36,5 @@ class Redelivery:
             settings.dead_letter_max,
             int(settings.handoff_confirm_s * 1000),
             int(settings.in_flight_ttl_s() * 1000),
-            int(settings.receipt_ttl_s() * 1000),
+            int(settings.receipt_ttl_s(redis) * 1000),
         )

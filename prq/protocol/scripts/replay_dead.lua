@@ -7,6 +7,7 @@ KEYS[4]  request hash          prq:{e}:r:<id>
 KEYS[5]  queued levels         prq:{e}:pri  (see _queue.lua)
 KEYS[6]  enqueue counter       prq:{e}:seq
 KEYS[7]  level prefix          prq:{e}:l:   (the priority is appended)
+KEYS[8]  sequence numbers      prq:{e}:sq   (the last one given; _sequence.lua)
 ARGV[1]  request id
 ARGV[2]  now_ms (the replayed request's creation time)
 ARGV[3]  pickup window, ms: the pickup deadline is this much after now by server time (TIME)
@@ -29,6 +30,7 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
+-- include: _sequence
 local body = redis.call('HGET', KEYS[3], ARGV[1])
 if not body then return 'missing' end
 local priority, producer, attempts = '0', '', nil
@@ -51,10 +53,12 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 local st = record_get(KEYS[4], {'st'})[1]
 if st == 'queued' or st == 'handed' or st == 'taken' then return 'live' end
 redis.call('DEL', KEYS[4])
-local sequence = redis.call('INCR', KEYS[6])
+redis.call('INCR', KEYS[6])
 redis.call('PEXPIRE', KEYS[6], ARGV[5])
+local sequence = take_numbers(KEYS[8], 1, ARGV[5])
 local now = server_ms()
-local fields = {'st', 'queued', 'ct', ARGV[2], 'pd', now + tonumber(ARGV[3]), 'sq', sequence}
+local fields = {'st', 'queued', 'ct', ARGV[2], 'pd', now + tonumber(ARGV[3]),
+  'sq', number_text(sequence)}
 if tonumber(priority) ~= 0 then  -- absent reads as priority 0 everywhere
   fields[#fields + 1] = 'pri'
   fields[#fields + 1] = priority
@@ -65,6 +69,6 @@ if attempts then
     'pro', producer)
 end
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
-queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5], now)
+queue_push(KEYS[5], KEYS[7], priority, producer, {ARGV[1]}, ARGV[5], now, ARGV[4])
 redis.call('PUBLISH', ARGV[6], '')
 return 'replayed'

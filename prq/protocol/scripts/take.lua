@@ -5,7 +5,7 @@ KEYS[2]  request hash prefix   prq:{e}:r:   (ids are appended; same hash tag, sa
 KEYS[3]  take receipt          prq:{e}:t:<token>
 KEYS[4]  parked tokens         prq:{e}:parked   (list, oldest first)
 KEYS[5]  park details          prq:{e}:parks    (hash: token -> "<node>|<until, server ms>")
-KEYS[6]  enqueue counter       prq:{e}:seq
+KEYS[6]  sequence numbers      prq:{e}:sq   (the last one given; _sequence.lua)
 KEYS[7]  in-flight ids         prq:{e}:run      (zset: id -> last contact, server ms)
 KEYS[8]  limits                prq:{e}:lim      (hash: mif = max in flight; absent = no limit)
 KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queue.lua)
@@ -14,6 +14,7 @@ KEYS[11] dead-lettered ids     prq:{e}:dead     (KEYS[11..13]: the dead-letter k
 KEYS[12] their details         prq:{e}:deadm
 KEYS[13] their stored bytes    prq:{e}:deadb
 KEYS[14] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
+KEYS[15] the receiver's stamp  prq:{e}:ts:<node> (the server's clock at its last take, µs)
 ARGV[1]  owner token: unique per take; reused only while the take comes back empty
 ARGV[2]  receiver node id
 ARGV[3]  how long a hand-off may wait for its receiver's confirmation, ms (_handoff.lua)
@@ -22,7 +23,7 @@ ARGV[5]  most ids to pop in this call (bounds the work spent skipping dead ids)
 ARGV[6]  TTL of a taken request, ms
 ARGV[7]  TTL of the receipt, ms
 ARGV[8]  park for this long when nothing is taken, ms (0: do not park)
-ARGV[9]  TTL of the park keys and the in-flight set, ms
+ARGV[9]  TTL of the park keys, the in-flight set, the share count (_queue.lua) and the stamp, ms
 ARGV[10] receiver timeout, ms: an in-flight entry not refreshed for this long holds no slot,
          and an at_least_once request whose receiver was silent this long is handed out again
 ARGV[11] request TTL beyond its pickup window, ms (for a request handed out again)
@@ -30,29 +31,51 @@ ARGV[12] TTL of a dead letter, ms
 ARGV[13] most dead letters kept
 ARGV[14] the endpoint's pulse channel
 ARGV[15] node channel prefix   prq:node:
+ARGV[16] the highest stamp this receiver was answered (0: none it can rely on)
 
-Reply: {skipped, counter, redelivered, limited, id1, body1, attempt1, created1, sequence1, id2,
-        ...}
+Reply: {skipped, counter, redelivered, limited, stamp, went_back, id1, body1, attempt1,
+        created1, sequence1, id2, ...}
   created = when the sender enqueued the request (its clock, ms since the epoch)
   sequence = the request's sequence number on the endpoint (enqueue.lua)
   redelivered = at_least_once requests of silent receivers this take queued again or, with
             their attempts used up, dead-lettered (_redeliver.lua)
   skipped = ids popped and dropped because their request was gone, final or past its deadline
-  counter = the endpoint's enqueue counter now (a receiver that saw a higher one before sending
-            this take knows Redis went back in time, and must not run what this take returns)
+  counter = the last sequence number the endpoint gave (0: none): a receiver that read a
+            higher one before sending this take knows Redis went back in time
+            (prq.node.data_loss)
   limited = 1 when the endpoint has a max_in_flight limit, 0 when it has none, -1 when this
             take did not look (it answered from its receipt): the receiver's answers skip the
             check for freed slots while it knows the endpoint unlimited (apply_response.lua)
+  stamp = the receiver's stamp after this take (what it held, when it went back)
+  went_back = -1, or what the stamp held when that is below ARGV[16] (0: gone): Redis lost or
+            rolled back data since this receiver's last take there, and this take took
+            nothing and left the stamp as it found it, so that the receiver declares the loss
+            before it takes again, and its other takes already on their way, carrying the
+            same ARGV[16], find the stamp low too (prq.node.data_loss: the fence is ARGV[16],
+            a server time before the loss; the receiver then sends 0 until a take writes anew)
 
 Invariants:
+- the stamp is max(what it held + 1, the clock, ARGV[16] + 1): on one server's data it only
+  grows, so it holds less than a stamp this receiver was answered only after Redis lost or
+  rolled back data; that is judged in the same step as the take, so no take hands out what a
+  rollback behind this receiver's last take brought back before the receiver knows of the loss
+  (a data-loss check, which comes later, would be too late: its ghosts would run meanwhile)
 - a request is handed out only while it is queued and before its pickup deadline by server time
   (TIME, the clock "pd" is written in), and it leaves "queued" in the same step, so two
   receivers can never both take it
+- every id popped leaves "queued" in the same step: one past its deadline (or without a body)
+  becomes "withdrawn" (pickup_timeout, redelivery_timeout when it was handed out before, or
+  unreadable), so the queue's count of it is lowered once, by the pop; a withdraw or cancel
+  lowers it only for a record still queued, hence still in a lane
+- a token withdrawn by unpark.lua takes nothing and does not park (its receipt is a mark)
 - the receipt lists what was handed to the token (by a take, or by enqueue to a parked token);
   a take whose receipt holds requests the token still owns returns those and takes nothing new,
   so a retried call, or a receiver whose hand-off pulse was lost, gets exactly what the token
   owns; a receipt the token owns nothing of any more (cancelled, reclaimed) is dropped and the
   take goes on as a fresh one
+- a receipt lives ARGV[7] from the last take that wrote or read it: long enough for a take
+  whose reply was lost to fail and the next take of its token to come (QueueSettings.
+  receipt_ttl_s)
 - collecting a hand-off from the receipt is its confirmation: "handed" becomes "taken" (the
   pickup: its attempt counts, "tk" is set); before taking, the take reclaims up to 16 hand-offs
   whose confirmation is overdue (_handoff.lua), so a receiver that died parked loses nothing
@@ -81,11 +104,21 @@ Invariants:
 -- include: _dead
 -- include: _redeliver
 -- include: _handoff
+-- include: _sequence
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[4], 1, ARGV[1])
 end
 
-local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0, -1}
+local known = tonumber(ARGV[16]) or 0
+local held = tonumber(redis.call('GET', KEYS[15]) or '0') or 0
+local out = {0, tonumber(redis.call('GET', KEYS[6]) or '0'), 0, -1, held, -1}
+if known > 0 and held < known then
+  out[6] = held
+  return out
+end
+local stamp = math.max(held + 1, clock_us(), known + 1)
+redis.call('SET', KEYS[15], number_text(stamp), 'PX', ARGV[9])
+out[5] = stamp
 local HEAD = #out
 local now_server = server_ms()
 
@@ -107,6 +140,7 @@ local function hand_out(id, body, att, ct, sq)
 end
 
 local receipt = redis.call('LRANGE', KEYS[3], 0, -1)
+if receipt[1] == '!' then return out end  -- the token was withdrawn (unpark.lua): nothing
 if #receipt > 0 then
   for _, id in ipairs(receipt) do
     local key = KEYS[2] .. id
@@ -125,7 +159,10 @@ if #receipt > 0 then
       hand_out(id, body, att, ct, sq)
     end
   end
-  if #out > HEAD then return out end
+  if #out > HEAD then
+    redis.call('PEXPIRE', KEYS[3], ARGV[7])  -- it lives on for this take's token
+    return out
+  end
   redis.call('DEL', KEYS[3])
 end
 
@@ -196,6 +233,16 @@ local function take_one(id)
   -- (a record without a deadline is damaged: handed out, its receiver dead-letters it)
   if not (st == 'queued' and body and (not deadline or deadline >= now_server)) then
     skipped = skipped + 1
+    if st == 'queued' then
+      -- popped, the id is in no lane any more: its record says so (withdrawn, as its caller
+      -- would withdraw it at its deadline), or a later withdraw or cancel that finds it
+      -- queued would take it out of its level a second time (the level's depth then runs
+      -- out while live ids are still in its lanes, and they are never handed out)
+      local why = 'unreadable'
+      if body then why = (tonumber(att) or 0) > 0 and 'redelivery_timeout' or 'pickup_timeout' end
+      if opened then record_open(key) end
+      redis.call('HSET', key, 'st', 'withdrawn', 'why', why, 'dn', now_server)
+    end
     return
   end
   att = (tonumber(att) or 0) + 1
@@ -217,7 +264,7 @@ local function take_one(id)
 end
 
 while got < want and budget > 0 do
-  local ids = queue_pop_many(KEYS[1], KEYS[9], math.min(want - got, budget))
+  local ids = queue_pop_many(KEYS[1], KEYS[9], math.min(want - got, budget), ARGV[9])
   if not ids then break end
   for _, id in ipairs(ids) do
     budget = budget - 1

@@ -42,7 +42,7 @@ class TakenItem:
 
 @dataclass(frozen=True, slots=True)
 class TakeReply:
-    """What one take did: ids skipped, the endpoint's enqueue counter, at_least_once requests
+    """What one take did: ids skipped, the endpoint's last sequence number, at_least_once requests
     of silent receivers it queued again or dead-lettered, and the requests handed out."""
 
     skipped: int
@@ -51,6 +51,11 @@ class TakeReply:
     items: list[TakenItem]
     #: Whether the endpoint has a max_in_flight limit (None: this take did not look).
     limited: bool | None = None
+    #: The receiver's stamp after this take (take.lua), 0 when not known.
+    stamp: int = 0
+    #: What the stamp held when that was below the one the take was sent with (0: gone; None:
+    #: it was not): Redis went back, and the take took nothing.
+    went_back: int | None = None
 
 
 def take_call(
@@ -66,20 +71,24 @@ def take_call(
     park_ttl_ms: int,
     receiver_timeout_ms: int,
     redelivery: Redelivery,
+    known_stamp: int = 0,
 ) -> Call:
+    """A take (take.lua); `known_stamp`: the highest stamp `receiver` was answered on the
+    endpoint, 0 when it knows none it can rely on (a stamp below it says Redis went back)."""
     return TAKE.call(
         (keys.levels, keys.request_prefix, keys.take_receipt(owner_token), keys.parked,
-         keys.parks, keys.sequence, keys.running, keys.limits, keys.level_prefix, keys.lease,
-         *keys.dead, keys.handoffs),
+         keys.parks, keys.numbers, keys.running, keys.limits, keys.level_prefix, keys.lease,
+         *keys.dead, keys.handoffs, keys.stamp(receiver)),
         (owner_token, receiver, handoff_confirm_ms, max_items, max_scan, in_flight_ttl_ms,
          receipt_ttl_ms, park_ms, park_ttl_ms, receiver_timeout_ms, redelivery.request_ttl_extra_ms,
          redelivery.dead_letter_ttl_ms, redelivery.dead_letter_max, keys.pulse_channel,
-         keys.node_channel_prefix),
+         keys.node_channel_prefix, known_stamp),
     )  # fmt: skip
 
 
-#: Values before the first item of a take reply: skipped, counter, redelivered, limited.
-_TAKE_HEAD: Final = 4
+#: Values before the first item of a take reply: skipped, counter, redelivered, limited,
+#: stamp, went back.
+_TAKE_HEAD: Final = 6
 
 
 def parse_take(reply: Reply) -> TakeReply:
@@ -102,10 +111,19 @@ def parse_take(reply: Reply) -> TakeReply:
                 sequence=int(sequence) if sequence.isdigit() else 0,
             )
         )
-    skipped, counter, redelivered, limited = items[:head]
+    skipped, counter, redelivered, limited, stamp, back = items[:head]
     assert isinstance(skipped, int) and isinstance(counter, int)
     assert isinstance(redelivered, int) and isinstance(limited, int)
-    return TakeReply(skipped, counter, redelivered, taken, None if limited < 0 else limited > 0)
+    assert isinstance(stamp, int) and isinstance(back, int)
+    return TakeReply(
+        skipped,
+        counter,
+        redelivered,
+        taken,
+        None if limited < 0 else limited > 0,
+        stamp,
+        None if back < 0 else back,
+    )
 
 
 def hand_back_call(

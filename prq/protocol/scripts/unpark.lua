@@ -29,7 +29,10 @@ Invariants:
   receipt ran: each request the token still owns (handed, or taken by a take whose reply was
   lost) goes at once to the next live park or back to the front of its level (_handoff.lua),
   its attempt not counted, whatever its delivery mode
-- the token is not used again, and its receipt is deleted
+- the token is not used again: its receipt is replaced by a mark ("!", never a request id)
+  for a receipt's TTL, so that a take of the token still on its way (sent before this step on
+  another connection, or retried, and run after it) takes nothing and does not park; a take
+  that ran before it had its requests given back here, and its receiver drops its reply
 ]]
 -- include: _body
 -- include: _queue
@@ -53,4 +56,6 @@ for _, id in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   end
 end
 redis.call('DEL', KEYS[3])
+redis.call('RPUSH', KEYS[3], '!')
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return given

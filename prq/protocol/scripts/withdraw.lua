@@ -17,6 +17,9 @@ Reply: {state, response, reason, mine}
   state = "withdrawn"   withdrawn (by this call, or earlier by another)
           "taken", "done", "cancelled"   too late: the request is in that state; response and
                         reason are filled in where the state has them
+          "queued", "handed"   too late too: an at_least_once request queued again after a
+                        receiver that took it went silent (it may have run) is withdrawn only
+                        when its window passes (reason "redelivery_timeout")
           "missing"     nothing is stored under the id (expired or lost)
 
 Invariants:
@@ -30,11 +33,25 @@ Invariants:
 ]]
 -- include: _body
 -- include: _queue
-local st, rsp, why, wn, pri = unpack(record_hmget(KEYS[1], {'st', 'rsp', 'why', 'wn',
-  'pri'}))
+local st, rsp, why, wn, pri, att = unpack(record_hmget(KEYS[1], {'st', 'rsp', 'why', 'wn',
+  'pri', 'att'}))
 if not st then return {'missing', '', '', 0} end
+local before = (tonumber(att) or 0) > 0
+local reason = ARGV[1]
+local window = reason == 'pickup_timeout' or reason == 'redelivery_timeout'
+if (st == 'queued' or st == 'handed') and window then
+  -- its record says which, not the caller: handed out before (an at_least_once request whose
+  -- receiver went silent, queued again) it may have run, and its window passing is a
+  -- redelivery timeout; never (att 0: also one a take cut short gave back unrun, untake) it
+  -- is "never picked up"
+  reason = before and 'redelivery_timeout' or 'pickup_timeout'
+elseif before and (st == 'queued' or st == 'handed') then
+  -- any other withdrawal of one handed out before is too late (it may have run), as for a
+  -- taken request
+  return {st, '', why or '', 0}
+end
 if st == 'queued' or st == 'handed' then
-  redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', ARGV[1], 'dn', ARGV[3], 'wn', ARGV[6])
+  redis.call('HSET', KEYS[1], 'st', 'withdrawn', 'why', reason, 'dn', ARGV[3], 'wn', ARGV[6])
   drop_body(KEYS[1], {'own', 'ho'})
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if st == 'queued' then
@@ -49,7 +66,7 @@ if st == 'queued' or st == 'handed' then
   if watchers then
     for node in string.gmatch(watchers, '%S+') do redis.call('PUBLISH', ARGV[4] .. node, msg) end
   end
-  return {'withdrawn', '', ARGV[1], 1}
+  return {'withdrawn', '', reason, 1}
 end
 local mine = 0
 if st == 'withdrawn' and wn == ARGV[6] then mine = 1 end

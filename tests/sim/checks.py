@@ -1,0 +1,233 @@
+"""What a simulation run must never show.
+
+After every step, the queue's structure (read straight from Redis, independently of prq):
+- a level's depth `n` is the number of ids its lanes hold that are not in its removed set;
+- every record that says `queued` sits in a lane of its level and is not marked removed (so a
+  take will find it), and every record a lane holds that is not removed says `queued` (or is
+  gone: a record that expired waits in its lane for a take to drop it);
+- a taken record names its owner token and receiver; a handed one an owner token whose take
+  was not withdrawn (nothing is handed to a park after it was taken back).
+
+At the end of a run (every call ended, every task but the receivers' polls done), the history:
+- an at_most_once request ran at most once (counting every node whose handler got it), but
+  where a rollback brought it back as it was before its run and the receiver that ran it again
+  could not tell: it had been handed no take between the snapshot and the rollback (its
+  stamp, prq:{e}:ts:<node>, shows only a rollback behind its own last take: design.md, "Limits"),
+  or that take was more than the stamp's trust (half a list TTL) before; or where its enqueue
+  was sent again after a flush or a restart (its first reply lost) and queued it afresh, which
+  no node can tell from a first enqueue (design.md, "Limits");
+- a request whose caller was told it never ran (an error with `maybe_executed` false) never ran,
+  before or after the caller was told, but where a rollback brought it back as it was before
+  that run, before the caller was told (a node does not know a loss it has not seen yet), or
+  brought it back queued after the caller was told, and a receiver started after the rollback
+  ran it (a node started after a rollback runs its ghosts);
+- a call answered `ok` got its own request's answer (the echo of its params) and its request
+  ran;
+- every call ended (nothing hung), and no live node still holds a request (one held and never
+  answered would be beaten for as long as the node lives);
+- no caller got DataLoss before Redis ever lost data;
+- every key of the run has a TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import redis
+
+from prq.core.errors import DataLoss
+from prq.core.keys import EndpointKeys
+from prq.node.data_loss.counters import STAMP_TRUST_SHARE
+from tests.sim.clock import CLOCK_KEY
+from tests.sim.world import CallerCrashed, CallRecord, World
+
+__all__ = ["history_violations", "structure_violations"]
+
+
+def _send(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _state(client: redis.Redis, key: str) -> str | None:
+    kind = _send(client, "TYPE", key)
+    if kind == b"hash":
+        state = _send(client, "HGET", key, "st")
+        return state.decode() if state else "?"
+    if kind == b"string":  # (a queued record in its one-string form)
+        return "queued"
+    return None
+
+
+def structure_violations(world: World, *, strict: bool = True) -> list[str]:
+    """The queue's structure, as above; one line per break. Not `strict`: only what stops a
+    queue handing out work (a depth that is not what its lanes hold, a level not listed that
+    holds live ids), not a record's state that disagrees with where it sits."""
+    client = world.client
+    keys: EndpointKeys = world.nodes[0].keys.endpoint(world.endpoint)
+    problems: list[str] = []
+    in_lanes: dict[bytes, str] = {}
+    removed_all: set[bytes] = set()
+    levels = {p.decode() for p in _send(client, "ZRANGE", keys.levels, 0, -1)}
+    prefix = keys.level_prefix
+    level_names = {
+        k.decode()[len(prefix) :].split(":")[0] for k in _send(client, "KEYS", prefix + "*")
+    }
+    for p in sorted(levels | level_names):
+        depth = int(_send(client, "HGET", keys.level(p), "n") or 0)
+        removed = set(_send(client, "SMEMBERS", keys.level_removed(p)))
+        removed_all |= removed
+        ids: list[bytes] = []
+        for member in _send(client, "ZRANGE", keys.level_lanes(p), 0, -1):
+            ids += _send(client, "LRANGE", keys.level_lane(p, member.decode()), 0, -1)
+        live = [i for i in ids if i not in removed]
+        if p in levels and depth != len(live):
+            problems.append(f"level {p}: depth {depth}, but its lanes hold {len(live)} live ids")
+        if p not in levels and live:
+            problems.append(f"level {p} is not listed, but its lanes hold {len(live)} live ids")
+        for i in live:
+            in_lanes[i] = p
+    records = _send(client, "KEYS", keys.request("*"))
+    base = len(keys.request(""))
+    for key in records:
+        request_id = key[base:]
+        state = _state(client, key.decode())
+        if strict and state == "queued" and request_id not in in_lanes:
+            problems.append(f"{request_id.decode()} says queued, but no lane lists it")
+    for request_id in in_lanes if strict else ():
+        state = _state(client, keys.request(request_id.decode()))
+        if state not in (None, "queued"):
+            problems.append(f"{request_id.decode()} sits in a lane, but says {state}")
+    problems += _owners(client, keys, records, base)
+    return problems
+
+
+def _owners(client: redis.Redis, keys: EndpointKeys, records: list[bytes], base: int) -> list[str]:
+    """A taken request has an owner token and a receiver node; a handed one an owner token
+    whose take was not withdrawn (a withdrawn token's receipt holds the mark "!": nothing may
+    be handed to it after that)."""
+    problems: list[str] = []
+    for key in records:
+        if _send(client, "TYPE", key) != b"hash":
+            continue
+        state, own, rcv = _send(client, "HMGET", key, "st", "own", "rcv")
+        request_id = key[base:].decode()
+        if state == b"taken" and not (own and rcv):
+            problems.append(f"{request_id} is taken, but names no owner ({own!r}, {rcv!r})")
+        if state == b"handed":
+            if not own:
+                problems.append(f"{request_id} is handed, but names no owner token")
+            elif _send(client, "LINDEX", keys.take_receipt(own.decode()), 0) == b"!":
+                problems.append(f"{request_id} is handed to token {own.decode()}, withdrawn")
+    return problems
+
+
+def keys_without_ttl(world: World) -> list[str]:
+    client = world.client
+    return [
+        k.decode()
+        for k in _send(client, "KEYS", "*")
+        if k.decode() != CLOCK_KEY and _send(client, "PTTL", k) == -1
+    ]
+
+
+def _rolled_back_unseen(world: World, request_id: str, record: CallRecord) -> bool:
+    """Whether its caller was told it never ran only because of a rollback no node could see
+    (design.md, "Limits"): one that brought the request back as it was before a run, before
+    the caller was told; or one after the caller was told (after the snapshot) that brought it
+    back queued to a receiver started after the rollback, which knows nothing of it."""
+    runs = world.run_steps.get(request_id, [])
+    started = {node.name: node.started_at for node in world.nodes}
+    return any(
+        snap < ran <= back < record.ended_at or (snap < record.ended_at and started[name] > back)
+        for name, _, ran, _ in runs
+        for snap, back in world.rollbacks
+    )
+
+
+def _blind(
+    takes: list[tuple[int, int, float]],
+    rollback: tuple[int, int],
+    sent: int,
+    at: float,
+    trust_s: float,
+) -> bool:
+    """Whether a receiver with these take replies (the step each take ran, the step it was
+    handed, the time then) could not tell of a rollback (snapshot step, rollback step) in its
+    take sent at step `sent` and handing out at time `at`: none of its takes that ran between
+    the two was handed to it before that take was sent (what it carries is what the node
+    knew then), or none recently enough for its stamp to be sent."""
+    snap, back = rollback
+    return not any(
+        snap < ran <= back and handed < sent and at - when < trust_s
+        for ran, handed, when in takes
+    )  # fmt: skip
+
+
+def _ran_again(world: World, request_id: str) -> list[str]:
+    """An at_most_once request's runs after its first that no rollback excuses (see the module
+    docstring), as one problem; none if every one is excused."""
+    runs = world.run_steps.get(request_id, [])
+    trust_s = STAMP_TRUST_SHARE * world.settings.list_ttl_s
+    nodes = {node.name: node for node in world.nodes}
+    unexcused = [
+        f"on {name} (taken at step {ran}, sent at {sent})"
+        for (_, _, before, _), (name, sent, ran, at) in itertools.pairwise(runs)
+        if not any(
+            snap < before <= back < ran
+            and _blind(nodes[name].takes, (snap, back), sent, at, trust_s)
+            for snap, back in world.rollbacks
+        )
+    ]
+    if not unexcused:
+        return []
+    first = runs[0]
+    return [
+        f"at_most_once {request_id} ran {len(runs)} times: first on {first[0]} (taken at step "
+        f"{first[2]}), again " + ", ".join(unexcused)
+    ]
+
+
+def history_violations(world: World) -> list[str]:
+    """The history, as above; one line per break."""
+    problems: list[str] = []
+    for request_id, record in world.calls.items():
+        runs = world.runs.get(request_id, [])
+        outcome = record.outcome
+        if outcome is None:
+            problems.append(f"call {request_id} never ended")
+            continue
+        if record.request.delivery == "at_most_once" and len(record.enqueue_eras) < 2:
+            problems += _ran_again(world, request_id)
+        error = outcome.error
+        if isinstance(error, DataLoss) and record.losses_at_end == 0:
+            # (after a loss, a call made before its declaration may be refused: it is the
+            # declaration, not the loss, that a node acts on)
+            problems.append(f"{request_id}: its caller got DataLoss, but Redis never lost data")
+        if error is not None:
+            told_not_run = not isinstance(
+                error, (asyncio.CancelledError, CallerCrashed)
+            ) and not getattr(error, "maybe_executed", True)
+            if told_not_run and runs and not _rolled_back_unseen(world, request_id, record):
+                problems.append(
+                    f"{request_id}: its caller was told {type(error).__name__} (never ran), "
+                    f"but it ran on {runs}"
+                )
+            continue
+        response = outcome.response
+        assert response is not None
+        if response.error is None and not runs:
+            problems.append(f"{request_id}: answered ok, but it never ran")
+        if request_id in world.corrupted and runs:
+            problems.append(f"{request_id}: its body was not a request, yet it ran on {runs}")
+        if response.error is None and response.result != record.request.params:
+            problems.append(
+                f"{request_id}: answered {response.result!r}, its params were "
+                f"{record.request.params!r}"
+            )
+    for node in world.nodes:
+        if node.alive and node._held:
+            problems.append(f"node {node.name} still holds {sorted(node._held)} at the end")
+    problems += [f"key {k} has no TTL" for k in keys_without_ttl(world)]
+    return problems

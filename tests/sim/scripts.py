@@ -1,0 +1,65 @@
+"""Twins of prq's scripts that read the simulation's clock (tests/sim/clock.py) where the
+originals call TIME; everything else in them is the original text, unless a run plants a defect
+(`Plant`: the simulation's own test that it finds one). The simulation's link sends a twin
+wherever a call names an original (as prq.protocol.scripts.loading.for_cluster does for a
+cluster's SPUBLISH twins)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from prq.protocol.effects import Call, Script
+from prq.protocol.scripts.loading import ALL_SCRIPTS
+from tests.sim.clock import CLOCK_KEY
+
+__all__ = ["Plant", "Twins", "twin_call", "twins_of"]
+
+_TIME = "redis.call('TIME')"
+_VIRTUAL = f"redis.call('HMGET', '{CLOCK_KEY}', 's', 'us')"
+
+#: original sha -> twin
+Twins = dict[str, Script]
+
+
+@dataclass(frozen=True)
+class Plant:
+    """A defect planted in the scripts' twins: each (original, planted) text is replaced in
+    every script holding it (an included helper is in several), and each must be found in one,
+    so that a change to the scripts cannot leave a plant that plants nothing."""
+
+    name: str
+    edits: tuple[tuple[str, str], ...]
+
+
+def _script(script: Script, source: str) -> Script:
+    return Script(
+        script.name, source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+    )
+
+
+def twins_of(plant: Plant | None = None) -> Twins:
+    """The twins of every script, with `plant`'s defect in them when given."""
+    twins: Twins = {}
+    found: set[str] = set()
+    for script in ALL_SCRIPTS:
+        source = script.source.replace(_TIME, _VIRTUAL)
+        for original, planted in plant.edits if plant is not None else ():
+            if original in source:
+                found.add(original)
+                source = source.replace(original, planted)
+        twins[script.sha] = _script(script, source)
+    missing = [original for original, _ in (plant.edits if plant else ()) if original not in found]
+    if missing:
+        raise AssertionError(f"plant {plant.name if plant else ''!r}: no script holds {missing}")
+    return twins
+
+
+def twin_call(call: Call, twins: Twins) -> Call:
+    """`call` as the simulation sends it: a script call names the script's twin."""
+    twin = twins.get(call.script.sha) if call.script is not None else None
+    if twin is None:
+        return call
+    if call.args[0] == "EVALSHA":
+        return Call(("EVALSHA", twin.sha, *call.args[2:]), twin)
+    return Call(("SCRIPT", "LOAD", twin.source), twin)
