@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from prq.serve.served import AsyncServedQueue
-from prq.transport.async_io import MAX_ROUND_TRIPS_IN_FLIGHT
+from prq.transport.batches import MAX_ROUND_TRIPS_IN_FLIGHT
 
 logger = logging.getLogger("prq.serve.worker")  # (the serve loops log under one name)
 

@@ -29,6 +29,7 @@ from prq.protocol.scripts.loading import script_load_calls
 from prq.protocol.scripts.merging import merge_calls
 from prq.transport.batches import (
     DEFAULT_MAX_BATCH_STEPS,
+    MAX_ROUND_TRIPS_IN_FLIGHT,
     IOCounters,
     Outcome,
     _needs_scripts,
@@ -46,11 +47,6 @@ from prq.transport.translate import RedisUnavailable, _closed_error, _unavailabl
 logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_ROUND_TRIPS_IN_FLIGHT", "AsyncRedisIO"]
-
-
-#: Round trips an asyncio node keeps in flight on its link (pipelined: Redis runs one batch
-#: while the node reads and acts on the other).
-MAX_ROUND_TRIPS_IN_FLIGHT = 2
 
 
 def _fail_step(future: asyncio.Future[list[Reply]], error: BaseException) -> None:

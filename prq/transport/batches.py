@@ -14,11 +14,16 @@ from prq.core.errors import PrqError
 from prq.protocol.effects import Call, Reply
 from prq.transport.translate import _reply_error
 
-__all__ = ["DEFAULT_MAX_BATCH_STEPS", "IOCounters", "Outcome"]
+__all__ = ["DEFAULT_MAX_BATCH_STEPS", "MAX_ROUND_TRIPS_IN_FLIGHT", "IOCounters", "Outcome"]
 
 
 #: Most steps one batched round trip carries (bounds the size of one pipeline).
 DEFAULT_MAX_BATCH_STEPS = 512
+
+#: Round trips an asyncio node keeps in flight on its link (pipelined: Redis runs one batch
+#: while the node reads and acts on the other); a blocking node on a cluster lets as many
+#: threads lead a batch at once (prq.transport.sync_io).
+MAX_ROUND_TRIPS_IN_FLIGHT = 2
 
 #: What a step ends with: its replies, or the error that ended it.
 Outcome = list[Reply] | PrqError

@@ -22,7 +22,13 @@ from prq.observe import metrics
 from prq.protocol.effects import Call, Reply
 from prq.protocol.scripts.loading import script_load_calls
 from prq.protocol.scripts.merging import merge_calls
-from prq.transport.batches import DEFAULT_MAX_BATCH_STEPS, IOCounters, _needs_scripts, _split
+from prq.transport.batches import (
+    DEFAULT_MAX_BATCH_STEPS,
+    MAX_ROUND_TRIPS_IN_FLIGHT,
+    IOCounters,
+    _needs_scripts,
+    _split,
+)
 from prq.transport.budgets import STEP_GRACE_S, StepBudgets
 from prq.transport.client_options import client_kwargs
 from prq.transport.links import SyncLink, sync_link
@@ -96,7 +102,11 @@ class SyncRedisIO(IOCounters):
         self.client: Any = _client(redis_settings)
         self._lock = threading.Lock()
         self._pending: list[_Step] = []
-        self._leading = False  # a thread leads a batch now
+        #: How many threads lead a batch now, and how many may at once: one on one server
+        #: (its link carries one round trip at a time); on a cluster as many as the asyncio
+        #: link has round trips in flight, so that a round trip held up on one shard (a node
+        #: that accepts and never answers) keeps no later step waiting behind it
+        self._leaders = 0
         #: An express step is in flight beside the batch (one server only: see `execute`).
         self._apart = False
         self._closed = False
@@ -104,6 +114,7 @@ class SyncRedisIO(IOCounters):
         #: Whether the link's round trips overlap (a cluster: each pipeline has connections of
         #: its own); one server's link carries one round trip at a time.
         self._overlapping = isinstance(link, SyncClusterLink)
+        self._max_leaders = MAX_ROUND_TRIPS_IN_FLIGHT if self._overlapping else 1
         #: Every link made, and those no round trip uses now (one server: the leader's, and the
         #: express step's).
         self._links: list[SyncLink | SyncClusterLink] = [link]
@@ -131,14 +142,7 @@ class SyncRedisIO(IOCounters):
             raise _closed_error()
         event, asked = threading.Event(), time.monotonic()
         mine = [_Step(calls, event, asked) for calls in steps]
-        with self._lock:
-            apart = express and self._leading and not self._apart and not self._overlapping
-            if apart:
-                self._apart = True
-            else:
-                self._pending.extend(mine)
-                lead = not self._leading
-                self._leading = True
+        apart, lead = self._join(mine, express)
         if apart:
             try:
                 self._send_batch(mine, mine)
@@ -174,6 +178,19 @@ class SyncRedisIO(IOCounters):
             results.append(step.result)
         return results
 
+    def _join(self, mine: list[_Step], express: bool) -> tuple[bool, bool]:
+        """Whether the steps go apart (express, beside the batch in flight), and if not,
+        whether their thread leads a batch (else they wait in line for one)."""
+        with self._lock:
+            if express and self._leaders > 0 and not self._apart and not self._overlapping:
+                self._apart = True
+                return True, False
+            self._pending.extend(mine)
+            lead = self._leaders < self._max_leaders
+            if lead:
+                self._leaders += 1
+            return False, lead
+
     def _abandon(self, mine: list[_Step]) -> bool:
         """The budget passed while waiting: give up the steps not yet done (True), unless this
         thread was just asked to lead (False: it goes on). Steps not yet sent never will be;
@@ -202,12 +219,14 @@ class SyncRedisIO(IOCounters):
                 self._send_batch(batch, mine)
         finally:
             with self._lock:
-                if self._pending:
-                    first = self._pending[0]
+                # (a step already asked to lead, whose thread has not taken its batch yet, is
+                # not asked twice: the lead would be lost)
+                first = next((step for step in self._pending if not step.lead), None)
+                if first is not None:
                     first.lead = True  # its thread leads the next batch
                     first.event.set()
                 else:
-                    self._leading = False
+                    self._leaders -= 1
 
     def _send_batch(self, batch: list[_Step], mine: list[_Step]) -> None:
         # A step that waited past its budget (and a grace) behind earlier round trips is given

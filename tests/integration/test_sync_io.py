@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -38,18 +39,18 @@ class Batch(threading.Thread):
     """A step of its own thread: its connection's id, then a BLPOP on `key` that waits for the
     test (`replies`, or the prq error the step ended with in `error`)."""
 
-    def __init__(self, io: SyncRedisIO, key: str = "go") -> None:
+    def __init__(self, io: SyncRedisIO, key: str = "go", *, client_id: bool = True) -> None:
         super().__init__(daemon=True)
         self.io = io
         self.key = key
+        #: (a cluster has no node for a call without a key: its batch is the BLPOP alone)
+        self.calls = [Call(("CLIENT", "ID"))] if client_id else []
         self.replies: list[Reply] | None = None
         self.error: PrqError | None = None
 
     def run(self) -> None:
         try:
-            self.replies = self.io.execute(
-                [Call(("CLIENT", "ID")), Call(("BLPOP", self.key, BLOCK_S))]
-            )
+            self.replies = self.io.execute([*self.calls, Call(("BLPOP", self.key, BLOCK_S))])
         except PrqError as exc:
             self.error = exc
 
@@ -150,3 +151,41 @@ def test_a_thread_whose_own_step_waited_past_its_bound_sends_nothing_for_the_ste
     young.join(5)
     assert young.error is None and young.replies is not None
     assert young.replies[1] == [b"young", b"y"]
+
+
+def test_on_a_cluster_a_step_does_not_wait_for_a_batch_held_up_on_a_shard(
+    redis_admin_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # (on one server a step waits for the batch in flight, above: its link is one connection)
+    if not redis_admin_url.startswith("redis+cluster://"):
+        pytest.skip("needs the shared Redis to be a cluster (the cluster pass runs it)")
+    batcher = SyncRedisIO(RedisSettings(url=redis_admin_url, socket_timeout_s=20), QueueSettings())
+    held_up, other = f"{key_prefix}:go:{{a}}", f"{key_prefix}:other:{{b}}"
+    try:
+        # Given a batch in flight, held up on one shard (waiting in BLPOP there, as a round
+        # trip waits on a node that accepts and never answers)
+        batch = Batch(batcher, held_up, client_id=False)
+        batch.start()
+
+        def blocked() -> bool:
+            per_node: Any = redis_client.client_list(target_nodes="all")  # {node: its clients}
+            return any(c["cmd"] == "blpop" for clients in per_node.values() for c in clients)
+
+        wait_until(blocked, 5, 0.01, "batch in flight")
+
+        # When another thread sends a step meanwhile (a close's hand-back, a call's enqueue)
+        answered: list[object] = []
+        step = threading.Thread(
+            target=lambda: answered.append(batcher.execute([Call(("GET", other))])), daemon=True
+        )
+        step.start()
+
+        # Then it is answered while the batch is still held up: it led a batch of its own
+        wait_until(lambda: answered != [], 5, 0.01, "the step answered")
+        assert answered == [[None]]
+        assert batch.is_alive() and batch.replies is None
+        redis_client.rpush(held_up, "x")
+        batch.join(5)
+        assert batch.replies == [[held_up.encode(), b"x"]]
+    finally:
+        batcher.close()

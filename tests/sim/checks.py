@@ -6,7 +6,12 @@ After every step, the queue's structure (read straight from Redis, independently
   take will find it), and every record a lane holds that is not removed says `queued` (or is
   gone: a record that expired waits in its lane for a take to drop it);
 - a taken record names its owner token and receiver; a handed one an owner token whose take
-  was not withdrawn (nothing is handed to a park after it was taken back).
+  was not withdrawn (nothing is handed to a park after it was taken back);
+- a record taken by a live receiver that is not closing is known to it: held (to run, or
+  running), or taken by a take of its still under way or spare (the next take collects what it
+  got); one it forgot is never run, never beaten for, and its caller is at last told
+  "receiver lost" of a request that never ran (records a rollback brought back are not
+  judged: their tokens belong to takes the node ended since).
 
 At the end of a run (every call ended, every task but the receivers' polls done), the history:
 - an at_most_once request ran at most once (counting every node whose handler got it), but
@@ -41,7 +46,7 @@ from prq.core.errors import DataLoss
 from prq.core.keys import EndpointKeys
 from prq.node.data_loss.counters import STAMP_TRUST_SHARE
 from tests.sim.clock import CLOCK_KEY
-from tests.sim.world import CallerCrashed, CallRecord, World
+from tests.sim.world import CallerCrashed, CallRecord, SimNode, World
 
 __all__ = ["history_violations", "structure_violations"]
 
@@ -99,22 +104,43 @@ def structure_violations(world: World, *, strict: bool = True) -> list[str]:
         state = _state(client, keys.request(request_id.decode()))
         if state not in (None, "queued"):
             problems.append(f"{request_id.decode()} sits in a lane, but says {state}")
-    problems += _owners(client, keys, records, base)
+    problems += _owners(world, keys, records, base)
     return problems
 
 
-def _owners(client: redis.Redis, keys: EndpointKeys, records: list[bytes], base: int) -> list[str]:
-    """A taken request has an owner token and a receiver node; a handed one an owner token
-    whose take was not withdrawn (a withdrawn token's receipt holds the mark "!": nothing may
-    be handed to it after that)."""
+def _knows(world: World, node: SimNode, request_id: str, token: str) -> bool:
+    """Whether `node` knows it owns the taken request (see the module docstring), as the
+    world sees the node's tasks: not what the node's own books say, which is what is judged."""
+    under_way = node.giving_back | {
+        t for task in world.tasks if task.node is node and task.current for t in task.current
+    }
+    spare = any(token in tokens for tokens in node._spare_tokens.values())
+    held = node._held.get(request_id)
+    answering = held is not None and held.owner_token == token and request_id in node.answering
+    return token in under_way or spare or answering
+
+
+def _owners(world: World, keys: EndpointKeys, records: list[bytes], base: int) -> list[str]:
+    """A taken request has an owner token and a receiver node, which knows it if it is live;
+    a handed one an owner token whose take was not withdrawn (a withdrawn token's receipt
+    holds the mark "!": nothing may be handed to it after that)."""
+    client = world.client
     problems: list[str] = []
+    receivers = {n.name: n for n in world.nodes if n.alive and not n._closing}
     for key in records:
         if _send(client, "TYPE", key) != b"hash":
             continue
-        state, own, rcv = _send(client, "HMGET", key, "st", "own", "rcv")
+        state, own, rcv, took = _send(client, "HMGET", key, "st", "own", "rcv", "tk")
         request_id = key[base:].decode()
         if state == b"taken" and not (own and rcv):
             problems.append(f"{request_id} is taken, but names no owner ({own!r}, {rcv!r})")
+        node = receivers.get(rcv.decode()) if state == b"taken" and own and rcv else None
+        if (
+            node is not None
+            and int(took or 0) > world.rolled_back_ms
+            and not _knows(world, node, request_id, own.decode())
+        ):
+            problems.append(f"{request_id} is taken by {node.name}, which does not know it")
         if state == b"handed":
             if not own:
                 problems.append(f"{request_id} is handed, but names no owner token")

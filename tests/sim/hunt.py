@@ -3,18 +3,24 @@ behind `--sim-seed`/`--sim-schedules` and the measurements in docs/design.md. A 
 breaks is shrunk to the shortest prefix of its schedule found to break too.
 
     python -m tests.sim.hunt --first 0 --count 200 --steps 400 [--loose] [--log] [--rollbacks]
+        [--plant NAME] [--knob name=value ...]
+
+`--plant` runs with a defect of tests/sim/plants.py planted (how many schedules it takes to
+find it); `--knob` sets a weight of world.Knobs for the run (to measure what a knob buys).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import redis
 
 from prq.embedded import EmbeddedRedis
+from tests.sim.plants import plant_named
 from tests.sim.run import shortest_failing_prefix, simulate
-from tests.sim.world import ROLLBACKS
+from tests.sim.world import ROLLBACKS, Knobs
 
 
 def main() -> None:
@@ -31,21 +37,33 @@ def main() -> None:
     parser.add_argument(
         "--no-shrink", action="store_true", help="do not look for the shortest failing prefix"
     )
+    parser.add_argument("--plant", help="a plant's name (tests/sim/plants.py)")
+    parser.add_argument("--knob", action="append", default=[], help="name=value (world.Knobs)")
     args = parser.parse_args()
-    knobs = ROLLBACKS if args.rollbacks else None
+    plant, knobs = None, ROLLBACKS if args.rollbacks else None
+    if args.plant:
+        plant, _bound, planted_knobs = plant_named(args.plant)
+        knobs = knobs or planted_knobs
+    if args.knob:
+        changes = {name: float(value) for name, value in (k.split("=", 1) for k in args.knob)}
+        knobs = dataclasses.replace(knobs or Knobs(), **changes)  # type: ignore[arg-type]
+    judge = {"strict": not args.loose, "knobs": knobs, "plant": plant}
     server = EmbeddedRedis().start()
     started = time.monotonic()
     try:
         client = redis.Redis.from_url(server.url)
         for n, seed in enumerate(range(args.first, args.first + args.count), 1):
-            world, problems = simulate(client, seed, args.steps, strict=not args.loose, knobs=knobs)
+            world, problems = simulate(client, seed, args.steps, **judge)  # type: ignore[arg-type]
             if problems:
                 print(f"seed {seed} broke after {n} schedules, {time.monotonic() - started:.1f} s")
                 for line in problems[:10]:
                     print("  " + line)
                 if not args.no_shrink:
                     steps, world, problems = shortest_failing_prefix(
-                        client, seed, args.steps, strict=not args.loose, knobs=knobs
+                        client,
+                        seed,
+                        args.steps,
+                        **judge,  # type: ignore[arg-type]
                     )
                     print(f"  shortest failing prefix found: {steps} of {args.steps} steps")
                     for line in problems[:3]:

@@ -2,18 +2,25 @@
 originals call TIME; everything else in them is the original text, unless a run plants a defect
 (`Plant`: the simulation's own test that it finds one). The simulation's link sends a twin
 wherever a call names an original (as prq.protocol.scripts.loading.for_cluster does for a
-cluster's SPUBLISH twins)."""
+cluster's SPUBLISH twins). A plant may also edit a method of the node (`planted_node_class`):
+the simulated nodes of that run are then of a subclass carrying the edited method, and prq's
+own classes are left as they are."""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import textwrap
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from prq.protocol.effects import Call, Script
 from prq.protocol.scripts.loading import ALL_SCRIPTS
 from tests.sim.clock import CLOCK_KEY
 
-__all__ = ["Plant", "Twins", "twin_call", "twins_of"]
+__all__ = ["Plant", "Twins", "planted_node_class", "twin_call", "twins_of"]
+
+_Node = TypeVar("_Node", bound=type)
 
 _TIME = "redis.call('TIME')"
 _VIRTUAL = f"redis.call('HMGET', '{CLOCK_KEY}', 's', 'us')"
@@ -29,7 +36,10 @@ class Plant:
     so that a change to the scripts cannot leave a plant that plants nothing."""
 
     name: str
-    edits: tuple[tuple[str, str], ...]
+    edits: tuple[tuple[str, str], ...] = ()
+    #: (a method of the node, by name; original text, planted text) edits of the node's code:
+    #: the method's source, as its file has it, is edited and compiled again in its module
+    code: tuple[tuple[str, str, str], ...] = ()
 
 
 def _script(script: Script, source: str) -> Script:
@@ -63,3 +73,26 @@ def twin_call(call: Call, twins: Twins) -> Call:
     if call.args[0] == "EVALSHA":
         return Call(("EVALSHA", twin.sha, *call.args[2:]), twin)
     return Call(("SCRIPT", "LOAD", twin.source), twin)
+
+
+def planted_node_class(node_class: _Node, plant: Plant | None) -> _Node:
+    """`node_class`, or a subclass of it whose methods carry `plant`'s code edits."""
+    if plant is None or not plant.code:
+        return node_class
+    sources: dict[str, str] = {}
+    for method, original, planted in plant.code:
+        source = sources.get(method) or inspect.getsource(getattr(node_class, method))
+        if original not in source:
+            raise AssertionError(f"plant {plant.name!r}: {method} holds no {original!r}")
+        sources[method] = source.replace(original, planted)
+    methods: dict[str, Any] = {}
+    for method, source in sources.items():
+        function = getattr(node_class, method)
+        namespace: dict[str, Any] = {}
+        exec(  # noqa: S102 (the test's own edit of prq's source, compiled as prq's)
+            compile(textwrap.dedent(source), inspect.getfile(function), "exec"),
+            function.__globals__,
+            namespace,
+        )
+        methods[method] = namespace[function.__name__]
+    return type(f"Planted{node_class.__name__}", (node_class,), methods)  # type: ignore[return-value]

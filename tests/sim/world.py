@@ -59,7 +59,7 @@ from prq.transport.pulse_router import PulseRouter
 from prq.transport.signals import Signal
 from prq.transport.translate import _reply_error
 from tests.sim.clock import CLOCK_KEY, EXPIRE_SCRIPT, EXPIRY_FLOOR_MS, SimClock
-from tests.sim.scripts import Plant, twin_call, twins_of
+from tests.sim.scripts import Plant, planted_node_class, twin_call, twins_of
 
 __all__ = ["ROLLBACKS", "Broken", "Knobs", "Outcome", "SimNode", "Task", "World", "sim_settings"]
 
@@ -137,6 +137,10 @@ class SimNode(QueueBase):
         self.takes: list[tuple[int, int, float]] = []
         #: the step it started at
         self.started_at = 0
+        #: tokens of takes cut short that an unpark under way gives back
+        self.giving_back: set[str] = set()
+        #: the requests its handler got that it has not answered yet
+        self.answering: set[str] = set()
 
     def _wake_watch(self) -> None:
         self.watch_woken = True
@@ -192,6 +196,8 @@ class Task:
     sent_at: int = -1
     ran_at: int = -1
     took_at: tuple[int, int] = (-1, -1)
+    #: a dequeue's take under way: its token, while what it took is not yet sorted
+    current: list[str] | None = None
 
 
 @dataclass
@@ -211,6 +217,14 @@ class Knobs:
     cancel_call: float = 0.4
     dequeue: float = 3.0
     cancel_task: float = 0.3
+    #: a step's link gives up at once (QueueUnavailable thrown into the flow where it waits;
+    #: the step ran on Redis or not), as a retry budget spent on a dead link does
+    give_up: float = 0.15
+    #: how much likelier a cancel, a close or a crash lands while its task (its node's task)
+    #: is in the middle of an operation: a step on its way or its reply not yet handed over,
+    #: or a take returned and what it got not yet sorted; the moments where two round trips
+    #: of one operation can be told apart
+    mid_step: float = 4.0
     close: float = 0.08
     crash: float = 0.04
     flush: float = 0.03
@@ -277,6 +291,7 @@ class World:
         take their clocks when they are made."""
         self.client = client
         self.twins = twins_of(plant)
+        self.node_class = planted_node_class(SimNode, plant)
         self.seed = seed
         self.rng = random.Random(seed)
         self.knobs = knobs or Knobs()
@@ -297,6 +312,9 @@ class World:
         self.snapshot: tuple[int, float, dict[bytes, tuple[bytes, int]]] | None = None
         #: every rollback: (the step of the snapshot it went back to, the step it came)
         self.rollbacks: list[tuple[int, int]] = []
+        #: Redis's clock (ms) at the last rollback: records taken before may be of takes their
+        #: nodes ended since (0: none yet)
+        self.rolled_back_ms = 0
         #: request id -> each run, as `runs`: (node, the steps its take was sent and ran on
         #: Redis, virtual time when the handler got it)
         self.run_steps: dict[str, list[tuple[str, int, int, float]]] = {}
@@ -324,7 +342,7 @@ class World:
     # -- the world's parts --------------------------------------------------------------------
 
     def add_node(self, name: str, *, receiver: bool = False) -> SimNode:
-        node = SimNode(self, name, self.settings, receiver=receiver)
+        node = self.node_class(self, name, self.settings, receiver=receiver)
         node.started_at = self.steps
         self.nodes.append(node)
         self.note(f"node {name} starts")
@@ -420,6 +438,9 @@ class World:
                     options.append(
                         (k.lose_request, f"lose {task.name}", partial(self._lose, task, False))
                     )
+                    options.append(
+                        (k.give_up, f"give up {task.name}", partial(self._give_up, task))
+                    )
             elif task.phase == "replied":
                 options.append((k.deliver, f"deliver {task.name}", partial(self._deliver, task)))
             elif task.phase == "wait":
@@ -428,9 +449,8 @@ class World:
                 if effect.signal.generation != effect.seen or now >= task.deadline:
                     options.append((k.wake, f"wake {task.name}", partial(self._resume, task)))
             if faults and task.kind in ("call", "dequeue") and task.phase != "start":
-                options.append(
-                    (k.cancel_task, f"cancel {task.name}", partial(self._cancel_task, task))
-                )
+                weight = k.cancel_task * (k.mid_step if _mid_step(task) else 1.0)
+                options.append((weight, f"cancel {task.name}", partial(self._cancel_task, task)))
         if self.pulses:
             options.append((k.pulse, "pulse", partial(self._pulse, "deliver")))
             if faults:
@@ -448,8 +468,10 @@ class World:
                         (k.dequeue, f"dequeue {node.name}", partial(self._start_dequeue, node))
                     )
             if faults and not node.closed:
-                options.append((k.close, f"close {node.name}", partial(self._close, node)))
-                options.append((k.crash, f"crash {node.name}", partial(self._crash, node)))
+                mid = any(t.node is node and _mid_step(t) for t in self.tasks)
+                boost = k.mid_step if mid else 1.0
+                options.append((k.close * boost, f"close {node.name}", partial(self._close, node)))
+                options.append((k.crash * boost, f"crash {node.name}", partial(self._crash, node)))
         senders = [n for n in self.nodes if not n.receiver and not n.closed]
         if faults and senders and len(self.calls) < k.calls_max:
             options.append((k.call, "call", partial(self._start_call, self.rng.choice(senders))))
@@ -556,6 +578,15 @@ class World:
                     QueueUnavailable("Redis did not answer within the retry budget"),
                 ),
             )
+
+    def _give_up(self, task: Task) -> None:
+        effect = task.effect
+        assert isinstance(effect, Exec)
+        if self.rng.random() < 0.5:
+            self.run_task_calls(task, effect)
+        self._advance(
+            task, partial(task.gen.throw, QueueUnavailable("the link gave up (simulated)"))
+        )
 
     def _deliver(self, task: Task) -> None:
         replies = task.reply
@@ -673,6 +704,7 @@ class World:
                 self.client.restore(key, left, dumped)
         self.losses += 1
         self.rollbacks.append((step, self.steps))
+        self.rolled_back_ms = round(self.clock.wall() * 1000)
         self.pulses.clear()
         for node in self.nodes:
             if node.alive:
@@ -758,9 +790,13 @@ class World:
                 self.run_steps.setdefault(pending.id, []).append(
                     (node.name, sent, ran, self.clock.monotonic())
                 )
+                node.answering.add(pending.id)
                 self.spawn(node, "answer", answer_op(node, pending))
 
-        task = self.spawn(node, "dequeue", dequeue_op(node, self.endpoint, size), done)
+        current: list[str] = []
+        task = self.spawn(node, "dequeue", dequeue_op(node, self.endpoint, size, current), done)
+        if task is not None:
+            task.current = current
 
     # -- a directed schedule (a test names each step) --------------------------------------------
 
@@ -836,6 +872,11 @@ class World:
         self.tasks.clear()
         self._pubsub.close()
         self._link.close()
+
+
+def _mid_step(task: Task) -> bool:
+    """Whether `task` is in the middle of an operation (Knobs.mid_step)."""
+    return task.phase in ("sent", "replied") or (task.kind == "dequeue" and task.took_at[0] >= 0)
 
 
 # -- what the facades do, as generators of effects ----------------------------------------------
@@ -923,12 +964,11 @@ def cancel_op(node: SimNode, request_id: str, endpoint: str) -> Generator[Effect
 
 
 def dequeue_op(
-    node: SimNode, endpoint: str, max_items: int
+    node: SimNode, endpoint: str, max_items: int, current: list[str]
 ) -> Generator[Effect, Any, list[PendingRequest]]:
-    """AsyncReceiver._take."""
+    """AsyncReceiver._take (`current`: the token of its take under way, as there)."""
     channel = node.keys.endpoint(endpoint).pulse_channel
     node.sim_pulses.ensure_subscribed(channel)
-    current: list[str] = []
     try:
         flow = node._receive_flow(
             endpoint, channel, max_items, node.settings.dequeue_timeout_s, None, current
@@ -936,19 +976,31 @@ def dequeue_op(
         taken: list[PendingRequest] = yield from drive(node, flow)
     except BaseException:
         if current and not node._closed:
+            node.giving_back.update(current)
             node.world.spawn(node, "unpark", unpark_op(node, list(current)))
         raise
     return taken
 
 
 def unpark_op(node: SimNode, tokens: list[str]) -> Generator[Effect, Any, None]:
-    """AsyncReceiver._give_back_in_background."""
-    with contextlib.suppress(PrqError):
-        yield from drive(node, node._unpark_flow(tokens), closing_ok=True)
+    """AsyncReceiver._give_back_in_background (`tokens` are in `node.giving_back` from when
+    it is spawned)."""
+    try:
+        with contextlib.suppress(PrqError):
+            yield from drive(node, node._unpark_flow(tokens), closing_ok=True)
+    finally:
+        node.giving_back.difference_update(tokens)
 
 
 def answer_op(node: SimNode, pending: PendingRequest) -> Generator[Effect, Any, None]:
     """The handler's answer (an echo of its params), as apply_response sends it."""
+    try:
+        yield from _answer(node, pending)
+    finally:
+        node.answering.discard(pending.id)
+
+
+def _answer(node: SimNode, pending: PendingRequest) -> Generator[Effect, Any, None]:
     if not node._holds(pending.id):
         return
     body = node._encode_response(Response(id=pending.id, result=pending.request.params))

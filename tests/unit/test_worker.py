@@ -17,7 +17,7 @@ from prq.serve.async_answers import _AsyncAnswers
 from prq.serve.handled import build_response
 from prq.serve.pace import PACE_WEIGHT, TAKE_AHEAD_BELOW_S, _Pace
 from prq.serve.take_turns import SHARE_S, TAKE_AHEAD_LEFT_S, _TakeTurns
-from prq.transport.async_io import MAX_ROUND_TRIPS_IN_FLIGHT
+from prq.transport.batches import MAX_ROUND_TRIPS_IN_FLIGHT
 
 #: Bound of every wait in the _AsyncAnswers tests.
 WAIT_S = 5.0
