@@ -7,11 +7,12 @@ After every step, the queue's structure (read straight from Redis, independently
   gone: a record that expired waits in its lane for a take to drop it);
 - a taken record names its owner token and receiver; a handed one an owner token whose take
   was not withdrawn (nothing is handed to a park after it was taken back);
-- a record taken by a live receiver that is not closing is known to it: held (to run, or
-  running), or taken by a take of its still under way or spare (the next take collects what it
-  got); one it forgot is never run, never beaten for, and its caller is at last told
-  "receiver lost" of a request that never ran (records a rollback brought back are not
-  judged: their tokens belong to takes the node ended since).
+- a record taken by a live receiver that is not closing is in the hands of one of its tasks:
+  a take still under way (sorting what it got), one being given back, a spare token (the next
+  take collects what it got), or an answer under way; one it forgot is never run, and its
+  caller is at last told "receiver lost" of a request that never ran. (One its handler got is
+  let go when its answer cannot be written: its caller is told it may have run, which it did.
+  Records a rollback brought back are not judged: their tokens belong to takes ended since.)
 
 At the end of a run (every call ended, every task but the receivers' polls done), the history:
 - an at_most_once request ran at most once (counting every node whose handler got it), but
@@ -138,6 +139,7 @@ def _owners(world: World, keys: EndpointKeys, records: list[bytes], base: int) -
         if (
             node is not None
             and int(took or 0) > world.rolled_back_ms
+            and node.name not in world.runs.get(request_id, ())
             and not _knows(world, node, request_id, own.decode())
         ):
             problems.append(f"{request_id} is taken by {node.name}, which does not know it")

@@ -3,13 +3,16 @@ reach too rarely to keep in CI: each is one seed of the simulation, played by ha
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 import redis
 
+from prq.core.errors import QueueUnavailable
 from prq.protocol.effects import Exec
-from prq.protocol.scripts.loading import ENQUEUE
+from prq.protocol.scripts.loading import ENQUEUE, TAKE
 from tests.sim.clock import SimClock, seeded_randomness, virtual_time
 from tests.sim.world import Knobs, Task, World
 
@@ -30,13 +33,52 @@ def world(sim_redis: redis.Redis) -> Iterator[World]:
             world.close()
 
 
-def _sending_its_enqueue(task: Task) -> bool:
+def _sending(task: Task, sha: str) -> bool:
     effect = task.effect
     return (
         task.phase == "sent"
         and isinstance(effect, Exec)
-        and any(c.script is not None and c.script.sha == ENQUEUE.sha for c in effect.calls)
+        and any(c.script is not None and c.script.sha == sha for c in effect.calls)
     )
+
+
+def _sending_its_enqueue(task: Task) -> bool:
+    return _sending(task, ENQUEUE.sha)
+
+
+def test_a_take_whose_give_back_fails_is_collected_by_the_next_take_of_its_node(
+    world: World,
+) -> None:
+    sender, receiver = world.nodes
+    # Given a queued call
+    world._start_call(sender)
+    call = world.tasks[-1]
+    request_id = list(world.calls)[-1]
+    world.play(call, lambda: call.phase == "wait")
+    # and a dequeue cut short (cancelled) once its take ran on Redis, before its reply came
+    world._start_dequeue(receiver)
+    dequeue = world.tasks[-1]
+    world.play(dequeue, lambda: _sending(dequeue, TAKE.sha))
+    world._arrive(dequeue)
+    world._cancel_task(dequeue)
+    # When the give-back of what it took fails (the link gives up before Redis got it)
+    (unpark,) = [t for t in world.tasks if t.kind == "unpark"]
+    world.play(unpark, lambda: unpark.phase == "sent")
+    world._advance(unpark, partial(unpark.gen.throw, QueueUnavailable("the link gave up")))
+    assert unpark.phase == "done"
+    # Then the request is not left taken by nobody (the structure check: its token is spare)
+    world.check()
+    # and the node's next take collects it: its handler gets it, and the call is answered
+    world._start_dequeue(receiver)
+    world.play(world.tasks[-1], lambda: request_id in world.runs)
+    assert world.runs[request_id] == ["r0"]
+    answer = next(t for t in world.tasks if t.kind == "answer")
+    world.play(answer, lambda: False)
+    world.play(call, lambda: False)
+    outcome = world.calls[request_id].outcome
+    assert outcome is not None and outcome.response is not None
+    assert outcome.response.result == world.calls[request_id].request.params
+    assert not isinstance(outcome.error, asyncio.CancelledError)
 
 
 @pytest.mark.xfail(

@@ -124,9 +124,15 @@ class HeldRequests(NodeCore):
         )
         try:
             replies = yield Exec(calls)
-        except PrqError:  # (kept, so that closing tries again)
+        except PrqError:
+            # Kept, so that closing tries again; and, unless closing, spare: the endpoint's
+            # next take collects what the token got (it never ran), as after a take that
+            # failed, instead of leaving it taken by nobody until the caller's receiver
+            # check gives up on it
             for token, endpoint in taking:
                 self._taking.setdefault(token, endpoint)
+                if not self._closing:
+                    self._spare_tokens.setdefault(endpoint, []).append(token)
             raise
         assert isinstance(replies, list)
         given = sum(parse_unpark(reply) for reply in replies)
