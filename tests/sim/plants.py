@@ -11,10 +11,11 @@ from tests.sim.world import ROLLBACKS, Knobs
 
 __all__ = ["PLANTS", "plant_named"]
 
-#: Bounds for the three races of docs/design.md ("What it found"), from the measurements there.
+#: Bounds for the three races of docs/design.md ("What it found"): each is found at a seed
+#: below its bound (2026-12-03: seeds 0, 49 and 13), with room for changes to the schedules.
 BOUND_SKIPPED = 5
-BOUND_CLOSING = 40
-BOUND_CUT_SHORT = 40
+BOUND_CLOSING = 60
+BOUND_CUT_SHORT = 25
 
 #: (plant, how many schedules from seed 0 may pass before it must be found, the knobs)
 PLANTS: list[tuple[Plant, int, Knobs | None]] = [
@@ -108,12 +109,12 @@ PLANTS: list[tuple[Plant, int, Knobs | None]] = [
     ),
     (
         # a take that does not judge the receiver's stamp: a rollback behind its last take is
-        # not seen before the take hands out what the rollback brought back (found at seed 15)
+        # not seen before the take hands out what the rollback brought back (found at seed 36)
         Plant(
             "take ignores its stamp",
             (("if known > 0 and held < known then", "if false then"),),
         ),
-        20,
+        50,
         ROLLBACKS,
     ),
 ]
