@@ -113,6 +113,8 @@ def tls_only_server(pki: Pki, tmp_path: Path, *, client_certs: bool) -> Iterator
         process.wait(10)
 
 
+# (a test names its server before `make_queue`: the server is then set up first and stopped
+# last, after the test's nodes closed, not under them)
 @pytest.fixture
 def tls_port(pki: Pki, tmp_path: Path) -> Iterator[int]:
     with tls_only_server(pki, tmp_path, client_certs=False) as port:
@@ -147,7 +149,7 @@ async def echo_round_trip(make_queue: QueueFactory, settings: RedisSettings) -> 
 
 
 async def test_a_call_goes_through_a_tls_only_server(
-    make_queue: QueueFactory, pki: Pki, tls_port: int
+    pki: Pki, tls_port: int, make_queue: QueueFactory
 ) -> None:
     # Given nodes that trust the test CA, on rediss://localhost
     settings = tls_settings(f"rediss://localhost:{tls_port}/0", ssl_ca_file=str(pki.ca))
@@ -155,7 +157,7 @@ async def test_a_call_goes_through_a_tls_only_server(
     await echo_round_trip(make_queue, settings)
 
 
-async def test_plaintext_is_refused(make_queue: QueueFactory, tls_port: int) -> None:
+async def test_plaintext_is_refused(tls_port: int, make_queue: QueueFactory) -> None:
     # Given a node that speaks plaintext to the TLS port
     node = make_queue(url=f"redis://localhost:{tls_port}/0", retry_budget_s=1.0)
     # Then it never gets an answer: the server only speaks TLS
@@ -169,7 +171,7 @@ async def test_plaintext_is_refused(make_queue: QueueFactory, tls_port: int) -> 
 
 @pytest.mark.parametrize("case", ["wrong_ca", "wrong_name"])
 async def test_a_certificate_that_does_not_verify_fails_fast_and_clearly(
-    make_queue: QueueFactory, pki: Pki, tls_port: int, case: str
+    pki: Pki, tls_port: int, make_queue: QueueFactory, case: str
 ) -> None:
     # Given a node that trusts another CA, or that reaches the server by a name its
     # certificate does not hold (127.0.0.1 instead of localhost), with a long retry budget
@@ -191,7 +193,7 @@ async def test_a_certificate_that_does_not_verify_fails_fast_and_clearly(
 
 
 async def test_the_host_name_check_can_be_turned_off(
-    make_queue: QueueFactory, pki: Pki, tls_port: int
+    pki: Pki, tls_port: int, make_queue: QueueFactory
 ) -> None:
     # Given a node on rediss://127.0.0.1 that trusts the CA but skips the name check
     settings = tls_settings(
@@ -202,7 +204,7 @@ async def test_the_host_name_check_can_be_turned_off(
 
 
 async def test_mutual_tls_needs_the_client_certificate(
-    make_queue: QueueFactory, pki: Pki, mtls_port: int
+    pki: Pki, mtls_port: int, make_queue: QueueFactory
 ) -> None:
     url = f"rediss://localhost:{mtls_port}/0"
     # Given a server that requires client certificates: without one, a node fails fast
