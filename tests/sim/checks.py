@@ -28,7 +28,9 @@ At the end of a run (every call ended, every task but the receivers' polls done)
   brought it back queued after the caller was told, and a receiver started after the rollback
   ran it (a node started after a rollback runs its ghosts);
 - a call answered `ok` got its own request's answer (the echo of its params) and its request
-  ran;
+  ran; a one-way message (notify) is held to the same rules but for the answer (it may also
+  expire unrun: its sender was told only that it was queued);
+- a status read fails only for a record whose body the world overwrote;
 - every call ended (nothing hung), and no live node still holds a request (one held and never
   answered would be beaten for as long as the node lives);
 - no caller got DataLoss before Redis ever lost data;
@@ -217,45 +219,56 @@ def _ran_again(world: World, request_id: str) -> list[str]:
     ]
 
 
+def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
+    """What one call's (or one-way message's) history breaks."""
+    problems: list[str] = []
+    runs = world.runs.get(request_id, [])
+    outcome = record.outcome
+    if outcome is None:
+        problems.append(f"call {request_id} never ended")
+        return problems
+    if record.request.delivery == "at_most_once" and len(record.enqueue_eras) < 2:
+        problems += _ran_again(world, request_id)
+    error = outcome.error
+    if isinstance(error, DataLoss) and record.losses_at_end == 0:
+        # (after a loss, a call made before its declaration may be refused: it is the
+        # declaration, not the loss, that a node acts on)
+        problems.append(f"{request_id}: its caller got DataLoss, but Redis never lost data")
+    if error is not None:
+        told_not_run = not isinstance(
+            error, (asyncio.CancelledError, CallerCrashed)
+        ) and not getattr(error, "maybe_executed", True)
+        if told_not_run and runs and not _rolled_back_unseen(world, request_id, record):
+            problems.append(
+                f"{request_id}: its caller was told {type(error).__name__} (never ran), "
+                f"but it ran on {runs}"
+            )
+        return problems
+    if record.kind == "notify":  # (told only that it is queued: it may run or expire)
+        if request_id in world.corrupted and runs:
+            problems.append(f"{request_id}: its body was not a request, yet it ran on {runs}")
+        return problems
+    response = outcome.response
+    assert response is not None
+    if response.error is None and not runs:
+        problems.append(f"{request_id}: answered ok, but it never ran")
+    if request_id in world.corrupted and runs:
+        problems.append(f"{request_id}: its body was not a request, yet it ran on {runs}")
+    if response.error is None and response.result != record.request.params:
+        problems.append(
+            f"{request_id}: answered {response.result!r}, its params were {record.request.params!r}"
+        )
+    return problems
+
+
 def history_violations(world: World) -> list[str]:
     """The history, as above; one line per break."""
     problems: list[str] = []
     for request_id, record in world.calls.items():
-        runs = world.runs.get(request_id, [])
-        outcome = record.outcome
-        if outcome is None:
-            problems.append(f"call {request_id} never ended")
-            continue
-        if record.request.delivery == "at_most_once" and len(record.enqueue_eras) < 2:
-            problems += _ran_again(world, request_id)
-        error = outcome.error
-        if isinstance(error, DataLoss) and record.losses_at_end == 0:
-            # (after a loss, a call made before its declaration may be refused: it is the
-            # declaration, not the loss, that a node acts on)
-            problems.append(f"{request_id}: its caller got DataLoss, but Redis never lost data")
-        if error is not None:
-            told_not_run = not isinstance(
-                error, (asyncio.CancelledError, CallerCrashed)
-            ) and not getattr(error, "maybe_executed", True)
-            if told_not_run and runs and not _rolled_back_unseen(world, request_id, record):
-                problems.append(
-                    f"{request_id}: its caller was told {type(error).__name__} (never ran), "
-                    f"but it ran on {runs}"
-                )
-            continue
-        response = outcome.response
-        assert response is not None
-        if response.error is None and not runs:
-            problems.append(f"{request_id}: answered ok, but it never ran")
-        if request_id in world.corrupted and runs:
-            problems.append(f"{request_id}: its body was not a request, yet it ran on {runs}")
-        if response.error is None and response.result != record.request.params:
-            problems.append(
-                f"{request_id}: answered {response.result!r}, its params were "
-                f"{record.request.params!r}"
-            )
+        problems += _call_violations(world, request_id, record)
     for node in world.nodes:
         if node.alive and node._held:
             problems.append(f"node {node.name} still holds {sorted(node._held)} at the end")
     problems += [f"key {k} has no TTL" for k in keys_without_ttl(world)]
+    problems += world.findings
     return problems

@@ -14,8 +14,12 @@ picks, by the seed, one thing that may happen next:
 - a pulse Redis published reaches the nodes subscribed to its channel, or is dropped, or comes
   twice;
 - a node's watch turn (beats, cancellations, data-loss checks) runs, when due or woken;
-- an operation starts: a call, a cancel, a dequeue on a receiver with a free slot, an answer;
-- a task is cancelled at the yield it stands at (asyncio's CancelledError, thrown there);
+- an operation starts: a call, a one-way message (notify: queued in the bulk form, through
+  enqueue_many.lua), a cancel, a status read, a dequeue on a receiver with a free slot, an
+  answer;
+- a task is cancelled at the yield it stands at (asyncio's CancelledError, thrown there), or
+  its link gives up (QueueUnavailable, thrown there); cancels, closes and crashes come more
+  often in the middle of an operation (Knobs.mid_step);
 - a node closes (gracefully: giving back what it holds) or crashes (it stops, nothing runs);
 - Redis loses everything (a flush; a restart, which also drops its scripts and every pub/sub
   link), or goes back to a snapshot of itself taken earlier in the run (a restart from an older
@@ -43,7 +47,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from prq.core.config import QueueSettings, RedisSettings
-from prq.core.errors import DataLoss, PrqError, QueueUnavailable
+from prq.core.errors import DataLoss, PrqError, QueueUnavailable, SerializationError
 from prq.core.lifecycle import PendingRequest
 from prq.core.models import Delivery, Request, Response
 from prq.node.base import QueueBase
@@ -51,7 +55,8 @@ from prq.node.watch import NodeWatch
 from prq.protocol.effects import Call, Effect, Exec, Offload, Reply, Wait
 from prq.protocol.flows.call import call_flow
 from prq.protocol.flows.cancel import cancel_flow
-from prq.protocol.scripts.loading import ENQUEUE, TAKE
+from prq.protocol.flows.status import status_flow
+from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY, TAKE
 from prq.protocol.scripts.merging import merge_calls
 from prq.transport.batches import IOCounters
 from prq.transport.links import SyncLink
@@ -162,6 +167,9 @@ class Outcome:
 class CallRecord:
     request: Request
     node: str
+    #: "call" (its caller waits for the answer) or "notify" (one-way: told only that it is
+    #: queued)
+    kind: str = "call"
     outcome: Outcome | None = None
     cancelled_by_sim: bool = False
     #: Redis's losses (flushes, restarts) so far when the call ended
@@ -214,6 +222,9 @@ class Knobs:
     pulse_twice: float = 0.3
     watch: float = 2.0
     call: float = 2.0
+    #: a one-way message (notify: queued in the bulk form, no answer kept), and a status read
+    notify: float = 0.6
+    status: float = 0.3
     cancel_call: float = 0.4
     dequeue: float = 3.0
     cancel_task: float = 0.3
@@ -321,6 +332,8 @@ class World:
         self.restarts_left = self.knobs.restarts
         #: requests whose queued body the world overwrote (`_corrupt`)
         self.corrupted: set[str] = set()
+        #: what an operation saw that it must not (checks.history_violations reports them)
+        self.findings: list[str] = []
         self._serial = 0
         # (a link of its own: prq's, one round trip at a time, error replies in place)
         self._link = SyncLink(redis.ConnectionPool(**client.connection_pool.connection_kwargs))
@@ -395,7 +408,8 @@ class World:
         """`run_calls` for a task's step; a call's enqueue is noted with the losses so far."""
         task.ran_at = self.steps
         if task.call is not None and any(
-            c.script is not None and c.script.sha == ENQUEUE.sha for c in effect.calls
+            c.script is not None and c.script.sha in (ENQUEUE.sha, ENQUEUE_MANY.sha)
+            for c in effect.calls
         ):
             task.call.enqueue_eras.add(self.losses)
         return self.run_calls(effect.calls)
@@ -448,7 +462,7 @@ class World:
                 assert isinstance(effect, Wait)
                 if effect.signal.generation != effect.seen or now >= task.deadline:
                     options.append((k.wake, f"wake {task.name}", partial(self._resume, task)))
-            if faults and task.kind in ("call", "dequeue") and task.phase != "start":
+            if faults and task.kind in ("call", "notify", "dequeue") and task.phase != "start":
                 weight = k.cancel_task * (k.mid_step if _mid_step(task) else 1.0)
                 options.append((weight, f"cancel {task.name}", partial(self._cancel_task, task)))
         if self.pulses:
@@ -475,8 +489,12 @@ class World:
         senders = [n for n in self.nodes if not n.receiver and not n.closed]
         if faults and senders and len(self.calls) < k.calls_max:
             options.append((k.call, "call", partial(self._start_call, self.rng.choice(senders))))
+            options.append(
+                (k.notify, "notify", partial(self._start_notify, self.rng.choice(senders)))
+            )
         if faults and senders and self.calls:
             options.append((k.cancel_call, "cancel call", partial(self._start_cancel, senders)))
+            options.append((k.status, "status", partial(self._start_status, senders)))
         if faults:
             options.append((k.flush, "flush", partial(self._lose_data, restart=False)))
             options.append((k.restart, "restart", partial(self._lose_data, restart=True)))
@@ -771,6 +789,38 @@ class World:
         if task is not None:
             task.call = record
 
+    def _start_notify(self, node: SimNode) -> None:
+        k = self.knobs
+        request = Request(
+            endpoint=self.endpoint,
+            method="echo",
+            params=f"p{len(self.calls)}",
+            delivery=self.rng.choice(k.deliveries),
+            priority=self.rng.choice(k.priorities),
+        )
+        pickup = self.rng.choice(k.pickup_windows)
+        record = CallRecord(request, node.name, kind="notify")
+        self.calls[request.id] = record
+
+        def done(value: Any, error: BaseException | None) -> None:
+            record.outcome = Outcome(None, error)
+            record.losses_at_end = self.losses
+            record.ended_at = self.steps
+
+        task = self.spawn(node, "notify", notify_op(node, request, pickup), done)
+        if task is not None:
+            task.call = record
+
+    def _start_status(self, senders: list[SimNode]) -> None:
+        node = self.rng.choice(senders)
+        request_id = self.rng.choice(list(self.calls))
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if isinstance(error, SerializationError) and request_id not in self.corrupted:
+                self.findings.append(f"status of {request_id} failed: {error}")
+
+        self.spawn(node, "status", status_op(node, request_id), done)
+
     def _start_cancel(self, senders: list[SimNode]) -> None:
         node = self.rng.choice(senders)
         request_id = self.rng.choice(list(self.calls))  # (in the order made: ids are random)
@@ -945,6 +995,19 @@ def call_op(node: SimNode, request: Request, pickup_s: float) -> Generator[Effec
     finally:
         node._watch.liveness.release(request.id)
     return response
+
+
+def notify_op(node: SimNode, request: Request, pickup_s: float) -> Generator[Effect, Any, str]:
+    """AsyncSender.notify (no large bodies)."""
+    request, body = node._encode_request(request)
+    request_id: str = yield from drive(node, node._notify_flow(request, body, pickup_s))
+    return request_id
+
+
+def status_op(node: SimNode, request_id: str) -> Generator[Effect, Any, Any]:
+    """AsyncSender.status."""
+    flow = status_flow(node.ctx, request_id, node._sent_endpoint(request_id))
+    return (yield from drive(node, flow))
 
 
 def withdraw_op(node: SimNode, request: Request) -> Generator[Effect, Any, None]:
