@@ -120,7 +120,14 @@ class SenderHalf(NodeCore):
         yield from self._check_layout_flow(request.endpoint)
         if self._first_use(request.endpoint):
             beside += registry_calls(self.keys, settings, [request.endpoint], now_ms)
-        replies = yield Exec((call, *beside))
+        try:
+            replies = yield Exec((call, *beside))
+        except QueueUnavailable as exc:  # (sent: it may be queued, and run)
+            raise QueueUnavailable(
+                f"{exc} Message {request.id} may have been queued and may still run; sending "
+                "it again with the same id is safe (it is never queued twice).",
+                maybe_executed=True,
+            ) from exc
         assert isinstance(replies, list)
         self._watch.presence.sent(request.endpoint, time.monotonic())
         outcome = parse_enqueue_many(replies[0], 1)

@@ -12,7 +12,7 @@ import redis
 
 from prq.core.errors import QueueUnavailable
 from prq.protocol.effects import Exec
-from prq.protocol.scripts.loading import ENQUEUE, TAKE
+from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY, TAKE
 from tests.sim.clock import SimClock, seeded_randomness, virtual_time
 from tests.sim.world import Knobs, Task, World
 
@@ -44,6 +44,26 @@ def _sending(task: Task, sha: str) -> bool:
 
 def _sending_its_enqueue(task: Task) -> bool:
     return _sending(task, ENQUEUE.sha)
+
+
+def test_a_message_whose_link_gave_up_after_it_was_sent_may_have_run(world: World) -> None:
+    sender, receiver = world.nodes
+    # Given a one-way message whose enqueue reached Redis, and whose link then gave up
+    world._start_notify(sender)
+    notify = world.tasks[-1]
+    request_id = list(world.calls)[-1]
+    world.play(notify, lambda: _sending(notify, ENQUEUE_MANY.sha))
+    world.run_task_calls(notify, notify.effect)  # type: ignore[arg-type]
+    world._advance(notify, partial(notify.gen.throw, QueueUnavailable("the link gave up")))
+    # Then its sender is told it may have been queued and run
+    outcome = world.calls[request_id].outcome
+    assert outcome is not None and isinstance(outcome.error, QueueUnavailable)
+    assert outcome.error.maybe_executed
+    assert request_id in str(outcome.error)
+    # as it is: a receiver takes it and its handler gets it
+    world._start_dequeue(receiver)
+    world.play(world.tasks[-1], lambda: request_id in world.runs)
+    assert world.runs[request_id] == ["r0"]
 
 
 def test_a_take_whose_give_back_fails_is_collected_by_the_next_take_of_its_node(
