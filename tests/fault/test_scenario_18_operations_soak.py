@@ -139,6 +139,8 @@ class Soak:
     client: redis.Redis = field(init=False)
     receivers: list[NodeProcess] = field(default_factory=list)
     proxies: list[FaultProxy] = field(default_factory=list)
+    #: Each receiver's own proxy, by name.
+    proxy_of: dict[str, FaultProxy] = field(default_factory=dict)
     #: Requests killed receivers held (their callers may hear "maybe executed").
     picked_up: set[str] = field(default_factory=set)
     #: When Redis lost data: from the fault until every node noticed (monotonic), and the
@@ -174,6 +176,7 @@ class Soak:
             redis_url=self.link(),
             max_lifetime_s=self.lifetime_s,
         )
+        self.proxy_of[node.name] = self.proxies[-1]
         if slot < len(self.receivers):
             self.receivers[slot] = node
         else:
@@ -232,6 +235,13 @@ class Soak:
             held = freeze_when(victim, self.client, self.prefix, ENDPOINTS, busy=busy)
             self.picked_up |= held
             victim.kill()
+            # (a take it sent just before it froze may still have been in its proxy then, and
+            # reached Redis after the look: once the proxy has closed its links, all it
+            # forwarded has arrived, and what the victim took by then counts too)
+            proxy = self.proxy_of[victim.name]
+            wait_until(lambda: proxy.open_connections == 0, 10, 0.01, f"{victim.name} unlinked")
+            self.client.ping()
+            self.picked_up |= held_by(self.client, self.prefix, victim.name, ENDPOINTS)
         else:
             held = wait_until(
                 lambda: self._caught(victim, busy), 20, 0.005, f"{victim.name} busy={busy}"
