@@ -1,7 +1,9 @@
 """What a simulation run must never show.
 
 After every step, the queue's structure (read straight from Redis, independently of prq):
-- a level's depth `n` is the number of ids its lanes hold that are not in its removed set;
+- a level's depth `n` is the number of ids its lanes hold that are not in its removed set
+  (and of the ids of a lane of it that expired, their records expired before: they count
+  until the level is forgotten, a limit of the accounting, docs/design.md);
 - every record that says `queued` sits in a lane of its level and is not marked removed (so a
   take will find it), and every record a lane holds that is not removed says `queued` (or is
   gone: a record that expired waits in its lane for a take to drop it);
@@ -82,18 +84,14 @@ def structure_violations(world: World, *, strict: bool = True) -> list[str]:
     level_names = {
         k.decode()[len(prefix) :].split(":")[0] for k in _send(client, "KEYS", prefix + "*")
     }
+    if world.lanes_seen_at != world.losses:  # (Redis lost or rolled back: what was seen went)
+        world.lanes_seen.clear()
+        world.expired_counted.clear()
+        world.lanes_seen_at = world.losses
     for p in sorted(levels | level_names):
-        depth = int(_send(client, "HGET", keys.level(p), "n") or 0)
-        removed = set(_send(client, "SMEMBERS", keys.level_removed(p)))
+        live, removed, found = _level(world, keys, p, p in levels)
+        problems += found
         removed_all |= removed
-        ids: list[bytes] = []
-        for member in _send(client, "ZRANGE", keys.level_lanes(p), 0, -1):
-            ids += _send(client, "LRANGE", keys.level_lane(p, member.decode()), 0, -1)
-        live = [i for i in ids if i not in removed]
-        if p in levels and depth != len(live):
-            problems.append(f"level {p}: depth {depth}, but its lanes hold {len(live)} live ids")
-        if p not in levels and live:
-            problems.append(f"level {p} is not listed, but its lanes hold {len(live)} live ids")
         for i in live:
             in_lanes[i] = p
     records = _send(client, "KEYS", keys.request("*"))
@@ -109,6 +107,52 @@ def structure_violations(world: World, *, strict: bool = True) -> list[str]:
             problems.append(f"{request_id.decode()} sits in a lane, but says {state}")
     problems += _owners(world, keys, records, base)
     return problems
+
+
+def _level(
+    world: World, keys: EndpointKeys, p: str, listed: bool
+) -> tuple[list[bytes], set[bytes], list[str]]:
+    """Level `p`'s live ids (in its lanes, not removed), its removed set, and what breaks."""
+    client = world.client
+    problems: list[str] = []
+    depth = int(_send(client, "HGET", keys.level(p), "n") or 0)
+    removed = set(_send(client, "SMEMBERS", keys.level_removed(p)))
+    if not listed or depth == 0:
+        world.expired_counted.pop(p, None)
+    ids: list[bytes] = []
+    for member in _send(client, "ZRANGE", keys.level_lanes(p), 0, -1):
+        lane = keys.level_lane(p, member.decode())
+        held = _send(client, "LRANGE", lane, 0, -1)
+        if not held and not _send(client, "EXISTS", lane):
+            _lane_expired(world, keys, p, world.lanes_seen.pop((p, member), []), removed)
+        elif held:
+            world.lanes_seen[p, member] = held
+        ids += held
+    live = [i for i in ids if i not in removed]
+    counted = world.expired_counted.get(p, set()) - set(live)
+    if listed and depth != len(live) + len(counted):
+        problems.append(
+            f"level {p}: depth {depth}, but its lanes hold {len(live)} live ids"
+            + (f" (and {len(counted)} of a lane that expired)" if counted else "")
+        )
+    if not listed and live:
+        problems.append(f"level {p} is not listed, but its lanes hold {len(live)} live ids")
+    return live, removed, problems
+
+
+def _lane_expired(
+    world: World, keys: EndpointKeys, p: str, seen: list[bytes], removed: set[bytes]
+) -> None:
+    """A listed lane of level `p` expired: the ids it held when last seen whose records had
+    expired too count in the level's depth until the level is forgotten (docs/design.md,
+    "Limits" of the queue's accounting). One whose record lives is not excused: a live request
+    lost with its lane is what the check is for."""
+    dead = [
+        i
+        for i in seen
+        if i not in removed and not _send(world.client, "EXISTS", keys.request(i.decode()))
+    ]
+    world.expired_counted.setdefault(p, set()).update(dead)
 
 
 def _knows(world: World, node: SimNode, request_id: str, token: str) -> bool:

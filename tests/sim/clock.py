@@ -36,6 +36,7 @@ import prq.core.names
 
 __all__ = [
     "CLOCK_KEY",
+    "DUMP_SCRIPT",
     "EXPIRE_SCRIPT",
     "EXPIRY_FLOOR_MS",
     "SimClock",
@@ -70,6 +71,24 @@ for _, key in ipairs(redis.call('KEYS', '*')) do
   end
 end
 return gone
+"""
+
+#: Every key but ARGV[1] (the clock), its DUMP and its PTTL, read in one script: (key, dump,
+#: ttl, key, dump, ttl, ...), keys that have gone left out.
+DUMP_SCRIPT = """
+local out = {}
+for _, key in ipairs(redis.call('KEYS', '*')) do
+  if key ~= ARGV[1] then
+    local dumped = redis.call('DUMP', key)
+    local ttl = redis.call('PTTL', key)
+    if dumped and ttl ~= -2 then
+      out[#out + 1] = key
+      out[#out + 1] = dumped
+      out[#out + 1] = ttl
+    end
+  end
+end
+return out
 """
 
 #: A jump deletes the keys it leaves this close to their end (ms): so that none is left to

@@ -63,7 +63,7 @@ from prq.transport.links import SyncLink
 from prq.transport.pulse_router import PulseRouter
 from prq.transport.signals import Signal
 from prq.transport.translate import _reply_error
-from tests.sim.clock import CLOCK_KEY, EXPIRE_SCRIPT, EXPIRY_FLOOR_MS, SimClock
+from tests.sim.clock import CLOCK_KEY, DUMP_SCRIPT, EXPIRE_SCRIPT, EXPIRY_FLOOR_MS, SimClock
 from tests.sim.scripts import Plant, planted_node_class, twin_call, twins_of
 
 __all__ = ["ROLLBACKS", "Broken", "Knobs", "Outcome", "SimNode", "Task", "World", "sim_settings"]
@@ -334,6 +334,12 @@ class World:
         self.corrupted: set[str] = set()
         #: what an operation saw that it must not (checks.history_violations reports them)
         self.findings: list[str] = []
+        #: the structure check's memory: each listed lane's ids when last seen, by (level,
+        #: member); ids of lanes that expired still counted in their level's depth, by level;
+        #: the losses when it was last cleared (checks.structure_violations)
+        self.lanes_seen: dict[tuple[str, bytes], list[bytes]] = {}
+        self.expired_counted: dict[str, set[bytes]] = {}
+        self.lanes_seen_at = 0
         self._serial = 0
         # (a link of its own: prq's, one round trip at a time, error replies in place)
         self._link = SyncLink(redis.ConnectionPool(**client.connection_pool.connection_kwargs))
@@ -341,6 +347,7 @@ class World:
         self._pubsub.psubscribe("prq:*")
         self._drain_pubsub()
         self._expire = client.register_script(EXPIRE_SCRIPT)
+        self._dump = client.register_script(DUMP_SCRIPT)
         self._real_synced = real_time.monotonic()
         self.faults = True
         #: whether a record's state must agree with where it sits (checks.structure_violations)
@@ -696,17 +703,16 @@ class World:
         self._write_clock()
 
     def _take_snapshot(self) -> None:
-        """Keep Redis as it is now, every key with its TTL (the clock key apart)."""
-        keys: list[bytes] = sorted(self.client.keys("*"))  # type: ignore[arg-type]
+        """Keep Redis as it is now, every key with its TTL (the clock key apart), read in one
+        script: keys that expire together (written in one script) keep one TTL, so that a
+        rollback brings back all of them or none (read one round trip apart, their TTLs would
+        differ by the real time between, and a rollback near their end could bring back a
+        level's depth without the lane it counts)."""
+        found = self._dump(args=[CLOCK_KEY])
         kept: dict[bytes, tuple[bytes, int]] = {}
-        for key in keys:
-            if key.decode() == CLOCK_KEY:
-                continue
-            dumped = self.client.dump(key)
-            ttl = int(self.client.pttl(key))
-            if isinstance(dumped, bytes) and ttl != -2:
-                kept[key] = (dumped, ttl)
-        self.snapshot = (self.steps, self.clock.monotonic(), kept)
+        for i in range(0, len(found), 3):
+            kept[found[i]] = (found[i + 1], int(found[i + 2]))
+        self.snapshot = (self.steps, self.clock.monotonic(), dict(sorted(kept.items())))
 
     def _roll_back(self) -> None:
         """Redis restarts from the last snapshot: what it held then, each key expiring when it
