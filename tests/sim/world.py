@@ -773,7 +773,8 @@ class World:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def _start_call(self, node: SimNode) -> None:
+    def _new_request(self) -> tuple[Request, float]:
+        """A request for a call or a message, as the knobs draw it, and its pickup window."""
         k = self.knobs
         request = Request(
             endpoint=self.endpoint,
@@ -782,7 +783,10 @@ class World:
             delivery=self.rng.choice(k.deliveries),
             priority=self.rng.choice(k.priorities),
         )
-        pickup = self.rng.choice(k.pickup_windows)
+        return request, self.rng.choice(k.pickup_windows)
+
+    def _start_call(self, node: SimNode) -> None:
+        request, pickup = self._new_request()
         record = CallRecord(request, node.name)
         self.calls[request.id] = record
 
@@ -796,15 +800,7 @@ class World:
             task.call = record
 
     def _start_notify(self, node: SimNode) -> None:
-        k = self.knobs
-        request = Request(
-            endpoint=self.endpoint,
-            method="echo",
-            params=f"p{len(self.calls)}",
-            delivery=self.rng.choice(k.deliveries),
-            priority=self.rng.choice(k.priorities),
-        )
-        pickup = self.rng.choice(k.pickup_windows)
+        request, pickup = self._new_request()
         record = CallRecord(request, node.name, kind="notify")
         self.calls[request.id] = record
 
