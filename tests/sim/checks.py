@@ -84,7 +84,7 @@ def structure_violations(world: World, *, strict: bool = True) -> list[str]:
     level_names = {
         k.decode()[len(prefix) :].split(":")[0] for k in _send(client, "KEYS", prefix + "*")
     }
-    if world.lanes_seen_at != world.losses:  # (Redis lost or rolled back: what was seen went)
+    if world.lanes_seen_at != world.losses:  # (Redis lost its data: what was seen went)
         world.lanes_seen.clear()
         world.expired_counted.clear()
         world.lanes_seen_at = world.losses

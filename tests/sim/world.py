@@ -340,6 +340,10 @@ class World:
         self.lanes_seen: dict[tuple[str, bytes], list[bytes]] = {}
         self.expired_counted: dict[str, set[bytes]] = {}
         self.lanes_seen_at = 0
+        self.snapshot_lanes: tuple[dict[tuple[str, bytes], list[bytes]], dict[str, set[bytes]]] = (
+            {},
+            {},
+        )
         self._serial = 0
         # (a link of its own: prq's, one round trip at a time, error replies in place)
         self._link = SyncLink(redis.ConnectionPool(**client.connection_pool.connection_kwargs))
@@ -713,6 +717,11 @@ class World:
         for i in range(0, len(found), 3):
             kept[found[i]] = (found[i + 1], int(found[i + 2]))
         self.snapshot = (self.steps, self.clock.monotonic(), dict(sorted(kept.items())))
+        # (and the structure check's memory of the lanes as they were: a rollback brings it back)
+        self.snapshot_lanes = (
+            dict(self.lanes_seen),
+            {p: set(ids) for p, ids in self.expired_counted.items()},
+        )
 
     def _roll_back(self) -> None:
         """Redis restarts from the last snapshot: what it held then, each key expiring when it
@@ -729,6 +738,10 @@ class World:
         self.losses += 1
         self.rollbacks.append((step, self.steps))
         self.rolled_back_ms = round(self.clock.wall() * 1000)
+        seen, counted = self.snapshot_lanes
+        self.lanes_seen = dict(seen)
+        self.expired_counted = {p: set(ids) for p, ids in counted.items()}
+        self.lanes_seen_at = self.losses
         self.pulses.clear()
         for node in self.nodes:
             if node.alive:
@@ -968,6 +981,9 @@ def drive(
             reply = yield effect
         except PrqError as exc:
             error = exc
+        except BaseException:  # (a cancel where the flow waits: its clean-up now, as there)
+            flow.close()
+            raise
 
 
 def call_op(node: SimNode, request: Request, pickup_s: float) -> Generator[Effect, Any, Response]:

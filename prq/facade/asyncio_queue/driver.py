@@ -185,6 +185,11 @@ class AsyncDriver(QueueBase):
                 error = self._shutdown_error(sent=True)
             except PrqError as exc:
                 error = exc
+            except BaseException:
+                # a cancel (or another error) while the flow waits: the flow's own clean-up
+                # (a take's let-go, a `finally`) runs now, not whenever it is collected
+                flow.close()
+                raise
 
     async def _check_data_loss_now(self) -> None:
         """A call found its request gone: check now, so that a retry starts in the new epoch."""

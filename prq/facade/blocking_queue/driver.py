@@ -187,6 +187,9 @@ class BlockingDriver(QueueBase):
                 error = self._shutdown_error(sent=True)
             except PrqError as exc:
                 error = exc
+            except BaseException:  # (another error while the flow waits: its clean-up now)
+                flow.close()
+                raise
 
     def _check_data_loss_now(self) -> None:
         """A call found its request gone: check now, so that a retry starts in the new epoch."""
