@@ -10,12 +10,13 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+import redis.asyncio.retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from prq.core.config import RedisSettings
 
-__all__ = ["client_kwargs"]
+__all__ = ["asyncio_kwargs", "client_kwargs"]
 
 
 def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
@@ -41,4 +42,13 @@ def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
             "ssl_check_hostname": settings.ssl_check_hostname,
             "ssl_min_version": ssl.TLSVersion.TLSv1_2,
         }
+    return kwargs
+
+
+def asyncio_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` of `client_kwargs` for an asyncio client: its retry policy (none) as the
+    asyncio kind, which redis-py 8.2 and later expect there (they warn, and drop any custom
+    policy, when given the blocking kind)."""
+    if isinstance(kwargs.get("retry"), Retry):
+        return kwargs | {"retry": redis.asyncio.retry.Retry(NoBackoff(), 0)}
     return kwargs

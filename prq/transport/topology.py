@@ -33,6 +33,7 @@ import redis.sentinel
 from redis.maint_notifications import MaintNotificationsConfig
 
 from prq.core.errors import ConfigurationError
+from prq.transport.client_options import asyncio_kwargs
 
 __all__ = [
     "AsyncClient",
@@ -249,6 +250,7 @@ def async_client(url: str, kwargs: dict[str, Any]) -> Any:
     """An asyncio client for `url` with the connection options `kwargs`: a redis.asyncio.Redis,
     or a redis.asyncio.cluster.RedisCluster for a cluster URL (typed Any, as sync_client)."""
     where = locate(url)
+    kwargs = asyncio_kwargs(kwargs)
     if where.cluster:
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in where.cluster_nodes],
