@@ -190,7 +190,7 @@ async def _scripted_calls(
             await client.publish(receiver_channel, STOP)
         else:
             await client.lpush(inbox, STOP)
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         await client.aclose()
 
 

@@ -91,7 +91,7 @@ def locate(url: str) -> Location:
         return _locate_cluster(url, scheme, rest)
     if scheme in _SERVER_SCHEMES and sep:
         try:
-            redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+            redis.connection.parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
             path = urlsplit(url).path.strip("/")
             if scheme != "unix" and path and not path.isdigit():  # (redis-py would ignore it)
                 raise ValueError(f"the database is not a number: {path!r}")
@@ -230,17 +230,17 @@ def sync_client(url: str, kwargs: dict[str, Any]) -> Any:
     if where.cluster:
         return redis.cluster.RedisCluster(
             startup_nodes=[
-                redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call, unused-ignore]
                 for h, p in where.cluster_nodes
             ],
             **_cluster_kwargs(where, kwargs),
         )
     if not where.sentinel:
         return redis.Redis.from_url(url, **kwargs)
-    sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(where.sentinels), sentinel_kwargs=_sentinel_kwargs(where, kwargs)
     )
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         where.master, **_master_kwargs(where, kwargs)
     )
     return client
@@ -258,7 +258,7 @@ def async_client(url: str, kwargs: dict[str, Any]) -> Any:
         )
     if not where.sentinel:
         return redis.asyncio.Redis.from_url(url, **kwargs)
-    sentinels = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(where.sentinels), sentinel_kwargs=_sentinel_kwargs(where, kwargs)
     )
     client: redis.asyncio.Redis = sentinels.master_for(

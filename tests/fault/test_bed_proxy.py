@@ -140,7 +140,7 @@ def test_reset_connections_keeps_accepting(make_proxy: MakeProxy) -> None:
 def test_reset_pubsub_connections_only(make_proxy: MakeProxy) -> None:
     proxy = make_proxy()
     with client(proxy.url) as c:
-        pubsub = c.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = c.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         try:
             pubsub.subscribe("ch")
             assert pubsub.get_message(timeout=2) is not None
@@ -209,7 +209,7 @@ def test_drop_pubsub_messages_only(
 ) -> None:
     proxy = make_proxy()
     with client(proxy.url, protocol=protocol) as c, client(fault_redis.url) as direct:
-        pubsub = c.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = c.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         try:
             # Given message dropping is on before the subscriber attaches
             proxy.drop_pubsub_messages(True)

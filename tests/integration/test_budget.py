@@ -271,7 +271,7 @@ async def test_requests_queued_behind_work_pulse_only_while_a_receiver_is_parked
     sender = make_own_queue(pickup_timeout_s=30)
     endpoint = "poll://quiet-pulses"
     keys = sender.keys.endpoint(endpoint)
-    watcher = own_redis_client.pubsub()  # type: ignore[no-untyped-call]
+    watcher = own_redis_client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
     watcher.subscribe(keys.pulse_channel)
     confirmed = watcher.get_message(timeout=5)
     assert confirmed is not None and confirmed["type"] == "subscribe"

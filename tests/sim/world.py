@@ -347,7 +347,7 @@ class World:
         self._serial = 0
         # (a link of its own: prq's, one round trip at a time, error replies in place)
         self._link = SyncLink(redis.ConnectionPool(**client.connection_pool.connection_kwargs))
-        self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+        self._pubsub = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         self._pubsub.psubscribe("prq:*")
         self._drain_pubsub()
         self._expire = client.register_script(EXPIRE_SCRIPT)

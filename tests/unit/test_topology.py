@@ -4,9 +4,13 @@ cluster; what is malformed or not supported is refused at once with Configuratio
 from __future__ import annotations
 
 import pytest
+import redis.asyncio.retry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from prq import ConfigurationError, RedisSettings
-from prq.transport.topology import Location, locate
+from prq.transport.client_options import asyncio_kwargs, client_kwargs
+from prq.transport.topology import Location, async_client, locate
 
 
 def test_a_server_url_is_left_as_given() -> None:
@@ -73,3 +77,16 @@ def test_a_refused_url_never_shows_its_password() -> None:
         with pytest.raises(ConfigurationError) as refused:
             locate(url)
         assert "s3cr3t" not in str(refused.value) and "***" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:1/0", "redis+sentinel://127.0.0.1:1/main", "redis+cluster://127.0.0.1:1"],
+)
+def test_an_asyncio_client_is_built_with_the_asyncio_kind_of_no_retry(url: str) -> None:
+    # (redis-py 8.2 warns when an asyncio client is given the blocking kind of retry policy,
+    # and the suite makes every warning an error; nothing connects while a client is built)
+    client = async_client(url, client_kwargs(RedisSettings(url=url)))
+    retry = client.retry if hasattr(client, "retry") else client.get_retry()
+    assert isinstance(retry, redis.asyncio.retry.Retry)
+    assert asyncio_kwargs({"retry": Retry(NoBackoff(), 0)})["retry"].get_retries() == 0
