@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from prq.core.errors import CancelledBeforePickup, PrqError
+from prq.core.errors import PrqError
 from prq.core.models import Request, Response
 from prq.node.data_loss.counters import CallMark
 from prq.protocol.effects import Flow
@@ -98,10 +98,12 @@ class SendState:
         self.withdrawing = False
         self.withdrawn = False
 
-    def claim(self, error: PrqError | None) -> bool:
-        """Whether the outcome may fire a callback (once; never for our own withdrawal)."""
+    def claim(self) -> bool:
+        """Whether the outcome may fire a callback: once, and never once withdrawn (whatever
+        the call then comes to: its cancellation, or a close, an expiry or a loss before it
+        saw that)."""
         with self.lock:
-            if self.fired or (self.withdrawn and isinstance(error, CancelledBeforePickup)):
+            if self.fired or self.withdrawn:
                 return False
             self.fired = True
             return True
@@ -174,9 +176,11 @@ class SendHandle:
             error = exc
         finally:
             self._enqueued.set()
-        if isinstance(error, CancelledBeforePickup):
-            await self._decided.wait()  # a withdraw() in progress says whose cancel it was
-        if not state.claim(error):
+        if error is not None:
+            # (a withdraw() in progress says whether the request is withdrawn: then no
+            # callback runs, be it its cancellation or a close or a loss seen before that)
+            await self._decided.wait()
+        if not state.claim():
             return
         callback, value = state.callback(response, error)
         try:
@@ -248,9 +252,9 @@ class BlockingSendHandle:
             error = exc
         finally:
             self._enqueued.set()
-        if isinstance(error, CancelledBeforePickup):
-            self._decided.wait()  # a withdraw() in progress says whose cancel it was
-        if not state.claim(error):
+        if error is not None:
+            self._decided.wait()  # (as SendHandle._run)
+        if not state.claim():
             return
         callback, value = state.callback(response, error)
         try:

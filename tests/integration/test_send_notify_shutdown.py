@@ -99,6 +99,24 @@ async def test_a_send_withdrawn_before_pickup_runs_no_callback(
     assert redis_client.hget(stored, "st") == b"withdrawn"
 
 
+async def test_a_send_withdrawn_then_closed_runs_no_callback(make_queue: QueueFactory) -> None:
+    # Given a sent request nobody has taken, withdrawn (found by the simulation: the call then
+    # came to QueueShutdown, DataLoss or RequestExpired before it saw its own withdrawal, and
+    # that outcome fired on_failure, though withdraw() had said neither callback runs)
+    sender = make_queue(pickup_timeout_s=30, poll_interval_s=5)
+    outcomes = Outcomes()
+    handle = await sender.send(Request(endpoint="poll://send-withdrawn-closed", method="m"),
+                               **outcomes.kw())  # fmt: skip
+    assert await handle.withdraw() is True
+
+    # When its queue closes before the call has seen the withdrawal
+    await sender.aclose()
+
+    # Then neither callback ran
+    await async_wait_until(lambda: handle.finished, 10, 0.01, "send finished")
+    assert outcomes.calls == []
+
+
 async def test_a_withdraw_after_pickup_is_refused_and_the_answer_still_comes(
     make_queue: QueueFactory,
 ) -> None:

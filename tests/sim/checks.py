@@ -47,7 +47,7 @@ from typing import Any
 
 import redis
 
-from prq.core.errors import DataLoss
+from prq.core.errors import DataLoss, PrqError
 from prq.core.keys import EndpointKeys
 from prq.node.data_loss.counters import STAMP_TRUST_SHARE
 from tests.sim.clock import CLOCK_KEY
@@ -263,6 +263,27 @@ def _ran_again(world: World, request_id: str) -> list[str]:
     ]
 
 
+def _send_violations(request_id: str, record: CallRecord) -> list[str]:
+    """A send's callbacks (prq.facade.send): exactly one, with its outcome, unless the send
+    was withdrawn (then none); a withdraw is judged as its caller being told "never ran"."""
+    state = record.send
+    assert state is not None and record.outcome is not None
+    fired = record.callbacks
+    if record.deferred is not None:
+        return [f"send {request_id}: its outcome waited for a withdraw that never decided"]
+    if state.withdrawn:
+        return [f"send {request_id}: withdrawn, yet its callback got {fired}"] if fired else []
+    error = record.outcome.error
+    if error is not None and not isinstance(error, PrqError):
+        return []  # (its task cancelled, or its node crashed: nothing runs a callback)
+    if len(fired) != 1:
+        return [f"send {request_id}: {len(fired)} callbacks ran ({fired}), not one"]
+    expected = error if error is not None else record.outcome.response
+    if fired[0] is not expected:
+        return [f"send {request_id}: its callback got {fired[0]!r}, its outcome was {expected!r}"]
+    return []
+
+
 def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """What one call's (or one-way message's) history breaks."""
     problems: list[str] = []
@@ -273,6 +294,8 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
         return problems
     if record.request.delivery == "at_most_once" and len(record.enqueue_eras) < 2:
         problems += _ran_again(world, request_id)
+    if record.kind == "send":
+        problems += _send_violations(request_id, record)
     error = outcome.error
     if isinstance(error, DataLoss) and record.losses_at_end == 0:
         # (after a loss, a call made before its declaration may be refused: it is the

@@ -18,7 +18,7 @@ from prq.protocol.effects import Call, Script
 from prq.protocol.scripts.loading import ALL_SCRIPTS
 from tests.sim.clock import CLOCK_KEY
 
-__all__ = ["Plant", "Twins", "planted_node_class", "twin_call", "twins_of"]
+__all__ = ["Plant", "Twins", "planted_class", "planted_node_class", "twin_call", "twins_of"]
 
 _Node = TypeVar("_Node", bound=type)
 
@@ -37,8 +37,9 @@ class Plant:
 
     name: str
     edits: tuple[tuple[str, str], ...] = ()
-    #: (a method of the node, by name; original text, planted text) edits of the node's code:
-    #: the method's source, as its file has it, is edited and compiled again in its module
+    #: (a method of the node, by name, or of another class the simulation uses, as
+    #: "SendState.claim"; original text, planted text) edits of that code: the method's
+    #: source, as its file has it, is edited and compiled again in its module
     code: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -76,18 +77,30 @@ def twin_call(call: Call, twins: Twins) -> Call:
 
 
 def planted_node_class(node_class: _Node, plant: Plant | None) -> _Node:
-    """`node_class`, or a subclass of it whose methods carry `plant`'s code edits."""
-    if plant is None or not plant.code:
-        return node_class
+    """`node_class`, or a subclass of it whose methods carry `plant`'s code edits of the
+    node (those naming a bare method)."""
+    return planted_class(node_class, plant, bare=True)
+
+
+def planted_class(cls: _Node, plant: Plant | None, *, bare: bool = False) -> _Node:
+    """`cls`, or a subclass of it whose methods carry `plant`'s code edits that name it
+    ("SendState.claim"; with `bare`, also those naming a method alone)."""
+    edits = [
+        (method.partition(".")[2] or method, original, planted)
+        for method, original, planted in (plant.code if plant is not None else ())
+        if (method.partition(".")[0] == cls.__name__ if "." in method else bare)
+    ]
+    if plant is None or not edits:
+        return cls
     sources: dict[str, str] = {}
-    for method, original, planted in plant.code:
-        source = sources.get(method) or inspect.getsource(getattr(node_class, method))
+    for method, original, planted in edits:
+        source = sources.get(method) or inspect.getsource(getattr(cls, method))
         if original not in source:
             raise AssertionError(f"plant {plant.name!r}: {method} holds no {original!r}")
         sources[method] = source.replace(original, planted)
     methods: dict[str, Any] = {}
     for method, source in sources.items():
-        function = getattr(node_class, method)
+        function = getattr(cls, method)
         namespace: dict[str, Any] = {}
         exec(  # noqa: S102 (the test's own edit of prq's source, compiled as prq's)
             compile(textwrap.dedent(source), inspect.getfile(function), "exec"),
@@ -95,4 +108,4 @@ def planted_node_class(node_class: _Node, plant: Plant | None) -> _Node:
             namespace,
         )
         methods[method] = namespace[function.__name__]
-    return type(f"Planted{node_class.__name__}", (node_class,), methods)  # type: ignore[return-value]
+    return type(f"Planted{cls.__name__}", (cls,), methods)  # type: ignore[return-value]

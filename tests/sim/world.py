@@ -14,7 +14,8 @@ picks, by the seed, one thing that may happen next:
 - a pulse Redis published reaches the nodes subscribed to its channel, or is dropped, or comes
   twice;
 - a node's watch turn (beats, cancellations, data-loss checks) runs, when due or woken;
-- an operation starts: a call, a one-way message (notify: queued in the bulk form, through
+- an operation starts: a call, a send (a call whose outcome goes to one of two callbacks),
+  a withdraw of a send, a one-way message (notify: queued in the bulk form, through
   enqueue_many.lua), a cancel, a status read, a dequeue on a receiver with a free slot, an
   answer;
 - a task is cancelled at the yield it stands at (asyncio's CancelledError, thrown there), or
@@ -47,14 +48,21 @@ import redis
 from redis.exceptions import NoScriptError
 
 from prq.core.config import QueueSettings, RedisSettings
-from prq.core.errors import DataLoss, PrqError, QueueUnavailable, SerializationError
+from prq.core.errors import (
+    CancelledBeforePickup,
+    DataLoss,
+    PrqError,
+    QueueUnavailable,
+    SerializationError,
+)
 from prq.core.lifecycle import PendingRequest
 from prq.core.models import Delivery, Request, Response
+from prq.facade.send import SendState
 from prq.node.base import QueueBase
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Call, Effect, Exec, Offload, Reply, Wait
 from prq.protocol.flows.call import call_flow
-from prq.protocol.flows.cancel import cancel_flow
+from prq.protocol.flows.cancel import cancel_flow, withdraw_own_flow
 from prq.protocol.flows.status import status_flow
 from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY, TAKE
 from prq.protocol.scripts.merging import merge_calls
@@ -64,7 +72,7 @@ from prq.transport.pulse_router import PulseRouter
 from prq.transport.signals import Signal
 from prq.transport.translate import _reply_error
 from tests.sim.clock import CLOCK_KEY, DUMP_SCRIPT, EXPIRE_SCRIPT, EXPIRY_FLOOR_MS, SimClock
-from tests.sim.scripts import Plant, planted_node_class, twin_call, twins_of
+from tests.sim.scripts import Plant, planted_class, planted_node_class, twin_call, twins_of
 
 __all__ = ["ROLLBACKS", "Broken", "Knobs", "Outcome", "SimNode", "Task", "World", "sim_settings"]
 
@@ -167,8 +175,8 @@ class Outcome:
 class CallRecord:
     request: Request
     node: str
-    #: "call" (its caller waits for the answer) or "notify" (one-way: told only that it is
-    #: queued)
+    #: "call" (its caller waits for the answer), "send" (a call whose outcome goes to one of
+    #: its callbacks) or "notify" (one-way: told only that it is queued)
     kind: str = "call"
     outcome: Outcome | None = None
     cancelled_by_sim: bool = False
@@ -179,6 +187,13 @@ class CallRecord:
     enqueue_eras: set[int] = field(default_factory=set)
     #: the step its caller was told
     ended_at: int = -1
+    #: a send's shared state (prq.facade.send.SendState, as its handle keeps it), whether
+    #: its enqueue answered, what its callbacks were given (in order), and the outcome its
+    #: task came to while a withdraw decided (SendHandle._run waits for the verdict then)
+    send: SendState | None = None
+    enqueued: bool = False
+    callbacks: list[Response | PrqError] = field(default_factory=list)
+    deferred: Outcome | None = None
 
 
 @dataclass
@@ -225,6 +240,9 @@ class Knobs:
     #: a one-way message (notify: queued in the bulk form, no answer kept), and a status read
     notify: float = 0.6
     status: float = 0.3
+    #: a send (a call with callbacks), and a withdraw of a send on its way
+    send: float = 0.6
+    withdraw: float = 0.4
     cancel_call: float = 0.4
     dequeue: float = 3.0
     cancel_task: float = 0.3
@@ -303,6 +321,7 @@ class World:
         self.client = client
         self.twins = twins_of(plant)
         self.node_class = planted_node_class(SimNode, plant)
+        self.send_state_class = planted_class(SendState, plant)
         self.seed = seed
         self.rng = random.Random(seed)
         self.knobs = knobs or Knobs()
@@ -503,9 +522,19 @@ class World:
             options.append(
                 (k.notify, "notify", partial(self._start_notify, self.rng.choice(senders)))
             )
+            options.append((k.send, "send", partial(self._start_send, self.rng.choice(senders))))
         if faults and senders and self.calls:
             options.append((k.cancel_call, "cancel call", partial(self._start_cancel, senders)))
             options.append((k.status, "status", partial(self._start_status, senders)))
+        withdrawable = [r for r in self.calls.values() if _withdrawable(self, r)]
+        if faults and withdrawable:
+            options.append(
+                (
+                    k.withdraw,
+                    "withdraw",
+                    partial(self._start_withdraw, self.rng.choice(withdrawable)),
+                )
+            )
         if faults:
             options.append((k.flush, "flush", partial(self._lose_data, restart=False)))
             options.append((k.restart, "restart", partial(self._lose_data, restart=True)))
@@ -826,6 +855,60 @@ class World:
         if task is not None:
             task.call = record
 
+    def _start_send(self, node: SimNode) -> None:
+        """AsyncQueue.send: the call runs in a task of its own; its outcome fires one
+        callback (SendHandle._run)."""
+        request, pickup = self._new_request()
+        record = CallRecord(request, node.name, kind="send")
+        record.send = self.send_state_class(
+            request, record.callbacks.append, record.callbacks.append
+        )
+        self.calls[request.id] = record
+
+        def enqueued() -> None:
+            record.enqueued = True
+
+        def done(value: Any, error: BaseException | None) -> None:
+            outcome = Outcome(value if error is None else None, error)
+            state = record.send
+            assert state is not None
+            if isinstance(error, PrqError) and state.withdrawing:
+                record.deferred = outcome  # (until the withdraw says whether it withdrew)
+                return
+            _fire(self, record, outcome)
+
+        task = self.spawn(node, "send", call_op(node, request, pickup, enqueued), done)
+        if task is not None:
+            task.call = record
+
+    def _start_withdraw(self, record: CallRecord) -> None:
+        """SendHandle.withdraw, once its send's enqueue answered (before, it waits for that)."""
+        node = next(n for n in self.nodes if n.name == record.node)
+        state = record.send
+        assert state is not None
+        state.withdrawing = True  # (set as withdraw() runs, before its first step)
+
+        def done(value: Any, error: BaseException | None) -> None:
+            state.withdrawn = bool(value) and error is None and not state.fired
+            state.withdrawing = False
+            if state.withdrawn:
+                self.note(f"send {record.request.id} withdrawn")
+                told = CancelledBeforePickup(
+                    "withdrawn by its sender",
+                    request_id=record.request.id,
+                    endpoint=record.request.endpoint,
+                )
+                record.outcome = Outcome(None, told)
+                record.losses_at_end = self.losses
+                record.ended_at = self.steps
+            if record.deferred is not None:
+                outcome, record.deferred = record.deferred, None
+                _fire(self, record, outcome)
+
+        flow = withdraw_own_flow(node.ctx, record.request.endpoint, record.request.id)
+        if self.spawn(node, "withdraw", drive(node, flow), done) is None:
+            state.withdrawing = False
+
     def _start_status(self, senders: list[SimNode]) -> None:
         node = self.rng.choice(senders)
         request_id = self.rng.choice(list(self.calls))
@@ -939,6 +1022,38 @@ class World:
         self._link.close()
 
 
+def _withdrawable(world: World, record: CallRecord) -> bool:
+    """Whether a send may be withdrawn now: its enqueue answered, its outcome not yet fired,
+    no withdraw of it deciding, its node up (SendHandle.withdraw returns at once otherwise)."""
+    state = record.send
+    if state is None or not record.enqueued or state.fired or state.withdrawn:
+        return False
+    node = next(n for n in world.nodes if n.name == record.node)
+    return not state.withdrawing and node.alive and not node.closed and record.outcome is None
+
+
+def _fire(world: World, record: CallRecord, outcome: Outcome) -> None:
+    """A send's task ended with `outcome`: SendHandle._run's claim and callback."""
+    state = record.send
+    assert state is not None
+    error = outcome.error
+    if not isinstance(error, PrqError) and error is not None:
+        # (a cancel or a crash of its task: no callback runs; its caller is gone)
+        if record.outcome is None:
+            record.outcome, record.losses_at_end, record.ended_at = (
+                outcome,
+                world.losses,
+                world.steps,
+            )
+        return
+    if not state.claim():
+        return
+    callback, value = state.callback(outcome.response, error)
+    callback(value)
+    if record.outcome is None or not state.withdrawn:
+        record.outcome, record.losses_at_end, record.ended_at = outcome, world.losses, world.steps
+
+
 def _mid_step(task: Task) -> bool:
     """Whether `task` is in the middle of an operation (Knobs.mid_step)."""
     return task.phase in ("sent", "replied") or (task.kind == "dequeue" and task.took_at[0] >= 0)
@@ -986,7 +1101,12 @@ def drive(
             raise
 
 
-def call_op(node: SimNode, request: Request, pickup_s: float) -> Generator[Effect, Any, Response]:
+def call_op(
+    node: SimNode,
+    request: Request,
+    pickup_s: float,
+    on_enqueued: Callable[[], None] | None = None,
+) -> Generator[Effect, Any, Response]:
     """AsyncSender._enqueue_and_wait (no DataStreams, no large bodies)."""
     request, body = node._encode_request(request)
     node._sending(request, None)
@@ -1000,7 +1120,7 @@ def call_op(node: SimNode, request: Request, pickup_s: float) -> Generator[Effec
                 signal,
                 pickup_s,
                 None,
-                partial(node._enqueued, mark),
+                partial(node._enqueued, mark, then=on_enqueued),
                 partial(node._redelivered, request.endpoint),
                 register=node._first_use(request.endpoint),
                 layout=node._check_layout_flow(request.endpoint),
