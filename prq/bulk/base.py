@@ -4,10 +4,11 @@ prq.bulk.send, prq.bulk.outcomes)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.keys import KeySchema
+from prq.protocol.effects import Exec, Flow
 from prq.protocol.signing import Signer
 from prq.protocol.stream_keeper import StreamKeeper
 from prq.transport.sync_io import SyncRedisIO
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from prq.datastreams import DataStreamStore
 
 __all__ = ["BulkBase"]
+
+T = TypeVar("T")
 
 
 class BulkBase:
@@ -55,6 +58,25 @@ class BulkBase:
         connection settings of `redis_settings` (a `url` given beside them replaces theirs)."""
         redis = RedisSettings.from_url(url) if redis_settings is None else redis_settings
         return cls(redis.with_url(url), prefix=prefix, settings=settings, datastreams=datastreams)
+
+    def _run(self, flow: Flow[T]) -> T:
+        """Drive `flow` (its effects are round trips, `Exec`) on this client's connection; an
+        error of a round trip ends the flow and is raised. The simulation drives the same
+        flows with its own scheduler (tests/sim)."""
+        replies: object = None
+        while True:
+            try:
+                effect = flow.send(replies)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if not isinstance(effect, Exec):
+                flow.close()
+                raise TypeError(f"a bulk flow yields round trips only, not {effect!r}")
+            try:
+                replies = self._io.execute(effect.calls)
+            except BaseException:
+                flow.close()
+                raise
 
     def close(self) -> None:
         self._io.close()

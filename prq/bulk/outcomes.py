@@ -17,7 +17,7 @@ from prq.core.errors import PrqError, SerializationError
 from prq.core.keys import EndpointKeys
 from prq.core.models import Response
 from prq.core.names import validate_endpoint
-from prq.protocol.effects import Call
+from prq.protocol.effects import Call, Exec, Flow
 from prq.protocol.outcomes import open_response, resolve, response_of
 from prq.protocol.scripts.liveness import parse_canary
 from prq.protocol.scripts.redelivery import Redelivery
@@ -48,11 +48,18 @@ class OutcomeReading(BulkBase):
         a Spark action); the same round trip joins the job's mark, and the generation it read
         tells, after the job, which writers wrote before a loss that came while none of them
         wrote (prq.bulk.watch.may_have_lost)."""
+        return self._run(self.start_watch_flow(endpoint, watch, job=job))
+
+    def start_watch_flow(
+        self, endpoint: str, watch: LossWatch, *, job: str | None = None
+    ) -> Flow[WatchStart]:
+        """`start_watch`, as a flow."""
         keys = watch.keys(self.keys, validate_endpoint(endpoint))
         calls = [watch.step_call(keys)]
         if job is not None:
             calls += job_mark_calls(keys, job)
-        replies = self._io.execute(calls)
+        replies = yield Exec(tuple(calls))
+        assert isinstance(replies, list)
         value, clock = parse_canary(replies[0])
         watch.saw(value)
         if job is not None:
@@ -80,6 +87,17 @@ class OutcomeReading(BulkBase):
         those a receiver took: their reason is TAKEN_BEFORE (they ran, or may have, and their
         answers expired; an enqueue with the ledger does not queue them again), the others'
         is empty (no receiver took them, or nothing says so)."""
+        return self._run(self.outcomes_flow(endpoint, request_ids, watch=watch, ledger=ledger))
+
+    def outcomes_flow(
+        self,
+        endpoint: str,
+        request_ids: Sequence[str],
+        *,
+        watch: LossWatch | None = None,
+        ledger: Ledger | None = None,
+    ) -> Flow[dict[str, RequestSnapshot]]:
+        """`outcomes`, as a flow."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
         if not request_ids:
             return {}
@@ -92,7 +110,8 @@ class OutcomeReading(BulkBase):
         calls = [read_response_call(keys, part, timeout_ms, redelivery) for part in parts]
         if watch is not None:
             calls.append(watch.step_call(watch.keys(self.keys, endpoint)))
-        replies = self._io.execute(calls)
+        replies = yield Exec(tuple(calls))
+        assert isinstance(replies, list)
         if watch is not None:
             watch.saw(parse_canary(replies[len(parts)])[0])
         found: dict[str, RequestSnapshot] = {}
@@ -113,15 +132,17 @@ class OutcomeReading(BulkBase):
                 withdraw_call(keys, rid, why, tombstone_ms, now_ms, uuid.uuid4().hex)
                 for rid in overdue
             ]
-            for request_id, reply in zip(overdue, self._io.execute(withdraws), strict=True):
+            withdrawn = yield Exec(tuple(withdraws))
+            assert isinstance(withdrawn, list)
+            for request_id, reply in zip(overdue, withdrawn, strict=True):
                 found[request_id] = parse_withdraw(reply)[0]
         if ledger is not None:
-            self._mark_taken(keys, ledger, found)
+            yield from self._mark_taken(keys, ledger, found)
         return found
 
     def _mark_taken(
         self, keys: EndpointKeys, ledger: Ledger, found: dict[str, RequestSnapshot]
-    ) -> None:
+    ) -> Flow[None]:
         """Give the missing ids of `found` that `ledger` holds the reason TAKEN_BEFORE. (Once
         a record is gone nothing adds its id to the ledger, so asking after the read that
         found it missing cannot miss a take.)"""
@@ -129,7 +150,9 @@ class OutcomeReading(BulkBase):
         if not missing:
             return
         token, _ = ledger.spelled()
-        reply = self._io.execute([Call(("SMISMEMBER", keys.ledger(token), *missing))])[0]
+        replies = yield Exec((Call(("SMISMEMBER", keys.ledger(token), *missing)),))
+        assert isinstance(replies, list)
+        reply = replies[0]
         flags = as_array(reply, "SMISMEMBER")
         if len(flags) != len(missing):
             raise SerializationError(f"unexpected SMISMEMBER reply from Redis: {reply!r:.200}")

@@ -15,7 +15,7 @@ from prq.bulk.results import BatchRefused, BulkResult
 from prq.bulk.watch import LossWatch
 from prq.core.errors import ConfigurationError, SerializationError
 from prq.core.models import decode_stored_request
-from prq.protocol.effects import Call
+from prq.protocol.effects import Call, Exec, Flow
 from prq.protocol.flows.layout import old_layout_message
 from prq.protocol.flows.registry import registry_calls
 from prq.protocol.scripts.enqueue import enqueue_many_call, parse_enqueue_many
@@ -56,16 +56,36 @@ class BulkSending(BulkBase):
         fingerprints: Mapping[Lane, Sequence[bytes]] | None = None,
         watch: LossWatch | None = None,
     ) -> BulkResult:
-        """One round trip: a script call per endpoint, priority and producer (plus the
-        locators); counts from the replies. `fingerprints`: those of a lane's items, in order
-        (enqueue_many.lua stores each in its record). `watch` (on its endpoint; not started: on
-        the first lane's): started before the writes when not started, stepped after them, in
-        the same round trip (the slot of that endpoint's records); `result.data_loss` says what
-        it saw."""
+        """`_send_flow`, run on this client's connection."""
+        return self._run(
+            self._send_flow(
+                by_lane, pickup_timeout_s, nonce, locators, ledger, retry_failed, attempt_of,
+                fingerprints, watch,
+            )
+        )  # fmt: skip
+
+    def _send_flow(
+        self,
+        by_lane: Mapping[Lane, Sequence[tuple[str, str | bytes]]],
+        pickup_timeout_s: float,
+        nonce: str,
+        locators: bool,
+        ledger: Ledger | None = None,
+        retry_failed: bool = False,
+        attempt_of: tuple[str, str] = ("", ""),
+        fingerprints: Mapping[Lane, Sequence[bytes]] | None = None,
+        watch: LossWatch | None = None,
+    ) -> Flow[BulkResult]:
+        """One round trip (after one EXISTS per endpoint, the first time it is used): a script
+        call per endpoint, priority and producer (plus the locators); counts from the replies.
+        `fingerprints`: those of a lane's items, in order (enqueue_many.lua stores each in its
+        record). `watch` (on its endpoint; not started: on the first lane's): started before
+        the writes when not started, stepped after them, in the same round trip (the slot of
+        that endpoint's records); `result.data_loss` says what it saw."""
         result = BulkResult(data_loss=watch is not None and watch.lost)
         if not by_lane:
             return result
-        self._check_layouts([lane[0] for lane in by_lane])
+        yield from self._layouts_flow([lane[0] for lane in by_lane])
         settings = self.settings
         now_ms = int(time.time() * 1000)
         request_ttl_s = settings.request_ttl_s(pickup_timeout_s)
@@ -108,7 +128,8 @@ class BulkSending(BulkBase):
         endpoints = list(dict.fromkeys(lane[0] for lane in by_lane))
         calls += registry_calls(self.keys, settings, endpoints, now_ms)
         calls += after
-        replies = self._io.execute(calls)  # one round trip; replay-safe (batch nonces, canary.lua)
+        replies = yield Exec(tuple(calls))  # replay-safe (batch nonces, canary.lua)
+        assert isinstance(replies, list)
         if watch is not None:  # (before BatchRefused: what the watch saw holds either way)
             watch.read(replies[: len(before)], replies[len(replies) - len(after) :])
             result.data_loss = watch.lost
@@ -130,14 +151,15 @@ class BulkSending(BulkBase):
             raise BatchRefused(result, refused)
         return result
 
-    def _check_layouts(self, endpoints: Sequence[str]) -> None:
+    def _layouts_flow(self, endpoints: Sequence[str]) -> Flow[None]:
         """Refuse endpoints that still hold the previous layout's lanes, before anything is
         written (ConfigurationError; one EXISTS each, the first time an endpoint is used)."""
         new = [e for e in dict.fromkeys(endpoints) if e not in self._layout_checked]
         if not new:
             return
         olds = [self.keys.endpoint(e).old_levels for e in new]
-        found = self._io.execute([Call(("EXISTS", old)) for old in olds])
+        found = yield Exec(tuple(Call(("EXISTS", old)) for old in olds))
+        assert isinstance(found, list)
         for endpoint, old, exists in zip(new, olds, found, strict=True):
             if exists:
                 raise ConfigurationError(
