@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Self, TypeVar
 
 from prq.core.config import QueueSettings, RedisSettings
+from prq.core.errors import PrqError
 from prq.core.keys import KeySchema
 from prq.protocol.effects import Exec, Flow
 from prq.protocol.signing import Signer
@@ -60,20 +61,25 @@ class BulkBase:
         return cls(redis.with_url(url), prefix=prefix, settings=settings, datastreams=datastreams)
 
     def _run(self, flow: Flow[T]) -> T:
-        """Drive `flow` (its effects are round trips, `Exec`) on this client's connection; an
-        error of a round trip ends the flow and is raised. The simulation drives the same
-        flows with its own scheduler (tests/sim)."""
+        """Drive `flow` (its effects are round trips, `Exec`) on this client's connection: a
+        round trip's error (prq's) is thrown into the flow where it waits, which may say more
+        of it; any other error ends the flow. The simulation drives the same flows with its
+        own scheduler (tests/sim)."""
         replies: object = None
+        error: PrqError | None = None
         while True:
             try:
-                effect = flow.send(replies)
+                effect = flow.throw(error) if error is not None else flow.send(replies)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
+            error = None
             if not isinstance(effect, Exec):
                 flow.close()
                 raise TypeError(f"a bulk flow yields round trips only, not {effect!r}")
             try:
                 replies = self._io.execute(effect.calls)
+            except PrqError as exc:
+                error = exc
             except BaseException:
                 flow.close()
                 raise

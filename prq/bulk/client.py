@@ -19,7 +19,6 @@ from prq.core.bounds import call_duration
 from prq.core.models import Delivery, Request
 from prq.core.names import validate_endpoint
 from prq.observe import tracing
-from prq.protocol.effects import Exec
 from prq.protocol.levels import levels_call, levels_from
 
 __all__ = ["DEFAULT_BATCH_SIZE", "MAX_BATCH_SIZE", "BulkClient"]
@@ -65,9 +64,10 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         queues exactly those. One command more per round trip, no round trip more. Pass the
         same watch to the calls of one job.
 
-        Raises QueueUnavailable (Redis away past the retry budget), QueueFull (Redis out of
-        memory) or ConfigurationError; what was sent before stays enqueued, and sending the
-        same requests again enqueues only what is missing.
+        Raises QueueUnavailable (Redis away past the retry budget; `maybe_executed` once a
+        batch was sent: its requests may be queued, and run), QueueFull (Redis out of memory)
+        or ConfigurationError; what was sent before stays enqueued, and sending the same
+        requests again enqueues only what is missing.
 
         Called in a traced span (prq.observe.tracing), the call is one PRODUCER span, whose context
         every request carries in its headers (unless it names its own traceparent).
@@ -207,15 +207,8 @@ class BulkClient(BulkEncoding, BulkSending, OutcomeReading):
         """Requests queued for `endpoint` now, over all priorities (one round trip when none
         is queued, two otherwise)."""
         keys = self.keys.endpoint(validate_endpoint(endpoint))
-        flow = levels_from(keys, self._io.execute([levels_call(keys)])[0])
-        replies: object = None
-        try:
-            while True:  # levels_from asks for one more read at most
-                effect = flow.send(replies)
-                assert isinstance(effect, Exec)
-                replies = self._io.execute(effect.calls)
-        except StopIteration as done:
-            return sum(level.depth for level in done.value)
+        levels = self._run(levels_from(keys, self._io.execute([levels_call(keys)])[0]))
+        return sum(level.depth for level in levels)
 
 
 def _chunks(items: Iterator[Request], size: int) -> Iterator[list[Request]]:

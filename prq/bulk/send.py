@@ -13,7 +13,7 @@ from prq.bulk.dedup import Ledger
 from prq.bulk.encode import Encoded, Lane
 from prq.bulk.results import BatchRefused, BulkResult
 from prq.bulk.watch import LossWatch
-from prq.core.errors import ConfigurationError, SerializationError
+from prq.core.errors import ConfigurationError, QueueUnavailable, SerializationError
 from prq.core.models import decode_stored_request
 from prq.protocol.effects import Call, Exec, Flow
 from prq.protocol.flows.layout import old_layout_message
@@ -128,7 +128,14 @@ class BulkSending(BulkBase):
         endpoints = list(dict.fromkeys(lane[0] for lane in by_lane))
         calls += registry_calls(self.keys, settings, endpoints, now_ms)
         calls += after
-        replies = yield Exec(tuple(calls))  # replay-safe (batch nonces, canary.lua)
+        try:
+            replies = yield Exec(tuple(calls))  # replay-safe (batch nonces, canary.lua)
+        except QueueUnavailable as exc:  # (sent: its requests may be queued, and run)
+            raise QueueUnavailable(
+                f"{exc} The batch's requests may have been queued and may still run; sending "
+                "them again is safe (an id is never queued twice).",
+                maybe_executed=True,
+            ) from exc
         assert isinstance(replies, list)
         if watch is not None:  # (before BatchRefused: what the watch saw holds either way)
             watch.read(replies[: len(before)], replies[len(replies) - len(after) :])

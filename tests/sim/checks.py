@@ -206,15 +206,18 @@ def keys_without_ttl(world: World) -> list[str]:
     ]
 
 
-def _rolled_back_unseen(world: World, request_id: str, record: CallRecord) -> bool:
+def _rolled_back_unseen(
+    world: World, request_id: str, record: CallRecord, told_at: int | None = None
+) -> bool:
     """Whether its caller was told it never ran only because of a rollback no node could see
     (design.md, "Limits"): one that brought the request back as it was before a run, before
     the caller was told; or one after the caller was told (after the snapshot) that brought it
     back queued to a receiver started after the rollback, which knows nothing of it."""
     runs = world.run_steps.get(request_id, [])
     started = {node.name: node.started_at for node in world.nodes}
+    told = record.ended_at if told_at is None else told_at
     return any(
-        snap < ran <= back < record.ended_at or (snap < record.ended_at and started[name] > back)
+        snap < ran <= back < told or (snap < told and started[name] > back)
         for name, _, ran, _ in runs
         for snap, back in world.rollbacks
     )
@@ -284,6 +287,33 @@ def _send_violations(request_id: str, record: CallRecord) -> list[str]:
     return []
 
 
+def _read_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
+    """What the reads of a bulk request's outcome told, against what happened: "never ran"
+    only of one that never ran (then or later), an ok answer of one that ran with its own
+    params, DataLoss only once Redis lost data."""
+    problems: list[str] = []
+    runs = world.runs.get(request_id, [])
+    for outcome, step, losses in record.reads:
+        error, response = outcome.error, outcome.response
+        if isinstance(error, DataLoss) and losses == 0:
+            problems.append(f"{request_id}: its outcome read DataLoss, but Redis never lost data")
+        never_ran = error is not None and not getattr(error, "maybe_executed", True)
+        if never_ran and runs and not _rolled_back_unseen(world, request_id, record, step):
+            problems.append(
+                f"{request_id}: its outcome read {type(error).__name__} (never ran) at "
+                f"step {step}, but it ran on {runs}"
+            )
+        if response is not None and response.error is None:
+            if not runs:
+                problems.append(f"{request_id}: its outcome read ok at step {step}, never ran")
+            elif response.result != record.request.params:
+                problems.append(
+                    f"{request_id}: its outcome read {response.result!r}, its params were "
+                    f"{record.request.params!r}"
+                )
+    return problems
+
+
 def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """What one call's (or one-way message's) history breaks."""
     problems: list[str] = []
@@ -296,6 +326,7 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
         problems += _ran_again(world, request_id)
     if record.kind == "send":
         problems += _send_violations(request_id, record)
+    problems += _read_violations(world, request_id, record)
     error = outcome.error
     if isinstance(error, DataLoss) and record.losses_at_end == 0:
         # (after a loss, a call made before its declaration may be refused: it is the
@@ -311,7 +342,7 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
                 f"but it ran on {runs}"
             )
         return problems
-    if record.kind == "notify":  # (told only that it is queued: it may run or expire)
+    if record.kind in ("notify", "bulk"):  # (told only that it is queued: it may run or expire)
         if request_id in world.corrupted and runs:
             problems.append(f"{request_id}: its body was not a request, yet it ran on {runs}")
         return problems

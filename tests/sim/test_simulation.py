@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 #: The seeds CI runs, and the steps of each schedule (about 1-2 s per seed here).
 CI_SEEDS = 40
 #: The seeds CI runs heavy with rollbacks (world.ROLLBACKS).
-ROLLBACK_CI_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11)
+ROLLBACK_CI_SEEDS = (0, 1, 2, 3, 4, 5, 6, 8, 9, 10)
 STEPS = 400
 
 
@@ -43,8 +43,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.config.getoption(name) is not None
             for name in ("--sim-seed", "--sim-schedules")
         )
-        # (in CI, the first that draw a rollback: seeds 0 and 10 of those schedules draw
-        # snapshots and none, 2026-12-07)
+        # (in CI, the first ten that draw a rollback: seed 7 of those schedules draws
+        # snapshots and none, 2026-12-07; a change to the schedules may move them, and the
+        # test then says so)
         ci = list(ROLLBACK_CI_SEEDS)
         metafunc.parametrize("rollback_seed", seeds if chosen else ci)
 

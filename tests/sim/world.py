@@ -47,6 +47,9 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
+from prq.bulk import BulkClient
+from prq.bulk.dedup import new_batch_nonce
+from prq.bulk.watch import LossWatch
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import (
     CancelledBeforePickup,
@@ -176,7 +179,8 @@ class CallRecord:
     request: Request
     node: str
     #: "call" (its caller waits for the answer), "send" (a call whose outcome goes to one of
-    #: its callbacks) or "notify" (one-way: told only that it is queued)
+    #: its callbacks), "notify" (one-way: told only that it is queued) or "bulk" (queued by a
+    #: BulkClient, told only that it is queued; its outcomes read later)
     kind: str = "call"
     outcome: Outcome | None = None
     cancelled_by_sim: bool = False
@@ -194,6 +198,24 @@ class CallRecord:
     enqueued: bool = False
     callbacks: list[Response | PrqError] = field(default_factory=list)
     deferred: Outcome | None = None
+    #: what each read of a bulk request's outcome told (BulkClient.outcomes, resolved), the
+    #: step it was told at, and Redis's losses by then
+    reads: list[tuple[Outcome, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class BulkJob:
+    """One writer of bulk requests (a Spark task, a script) on a sender node: its loss watch,
+    the requests it queued, and whether a round trip of it is under way (a writer sends one at
+    a time, as BulkClient does)."""
+
+    node: SimNode
+    watch: LossWatch = field(default_factory=LossWatch)
+    records: list[CallRecord] = field(default_factory=list)
+    busy: bool = False
+    #: Redis's flushes and restarts (World.wipes) when its first enqueue answered; None: none
+    #: answered yet
+    wipes_at_first: int | None = None
 
 
 @dataclass
@@ -212,8 +234,9 @@ class Task:
     reply: list[Reply] | BaseException | None = None
     deadline: float = 0.0
     on_done: Callable[[Any, BaseException | None], None] | None = None
-    #: the call a "call" task makes
+    #: the call a "call" task makes (the requests a "bulk" task queues)
     call: CallRecord | None = None
+    calls: list[CallRecord] = field(default_factory=list)
     #: the step its last step was sent at (what it carries was read then), the step its calls
     #: ran on Redis, and its last take's (sent, ran); -1: none yet
     sent_at: int = -1
@@ -243,6 +266,11 @@ class Knobs:
     #: a send (a call with callbacks), and a withdraw of a send on its way
     send: float = 0.6
     withdraw: float = 0.4
+    #: a bulk enqueue (BulkClient, one to three requests in one round trip), and a read of the
+    #: outcomes of requests it queued
+    bulk: float = 0.4
+    outcomes: float = 0.4
+    bulk_jobs: int = 2
     cancel_call: float = 0.4
     dequeue: float = 3.0
     cancel_task: float = 0.3
@@ -328,6 +356,12 @@ class World:
         self.settings = settings or sim_settings()
         self.endpoint = endpoint
         self.prefix = "prq"
+        #: the BulkClient whose flows the bulk operations run (its own I/O is never used)
+        self.bulk = BulkClient(
+            RedisSettings(url="redis://sim.invalid:6379/0"),
+            prefix=self.prefix,
+            settings=self.settings,
+        )
         self.clock = clock or SimClock()
         self.nodes: list[SimNode] = []
         self.tasks: list[Task] = []
@@ -338,6 +372,9 @@ class World:
         self.log: list[str] = []
         self.steps = 0
         self.losses = 0  # flushes, restarts and rollbacks so far
+        self.wipes = 0  # flushes and restarts so far (Redis left empty)
+        #: the bulk writers (`_start_bulk`), at most Knobs.bulk_jobs
+        self.bulk_jobs: list[BulkJob] = []
         #: the last snapshot of Redis: (step, virtual time, key -> (DUMP, PTTL ms))
         self.snapshot: tuple[int, float, dict[bytes, tuple[bytes, int]]] | None = None
         #: every rollback: (the step of the snapshot it went back to, the step it came)
@@ -437,11 +474,12 @@ class World:
     def run_task_calls(self, task: Task, effect: Exec) -> list[Reply]:
         """`run_calls` for a task's step; a call's enqueue is noted with the losses so far."""
         task.ran_at = self.steps
-        if task.call is not None and any(
+        if any(
             c.script is not None and c.script.sha in (ENQUEUE.sha, ENQUEUE_MANY.sha)
             for c in effect.calls
         ):
-            task.call.enqueue_eras.add(self.losses)
+            for record in [task.call] if task.call is not None else task.calls:
+                record.enqueue_eras.add(self.losses)
         return self.run_calls(effect.calls)
 
     def _drain_pubsub(self) -> None:
@@ -523,9 +561,13 @@ class World:
                 (k.notify, "notify", partial(self._start_notify, self.rng.choice(senders)))
             )
             options.append((k.send, "send", partial(self._start_send, self.rng.choice(senders))))
+            options.append((k.bulk, "bulk", partial(self._start_bulk, senders)))
         if faults and senders and self.calls:
             options.append((k.cancel_call, "cancel call", partial(self._start_cancel, senders)))
             options.append((k.status, "status", partial(self._start_status, senders)))
+        readable = [j for j in self.bulk_jobs if not j.busy and j.node.alive and j.records]
+        if faults and readable:
+            options.append((k.outcomes, "outcomes", partial(self._start_outcomes, readable)))
         withdrawable = [r for r in self.calls.values() if _withdrawable(self, r)]
         if faults and withdrawable:
             options.append(
@@ -727,6 +769,7 @@ class World:
     def _lose_data(self, *, restart: bool) -> None:
         self.client.flushall()
         self.losses += 1
+        self.wipes += 1
         if restart:
             self.client.script_flush()
             self.pulses.clear()
@@ -909,6 +952,89 @@ class World:
         if self.spawn(node, "withdraw", drive(node, flow), done) is None:
             state.withdrawing = False
 
+    def _start_bulk(self, senders: list[SimNode]) -> None:
+        """BulkClient.enqueue_many of one to three requests with its writer's loss watch (one
+        batch: one round trip, after the layout check of the endpoint's first use), by an idle
+        writer, or a new one on a sender."""
+        idle = [j for j in self.bulk_jobs if not j.busy and j.node.alive and not j.node.closed]
+        if idle and (len(self.bulk_jobs) >= self.knobs.bulk_jobs or self.rng.random() < 0.5):
+            job = self.rng.choice(idle)
+        elif len(self.bulk_jobs) < self.knobs.bulk_jobs:
+            job = BulkJob(self.rng.choice(senders))
+            self.bulk_jobs.append(job)
+        else:
+            return
+        node = job.node
+        drawn = [self._new_request() for _ in range(self.rng.randint(1, 3))]
+        records = []
+        for request, _ in drawn:
+            record = CallRecord(request, node.name, kind="bulk")
+            self.calls[request.id] = record
+            records.append(record)
+
+        def done(value: Any, error: BaseException | None) -> None:
+            job.busy = False
+            for record in records:
+                record.outcome = Outcome(None, error)
+                record.losses_at_end = self.losses
+                record.ended_at = self.steps
+            if error is None:
+                job.records += records
+                if job.wipes_at_first is None:
+                    job.wipes_at_first = self.wipes
+
+        by_lane, rejected = self.bulk._encode_batch([request for request, _ in drawn])
+        assert not rejected
+        flow = self.bulk._send_flow(
+            by_lane, drawn[0][1], new_batch_nonce(), locators=False, watch=job.watch
+        )
+        task = self.spawn(node, "bulk", drive(node, flow), done)
+        if task is not None:
+            job.busy = True
+            task.calls = records
+
+    def _start_outcomes(self, jobs: list[BulkJob]) -> None:
+        """BulkClient.outcomes, with its watch, of some requests a writer queued (those overdue
+        are withdrawn), each snapshot resolved as a reader would; what the watch says is
+        judged against Redis's losses."""
+        job = self.rng.choice(jobs)
+        chosen = self.rng.sample(job.records, min(len(job.records), self.rng.randint(1, 3)))
+        ids = [record.request.id for record in chosen]
+        job.busy = True
+
+        def done(value: Any, error: BaseException | None) -> None:
+            job.busy = False
+            if error is not None:
+                return
+            self._read_outcomes(job, chosen, value)
+
+        flow = self.bulk.outcomes_flow(self.endpoint, ids, watch=job.watch)
+        if self.spawn(job.node, "outcomes", drive(job.node, flow), done) is None:
+            job.busy = False
+
+    def _read_outcomes(self, job: BulkJob, chosen: list[CallRecord], found: dict[str, Any]) -> None:
+        if job.watch.lost and self.losses == 0:
+            self.findings.append(f"a bulk loss watch saw a loss at step {self.steps}, none came")
+        if (
+            not job.watch.lost
+            and job.wipes_at_first is not None
+            and self.wipes > job.wipes_at_first
+        ):
+            self.findings.append(
+                f"a bulk loss watch saw no loss at step {self.steps}, after Redis was wiped"
+            )
+        for record in chosen:
+            snapshot = found[record.request.id]
+            if snapshot.state == "missing":
+                continue  # (expired, or lost: what the watch says is judged above)
+            try:
+                response = self.bulk.resolve(snapshot, record.request.id, self.endpoint)
+            except PrqError as exc:
+                record.reads.append((Outcome(None, exc), self.steps, self.losses))
+            else:
+                if response is not None:
+                    record.reads.append((Outcome(response, None), self.steps, self.losses))
+
     def _start_status(self, senders: list[SimNode]) -> None:
         node = self.rng.choice(senders)
         request_id = self.rng.choice(list(self.calls))
@@ -1020,6 +1146,7 @@ class World:
         self.tasks.clear()
         self._pubsub.close()
         self._link.close()
+        self.bulk.close()
 
 
 def _withdrawable(world: World, record: CallRecord) -> bool:
