@@ -12,6 +12,7 @@ so the same tests tell the design before this one from this one.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -198,6 +199,53 @@ async def test_requests_a_batch_writes_after_a_flush_all_run(
         )
         assert events(receiver) == 1
     finally:
+        bulk.close()
+
+
+async def test_requests_written_after_a_flush_and_queued_when_it_is_declared_all_run(
+    make_own_queue: QueueFactory, own_redis: EmbeddedRedis, own_redis_client: redis.Redis
+) -> None:
+    # Given a worker that has run many requests, and Redis flushed (the Spark job: rows
+    # written after the flush, still queued behind a busy worker when the loss was declared,
+    # were refused as queued before it, 74,729 of them)
+    receiver = make_own_queue(data_loss_check_interval_s=1.0)
+    ran: list[str] = []
+    busy = threading.Event()
+    go_on = threading.Event()
+
+    def handle(request: Any) -> None:
+        if request.id == "b0":
+            busy.set()
+            go_on.wait(20)
+        ran.append(request.id)
+
+    make_own_queue.serve(receiver, "poll://held-up", handle, concurrency=1)
+    bulk = BulkClient.from_url(
+        own_redis.url, settings=receiver.settings, prefix=receiver.keys.prefix
+    )
+
+    def batch(ids: list[str]) -> int:
+        requests = [Request(id=i, endpoint="poll://held-up", method="m") for i in ids]
+        return bulk.enqueue_many(requests, pickup_timeout_s=60).accepted
+
+    try:
+        assert batch([f"a{i}" for i in range(300)]) == 300
+        await async_wait_until(lambda: len(ran) == 300, 20, 0.02, "the first batch ran")
+        own_redis_client.flushall()
+        # When requests are written after the flush while the worker is held up by one of
+        # them, and the loss is declared while they wait
+        assert batch(["b0"]) == 1
+        await async_wait_until(busy.is_set, 10, 0.01, "the worker busy")
+        later = [f"b{i}" for i in range(1, 200)]
+        assert batch(later) == 199
+        await async_wait_until(lambda: events(receiver) >= 1, 15, 0.02, "declared")
+        go_on.set()
+        # Then every one of them runs: none is refused as queued before the loss
+        await async_wait_until(
+            lambda: set(later) <= set(ran), 30, 0.05, "every request written after the flush ran"
+        )
+    finally:
+        go_on.set()
         bulk.close()
 
 
