@@ -53,7 +53,6 @@ from prq.bulk.watch import LossWatch
 from prq.core.config import QueueSettings, RedisSettings
 from prq.core.errors import (
     CancelledBeforePickup,
-    DataLoss,
     PrqError,
     QueueUnavailable,
     SerializationError,
@@ -62,6 +61,7 @@ from prq.core.lifecycle import PendingRequest
 from prq.core.models import Delivery, Request, Response
 from prq.facade.send import SendState
 from prq.node.base import QueueBase
+from prq.node.guard import CheckDataLoss, guarded
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Call, Effect, Exec, Offload, Reply, Wait
 from prq.protocol.flows.call import call_flow
@@ -1196,35 +1196,26 @@ def drive(
     *,
     closing_ok: bool = False,
 ) -> Generator[Effect, Any, Any]:
-    """AsyncDriver._run: drive a flow, its effects handed to the scheduler."""
+    """A facade driver's `_run`: prq's own `guarded(node, flow)` (the rules every driver runs
+    a flow under), its effects handed to the scheduler; its data-loss check done at once."""
+    steps = guarded(node, flow, mark, closing_ok=closing_ok)
     reply: object = None
     error: PrqError | None = None
-    sent = False
     while True:
         try:
-            effect = flow.throw(error) if error is not None else flow.send(reply)
+            effect = steps.throw(error) if error is not None else steps.send(reply)
         except StopIteration as stop:
             return stop.value
-        except DataLoss:
+        error, reply = None, None
+        if isinstance(effect, CheckDataLoss):
             node.world.check_data_loss_now(node)
-            raise
-        error = None
-        if node._closed or (node._closing and not closing_ok):
-            flow.close()
-            raise node._shutdown_error(sent)
-        try:
-            node._check_epoch(mark)
-        except DataLoss:
-            flow.close()
-            raise
-        if isinstance(effect, Exec):
-            sent = True
+            continue
         try:
             reply = yield effect
         except PrqError as exc:
             error = exc
         except BaseException:  # (a cancel where the flow waits: its clean-up now, as there)
-            flow.close()
+            steps.close()
             raise
 
 

@@ -17,9 +17,10 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from prq.core.config import QueueSettings, RedisSettings
-from prq.core.errors import DataLoss, PrqError, QueueShutdown
+from prq.core.errors import PrqError
 from prq.node.base import SHUTDOWN_POLL_S, QueueBase
 from prq.node.data_loss.counters import CallMark
+from prq.node.guard import CheckDataLoss, guarded
 from prq.node.watch import NodeWatch
 from prq.protocol.effects import Exec, Flow, Offload
 from prq.protocol.scripts.loading import script_load_calls
@@ -144,51 +145,37 @@ class BlockingDriver(QueueBase):
         logger.info("queue closed node_id=%s", self.node_id)
 
     def _run(self, flow: Flow[T], mark: CallMark | None = None, *, closing_ok: bool = False) -> T:
-        """Drive a flow: send its calls, wait on its signals, return its result.
-
-        A prq error from Redis is thrown into the flow, so the flow can say what it means at
-        that point (e.g. that an enqueued request may run although Redis went away). With a
-        `mark` (a call's), the call fails with DataLoss as soon as the node declares a data
-        loss its request may be one of (prq.node.data_loss).
+        """Drive a flow under the node's rules (prq.node.guard: closing, a declared data loss,
+        errors thrown in where it waits): send its calls, wait on its signals, return its
+        result. With a `mark` (a call's), the call fails with DataLoss as soon as the node
+        declares a loss its request may be one of; once closing began only `closing_ok` flows
+        (answers, giving back) go on.
         """
+        steps = guarded(self, flow, mark, closing_ok=closing_ok)
         reply: object = None
         error: PrqError | None = None
-        sent = False
         while True:
             try:
-                effect = flow.throw(error) if error is not None else flow.send(reply)
+                effect = steps.throw(error) if error is not None else steps.send(reply)
             except StopIteration as stop:
                 result: T = stop.value
                 return result
-            except DataLoss:
-                self._check_data_loss_now()
-                raise
-            error = None
-            if self._closed or (self._closing and not closing_ok):
-                flow.close()
-                raise self._shutdown_error(sent)
-            try:
-                self._check_epoch(mark)
-            except DataLoss:
-                flow.close()
-                raise
+            error, reply = None, None
             try:
                 if isinstance(effect, Exec):
-                    sent = True
                     reply = self._io.execute(effect.calls, express=effect.express)
                 elif isinstance(effect, Offload):
                     reply = effect.work()
+                elif isinstance(effect, CheckDataLoss):
+                    self._check_data_loss_now()
                 else:
                     signal = effect.signal
                     assert isinstance(signal, ThreadSignal)
                     signal.wait(effect.seen, effect.timeout_s)
-                    reply = None
-            except QueueShutdown:  # closed while the calls were on their way
-                error = self._shutdown_error(sent=True)
             except PrqError as exc:
                 error = exc
             except BaseException:  # (another error while the flow waits: its clean-up now)
-                flow.close()
+                steps.close()
                 raise
 
     def _check_data_loss_now(self) -> None:
