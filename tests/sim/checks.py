@@ -47,7 +47,7 @@ from typing import Any
 
 import redis
 
-from prq.core.errors import DataLoss, PrqError
+from prq.core.errors import CancelledAfterPickup, DataLoss, PrqError, ReceiverLost
 from prq.core.keys import EndpointKeys
 from prq.node.data_loss.counters import STAMP_TRUST_SHARE
 from tests.sim.clock import CLOCK_KEY
@@ -314,6 +314,39 @@ def _read_violations(world: World, request_id: str, record: CallRecord) -> list[
     return problems
 
 
+def _liveness_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
+    """A caller told its receiver was lost (ReceiverLost) or that it was itself (sender_lost)
+    while both were up, with no fault in the window that verdict judges (the longer timeout,
+    a beat interval and a poll before it: no jump, no step lost, no close, crash or loss of
+    Redis), and Redis answering: a live node declared dead."""
+    error = record.outcome.error if record.outcome is not None else None
+    runs = world.run_steps.get(request_id, [])
+    if not runs or record.ended_at < 0:
+        return []  # (no verdict, or no receiver known to have held it)
+    lost = isinstance(error, ReceiverLost) or (
+        isinstance(error, CancelledAfterPickup) and "sender_lost" in str(error)
+    )
+    if not lost:
+        return []
+    settings = world.settings
+    window = (
+        max(settings.receiver_timeout_s, settings.sender_timeout_s)
+        + settings.heartbeat_interval_s
+        + settings.poll_interval_s
+    )
+    told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
+    if any(told - window <= t <= told for t in world.fault_times):
+        return []
+    alive = {node.name: node.alive and not node.closed for node in world.nodes}
+    holder = runs[-1][0]
+    if not alive.get(record.node) or not alive.get(holder):
+        return []
+    return [
+        f"{request_id}: its caller {record.node} was told {type(error).__name__} ({error}) at "
+        f"t={told:.3f} while it and its receiver {holder} were up, with no fault for {window} s"
+    ]
+
+
 def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """What one call's (or one-way message's) history breaks."""
     problems: list[str] = []
@@ -327,6 +360,7 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
     if record.kind == "send":
         problems += _send_violations(request_id, record)
     problems += _read_violations(world, request_id, record)
+    problems += _liveness_violations(world, request_id, record)
     error = outcome.error
     if isinstance(error, DataLoss) and record.losses_at_end == 0:
         # (after a loss, a call made before its declaration may be refused: it is the

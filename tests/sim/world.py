@@ -86,6 +86,22 @@ STEP_S = 0.0001
 #: transport retries within a retry budget; here a count stands for it.
 SEND_ATTEMPTS = 4
 
+#: The steps (by their names' start) after which a live node may rightly go unheard for a
+#: while: time jumping while it stood still, a step of it lost or given up, a cancel, a close
+#: or a crash, Redis losing data (checks.py judges liveness verdicts away from these).
+FAULTS = (
+    "jump",
+    "lose",
+    "give up",
+    "cancel",
+    "close",
+    "crash",
+    "flush",
+    "restart",
+    "rollback",
+    "corrupt",
+)
+
 
 class Broken(AssertionError):
     """A run broke a guarantee: what broke, and the steps that led there."""
@@ -213,9 +229,8 @@ class BulkJob:
     watch: LossWatch = field(default_factory=LossWatch)
     records: list[CallRecord] = field(default_factory=list)
     busy: bool = False
-    #: Redis's flushes and restarts (World.wipes) when its first enqueue answered; None: none
-    #: answered yet
-    wipes_at_first: int | None = None
+    #: the step its first enqueue answered at (-1: none yet)
+    first_at: int = -1
 
 
 @dataclass
@@ -241,6 +256,8 @@ class Task:
     #: ran on Redis, and its last take's (sent, ran); -1: none yet
     sent_at: int = -1
     ran_at: int = -1
+    #: the step its first calls ran on Redis (-1: none yet)
+    first_ran_at: int = -1
     took_at: tuple[int, int] = (-1, -1)
     #: a dequeue's take under way: its token, while what it took is not yet sorted
     current: list[str] | None = None
@@ -298,6 +315,9 @@ class Knobs:
     deliveries: tuple[Delivery, ...] = ("at_most_once", "at_least_once")
     priorities: tuple[int, ...] = (0, 1)
     take_sizes: tuple[int, ...] = (1, 2, 3)
+    #: how long a handler runs (virtual seconds): most at once, some past the first beat, some
+    #: nearly a receiver timeout (Knobs.handler_s; the node beats for them meanwhile)
+    handler_s: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 3.0)
     slots: int = 3
     senders: int = 2
     receivers: int = 2
@@ -372,7 +392,12 @@ class World:
         self.log: list[str] = []
         self.steps = 0
         self.losses = 0  # flushes, restarts and rollbacks so far
+        #: the virtual time after each step (index: the step), and after each fault that can
+        #: keep a live node from being heard (FAULTS, a failed watch turn)
+        self.step_times: list[float] = [self.clock.monotonic()]
+        self.fault_times: list[float] = []
         self.wipes = 0  # flushes and restarts so far (Redis left empty)
+        self.wipe_steps: list[int] = []  # the step of each
         #: the bulk writers (`_start_bulk`), at most Knobs.bulk_jobs
         self.bulk_jobs: list[BulkJob] = []
         #: the last snapshot of Redis: (step, virtual time, key -> (DUMP, PTTL ms))
@@ -474,6 +499,8 @@ class World:
     def run_task_calls(self, task: Task, effect: Exec) -> list[Reply]:
         """`run_calls` for a task's step; a call's enqueue is noted with the losses so far."""
         task.ran_at = self.steps
+        if task.first_ran_at < 0:
+            task.first_ran_at = self.steps
         if any(
             c.script is not None and c.script.sha in (ENQUEUE.sha, ENQUEUE_MANY.sha)
             for c in effect.calls
@@ -609,6 +636,9 @@ class World:
         _, what, action = self.rng.choices(options, weights)[0]
         self.steps += 1
         action()
+        self.step_times.append(self.clock.monotonic())
+        if what.startswith(FAULTS):
+            self.fault_times.append(self.clock.monotonic())
         if not what.startswith(("resume", "wake", "deliver")):
             self.note(what)
 
@@ -734,6 +764,7 @@ class World:
         if plan.steps:
             if self.faults and self.rng.random() < 0.05:
                 node._watch.forget(plan)  # (the round trip failed)
+                self.fault_times.append(now)
             else:
                 results = [self.step_result(calls) for calls in plan.steps]
                 node._watch.settle(plan, results, self.clock.monotonic())
@@ -770,6 +801,7 @@ class World:
         self.client.flushall()
         self.losses += 1
         self.wipes += 1
+        self.wipe_steps.append(self.steps)
         if restart:
             self.client.script_flush()
             self.pulses.clear()
@@ -980,8 +1012,8 @@ class World:
                 record.ended_at = self.steps
             if error is None:
                 job.records += records
-                if job.wipes_at_first is None:
-                    job.wipes_at_first = self.wipes
+                if job.first_at < 0:
+                    job.first_at = self.steps
 
         by_lane, rejected = self.bulk._encode_batch([request for request, _ in drawn])
         assert not rejected
@@ -1001,27 +1033,30 @@ class World:
         chosen = self.rng.sample(job.records, min(len(job.records), self.rng.randint(1, 3)))
         ids = [record.request.id for record in chosen]
         job.busy = True
+        task: Task | None = None
 
         def done(value: Any, error: BaseException | None) -> None:
             job.busy = False
-            if error is not None:
+            if error is not None or task is None:
                 return
-            self._read_outcomes(job, chosen, value)
+            self._read_outcomes(job, chosen, value, task.first_ran_at)
 
         flow = self.bulk.outcomes_flow(self.endpoint, ids, watch=job.watch)
-        if self.spawn(job.node, "outcomes", drive(job.node, flow), done) is None:
+        task = self.spawn(job.node, "outcomes", drive(job.node, flow), done)
+        if task is None:
             job.busy = False
 
-    def _read_outcomes(self, job: BulkJob, chosen: list[CallRecord], found: dict[str, Any]) -> None:
+    def _read_outcomes(
+        self, job: BulkJob, chosen: list[CallRecord], found: dict[str, Any], read_at: int
+    ) -> None:
+        """Judge what a read of outcomes (its watch's step ran at step `read_at`) told."""
         if job.watch.lost and self.losses == 0:
             self.findings.append(f"a bulk loss watch saw a loss at step {self.steps}, none came")
-        if (
-            not job.watch.lost
-            and job.wipes_at_first is not None
-            and self.wipes > job.wipes_at_first
-        ):
+        wiped = [s for s in self.wipe_steps if job.first_at < s < read_at]
+        if not job.watch.lost and job.first_at >= 0 and wiped:
             self.findings.append(
-                f"a bulk loss watch saw no loss at step {self.steps}, after Redis was wiped"
+                f"a bulk loss watch read at step {read_at} saw no loss, after Redis was wiped "
+                f"at step {wiped[0]} (its writer's first batch answered at {job.first_at})"
             )
         for record in chosen:
             snapshot = found[record.request.id]
@@ -1065,7 +1100,8 @@ class World:
                     (node.name, sent, ran, self.clock.monotonic())
                 )
                 node.answering.add(pending.id)
-                self.spawn(node, "answer", answer_op(node, pending))
+                run_s = self.rng.choice(self.knobs.handler_s)
+                self.spawn(node, "answer", answer_op(node, pending, run_s))
 
         current: list[str] = []
         task = self.spawn(node, "dequeue", dequeue_op(node, self.endpoint, size, current), done)
@@ -1311,9 +1347,15 @@ def unpark_op(node: SimNode, tokens: list[str]) -> Generator[Effect, Any, None]:
         node.giving_back.difference_update(tokens)
 
 
-def answer_op(node: SimNode, pending: PendingRequest) -> Generator[Effect, Any, None]:
-    """The handler's answer (an echo of its params), as apply_response sends it."""
+def answer_op(
+    node: SimNode, pending: PendingRequest, run_s: float = 0.0
+) -> Generator[Effect, Any, None]:
+    """The handler's answer (an echo of its params) after it ran `run_s` (the node beats for
+    the request meanwhile), as apply_response sends it."""
     try:
+        if run_s > 0:
+            running = SimSignal()  # (nothing fires it: the handler's time is its timeout)
+            yield Wait(running, running.generation, run_s)
         yield from _answer(node, pending)
     finally:
         node.answering.discard(pending.id)
