@@ -60,10 +60,34 @@ def _send(client: redis.Redis, *args: Any) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def _state(client: redis.Redis, key: str) -> str | None:
-    kind = _send(client, "TYPE", key)
+#: What the checks read of a record: its type, and its state, owner token, receiver and take
+#: time (a hash's fields; None for the one-string form)
+Record = tuple[bytes, bytes | None, bytes | None, bytes | None, bytes | None]
+
+
+def _records(client: redis.Redis, keys: list[bytes]) -> dict[bytes, Record]:
+    """Each record key's type and fields, read in one round trip (the check runs after every
+    step: a round trip per key made it the simulation's main cost)."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+        pipe.hmget(key, "st", "own", "rcv", "tk")
+    replies = pipe.execute(raise_on_error=False)
+    found: dict[bytes, Record] = {}
+    for key, kind, fields in zip(keys, replies[::2], replies[1::2], strict=True):
+        kind = kind if isinstance(kind, bytes) else str(kind).encode()
+        if kind == b"hash":
+            found[key] = (kind, *fields)
+        else:
+            found[key] = (kind, None, None, None, None)
+    return found
+
+
+def _state(record: Record | None) -> str | None:
+    if record is None:
+        return None
+    kind, state = record[0], record[1]
     if kind == b"hash":
-        state = _send(client, "HGET", key, "st")
         return state.decode() if state else "?"
     if kind == b"string":  # (a queued record in its one-string form)
         return "queued"
@@ -96,16 +120,17 @@ def structure_violations(world: World, *, strict: bool = True) -> list[str]:
             in_lanes[i] = p
     records = _send(client, "KEYS", keys.request("*"))
     base = len(keys.request(""))
+    read = _records(client, records)
     for key in records:
         request_id = key[base:]
-        state = _state(client, key.decode())
+        state = _state(read[key])
         if strict and state == "queued" and request_id not in in_lanes:
             problems.append(f"{request_id.decode()} says queued, but no lane lists it")
     for request_id in in_lanes if strict else ():
-        state = _state(client, keys.request(request_id.decode()))
+        state = _state(read.get(keys.request(request_id.decode()).encode()))
         if state not in (None, "queued"):
             problems.append(f"{request_id.decode()} sits in a lane, but says {state}")
-    problems += _owners(world, keys, records, base)
+    problems += _owners(world, keys, read, base)
     return problems
 
 
@@ -167,23 +192,23 @@ def _knows(world: World, node: SimNode, request_id: str, token: str) -> bool:
     return token in under_way or spare or answering
 
 
-def _owners(world: World, keys: EndpointKeys, records: list[bytes], base: int) -> list[str]:
+def _owners(world: World, keys: EndpointKeys, records: dict[bytes, Record], base: int) -> list[str]:
     """A taken request has an owner token and a receiver node, which knows it if it is live;
     a handed one an owner token whose take was not withdrawn (a withdrawn token's receipt
     holds the mark "!": nothing may be handed to it after that)."""
     client = world.client
     problems: list[str] = []
     receivers = {n.name: n for n in world.nodes if n.alive and not n._closing}
-    for key in records:
-        if _send(client, "TYPE", key) != b"hash":
+    for key, (kind, state, own, rcv, took) in records.items():
+        if kind != b"hash":
             continue
-        state, own, rcv, took = _send(client, "HMGET", key, "st", "own", "rcv", "tk")
         request_id = key[base:].decode()
         if state == b"taken" and not (own and rcv):
             problems.append(f"{request_id} is taken, but names no owner ({own!r}, {rcv!r})")
         node = receivers.get(rcv.decode()) if state == b"taken" and own and rcv else None
         if (
             node is not None
+            and own is not None
             and int(took or 0) > world.rolled_back_ms
             and node.name not in world.runs.get(request_id, ())
             and not _knows(world, node, request_id, own.decode())
@@ -317,8 +342,8 @@ def _read_violations(world: World, request_id: str, record: CallRecord) -> list[
 def _liveness_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """A caller told its receiver was lost (ReceiverLost) or that it was itself (sender_lost)
     while both were up, with no fault in the window that verdict judges (the longer timeout,
-    a beat interval and a poll before it: no jump, no step lost, no close, crash or loss of
-    Redis), and Redis answering: a live node declared dead."""
+    a beat interval and a poll before it, and for a receiver not before its take: no jump,
+    no step lost, no close, crash or loss of Redis): a live node declared dead."""
     error = record.outcome.error if record.outcome is not None else None
     runs = world.run_steps.get(request_id, [])
     if not runs or record.ended_at < 0:
@@ -335,7 +360,11 @@ def _liveness_violations(world: World, request_id: str, record: CallRecord) -> l
         + settings.poll_interval_s
     )
     told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
-    if any(told - window <= t <= told for t in world.fault_times):
+    # (a receiver's lease begins at its take: a fault before that excuses no silence after it)
+    since = told - window
+    if isinstance(error, ReceiverLost):
+        since = max(since, world.step_times[min(runs[-1][2], len(world.step_times) - 1)])
+    if any(since <= t <= told for t in world.fault_times):
         return []
     alive = {node.name: node.alive and not node.closed for node in world.nodes}
     holder = runs[-1][0]

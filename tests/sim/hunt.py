@@ -45,7 +45,10 @@ def main() -> None:
         plant, _bound, planted_knobs = plant_named(args.plant)
         knobs = knobs or planted_knobs
     if args.knob:
-        changes = {name: float(value) for name, value in (k.split("=", 1) for k in args.knob)}
+        changes = {
+            name: int(value) if value.isdigit() else float(value)
+            for name, value in (k.split("=", 1) for k in args.knob)
+        }
         knobs = dataclasses.replace(knobs or Knobs(), **changes)  # type: ignore[arg-type]
     judge = {"strict": not args.loose, "knobs": knobs, "plant": plant}
     server = EmbeddedRedis().start()

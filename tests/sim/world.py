@@ -316,8 +316,15 @@ class Knobs:
     priorities: tuple[int, ...] = (0, 1)
     take_sizes: tuple[int, ...] = (1, 2, 3)
     #: how long a handler runs (virtual seconds): most at once, some past the first beat, some
-    #: nearly a receiver timeout (Knobs.handler_s; the node beats for them meanwhile)
-    handler_s: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 3.0)
+    #: past a receiver timeout (the node beats for them meanwhile)
+    handler_s: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 3.0, 6.0)
+    #: the steps without faults after the run's own (new work still comes: up to quiet_calls
+    #: more operations), before it settles
+    quiet_steps: int = 200
+    quiet_calls: int = 8
+    #: whether, once the faults stop, time may move on past a watch turn that is due (so that
+    #: a take can come before the node's data-loss check: what a receiver's stamp is for)
+    late_turns: bool = False
     slots: int = 3
     senders: int = 2
     receivers: int = 2
@@ -326,10 +333,18 @@ class Knobs:
 
 
 #: Schedules heavy with rollbacks (a snapshot of Redis kept, then Redis back to it), with fewer
-#: watch turns and time jumps (so that takes come between a rollback and the check that would
-#: show it), and no other loss.
+#: watch turns and time jumps, and turns that may come late once the faults stop (so that takes
+#: come between a rollback and the check that would show it), and no other loss.
 ROLLBACKS = Knobs(
-    snapshot=0.6, rollback=0.4, flush=0, restart=0, crash=0.01, corrupt=0, watch=0.5, jump=0.2
+    snapshot=0.6,
+    rollback=0.4,
+    flush=0,
+    restart=0,
+    crash=0.01,
+    corrupt=0,
+    watch=0.5,
+    jump=0.2,
+    late_turns=True,
 )
 
 
@@ -435,6 +450,8 @@ class World:
         self._dump = client.register_script(DUMP_SCRIPT)
         self._real_synced = real_time.monotonic()
         self.faults = True
+        #: the steps after the faults, where new work still comes (`run`)
+        self.quiet = False
         #: whether a record's state must agree with where it sits (checks.structure_violations)
         self.strict = True
         self._write_clock()
@@ -582,7 +599,9 @@ class World:
                 options.append((k.close * boost, f"close {node.name}", partial(self._close, node)))
                 options.append((k.crash * boost, f"crash {node.name}", partial(self._crash, node)))
         senders = [n for n in self.nodes if not n.receiver and not n.closed]
-        if faults and senders and len(self.calls) < k.calls_max:
+        work = faults or self.quiet  # (new work comes in the quiet steps too)
+        most = k.calls_max + (k.quiet_calls if self.quiet else 0)
+        if work and senders and len(self.calls) < most:
             options.append((k.call, "call", partial(self._start_call, self.rng.choice(senders))))
             options.append(
                 (k.notify, "notify", partial(self._start_notify, self.rng.choice(senders)))
@@ -591,12 +610,13 @@ class World:
             options.append((k.bulk, "bulk", partial(self._start_bulk, senders)))
         if faults and senders and self.calls:
             options.append((k.cancel_call, "cancel call", partial(self._start_cancel, senders)))
+        if work and senders and self.calls:
             options.append((k.status, "status", partial(self._start_status, senders)))
         readable = [j for j in self.bulk_jobs if not j.busy and j.node.alive and j.records]
-        if faults and readable:
+        if work and readable:
             options.append((k.outcomes, "outcomes", partial(self._start_outcomes, readable)))
         withdrawable = [r for r in self.calls.values() if _withdrawable(self, r)]
-        if faults and withdrawable:
+        if work and withdrawable:
             options.append(
                 (
                     k.withdraw,
@@ -612,7 +632,12 @@ class World:
                 options.append((k.rollback, "rollback", self._roll_back))
             options.append((k.jump, "jump", self._jump))
             options.append((k.corrupt, "corrupt", self._corrupt))
-        if not any(o[1].startswith(("resume", "arrive", "deliver", "wake")) for o in options):
+        # (without faults time moves on only once nothing is due, no watch turn either, unless
+        # the knobs let turns come late: a move past a due watch turn is then noted as a
+        # fault, `_to_next_deadline`)
+        punctual = not faults and not k.late_turns
+        due = ("resume", "arrive", "deliver", "wake") + (("watch",) if punctual else ())
+        if not any(o[1].startswith(due) for o in options):
             options.append((1.0, "time", self._to_next_deadline))
         return options
 
@@ -880,6 +905,8 @@ class World:
         times += [n.next_watch for n in self.nodes if n.alive]
         later = [t for t in times if t > now]
         self._move_time((min(later) - now) if later else 1.0)
+        if any(n.alive and (n.watch_woken or now >= n.next_watch) for n in self.nodes):
+            self.fault_times.append(self.clock.monotonic())  # (a node's turn came late)
 
     def _move_time(self, seconds: float) -> None:
         seconds = max(seconds, 0.001)
@@ -1134,13 +1161,28 @@ class World:
     # -- a run ----------------------------------------------------------------------------------
 
     def run(self, steps: int, settle_steps: int = 4000) -> None:
-        """`steps` steps with faults, then up to `settle_steps` without: no new work, nothing
-        lost or cut short, receivers taking, time moving, until every call has its outcome
-        (and every task ended)."""
+        """`steps` steps with faults; then Knobs.quiet_steps without faults, new work still
+        coming (where the liveness rule of checks.py can judge: nothing keeps a live node from
+        being heard); then up to `settle_steps` without new work either: nothing lost or cut
+        short, receivers taking, time moving, until every call has its outcome (and every task
+        ended)."""
         for _ in range(steps):
             self.step()
             self.check()
+        self.faults, self.quiet = False, True
+        self.note("quiet")
+        for _ in range(self.knobs.quiet_steps):
+            if not self._working():
+                break  # (no sender or no receiver left: nothing to judge, only time passing)
+            self.step()
+            self.check()
+        self.quiet = False
         self.settle(settle_steps)
+
+    def _working(self) -> bool:
+        """Whether a sender and a receiver are up (new work can come and be taken)."""
+        up = [n for n in self.nodes if n.alive and not n.closed]
+        return any(n.receiver for n in up) and any(not n.receiver for n in up)
 
     def settle(self, steps: int) -> None:
         self.faults = False
