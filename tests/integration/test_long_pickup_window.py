@@ -97,3 +97,25 @@ async def test_a_pickup_window_no_setting_could_hold_is_refused_before_anything_
     # And nothing was queued
     assert queue_depth(redis_client, keys) == 0
     assert not redis_client.keys(f"{keys.tag}:r:*")
+
+
+async def test_a_lane_made_between_refreshes_outlives_every_request_pushed_to_it(
+    make_queue: QueueFactory, redis_client: redis.Redis
+) -> None:
+    # Given a level whose keys a push with a 10 s window refreshed, and a second producer whose
+    # first message (a 0.3 s window) made its lane between refreshes (found by the simulation,
+    # seed 30519: that lane got the queue's TTL only, 0.5 s here)
+    first, second = make_queue(list_ttl_s=LIST_TTL_S), make_queue(list_ttl_s=LIST_TTL_S)
+    endpoint = "poll://lane-between-refreshes"
+    keys = first.keys.endpoint(endpoint)
+    await first.notify(endpoint, "m", 0, pickup_timeout_s=10)
+    await second.notify(endpoint, "m", 1, pickup_timeout_s=0.3)
+    # When that producer then queues a request with a longer window (8 s: its record outlives
+    # the queue's TTL, not the level's keys, so the push refreshes nothing)
+    later = await second.notify(endpoint, "m", 2, pickup_timeout_s=8)
+    # Then its lane lives at least as long as the request's record: it is not lost with it
+    lane = keys.level_lane("0", f"p{second.node_id}")
+    assert later.encode() in redis_client.lrange(lane, 0, -1)
+    assert redis_client.pttl(lane) >= redis_client.pttl(keys.request(later)) > 8000
+    # (and as long as the level's keys, within the millisecond Redis's expiry clock may lag)
+    assert redis_client.pttl(lane) >= redis_client.pttl(keys.level("0")) - 5

@@ -72,8 +72,13 @@ The rules:
 - TTL: a push refreshes every key of its level (t remembers the TTL, r when: server ms) when the
   level was empty, once 1/REFRESH_SHARE of its TTL has passed since the last refresh, or when
   the ids pushed would outlive the keys (a pickup window longer than the queue's TTL); in
-  between it lists nothing new but a lane, which gets its TTL when created (and joins the lanes
-  set: a lane that held ids already is in it). A refresh gives the queue's TTL, or more when the
+  between it lists nothing new but a lane, which gets the level's expiry when created (and joins
+  the lanes set: a lane that held ids already is in it). So every lane lives at least as long as
+  its level's keys (a refresh gives them all the same TTL, a take gives the lane it popped the
+  level's TTL from then), and ids pushed without a refresh, which by then outlive none of the
+  level's keys, outlive no lane either (before 2026-12-07 a lane created between refreshes got
+  the queue's TTL or its first ids' only, so ids with a longer window pushed to it later
+  outlived it, and were lost from the queue with it). A refresh gives the queue's TTL, or more when the
   ids' records live longer (and never less than the keys have left), so a level's keys outlive
   every id queued in it whatever its pickup window, and live at least (1 - 1/REFRESH_SHARE) of
   the queue's TTL after its last push; a busy level costs a push 3 commands, not 10. A take
@@ -144,9 +149,9 @@ local function queue_push(levels, prefix, p, producer, ids, ttl, now, hold)
     local keep = level_ttl(ttl, hold, n > 0 and t, r, now)
     redis.call('HSET', level, 'n', n + #ids, 't', keep, 'r', now)
     touch_level(levels, level, p, lane, keep, x)
-  else  -- listed, and refreshed lately: only a new lane needs its TTL
+  else  -- listed, and refreshed lately: only a new lane needs its TTL, the level's (r + t)
     redis.call('HSET', level, 'n', n + #ids)
-    if length == #ids then redis.call('PEXPIRE', lane, math.max(tonumber(ttl), hold)) end
+    if length == #ids then redis.call('PEXPIRE', lane, math.max(r + t - now, hold)) end
   end
 end
 
