@@ -47,7 +47,13 @@ from typing import Any
 
 import redis
 
-from prq.core.errors import CancelledAfterPickup, DataLoss, PrqError, ReceiverLost
+from prq.core.errors import (
+    CancelledAfterPickup,
+    DataLoss,
+    PickupTimeout,
+    PrqError,
+    ReceiverLost,
+)
 from prq.core.keys import EndpointKeys
 from prq.node.data_loss.counters import STAMP_TRUST_SHARE
 from tests.sim.clock import CLOCK_KEY
@@ -376,6 +382,26 @@ def _liveness_violations(world: World, request_id: str, record: CallRecord) -> l
     ]
 
 
+def _pickup_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
+    """A caller told PickupTimeout before its window passed (its request withdrawn early), or
+    told it well after (past the window, a poll and a second), with nothing in between that
+    kept it from being heard on time (a fault, as for the liveness rule)."""
+    error = record.outcome.error if record.outcome is not None else None
+    if not isinstance(error, PickupTimeout) or record.started_t < 0 or record.ended_at < 0:
+        return []
+    told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
+    deadline = record.started_t + record.pickup_s
+    if told < deadline - 0.001:
+        return [f"{request_id}: told PickupTimeout at t={told:.3f}, before its window ended"]
+    late = deadline + world.settings.poll_interval_s + 1.0
+    if told > late and not any(deadline <= t <= told for t in world.fault_times):
+        return [
+            f"{request_id}: told PickupTimeout at t={told:.3f}, its window ended at "
+            f"{deadline:.3f}, with no fault between"
+        ]
+    return []
+
+
 def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """What one call's (or one-way message's) history breaks."""
     problems: list[str] = []
@@ -390,6 +416,7 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
         problems += _send_violations(request_id, record)
     problems += _read_violations(world, request_id, record)
     problems += _liveness_violations(world, request_id, record)
+    problems += _pickup_violations(world, request_id, record)
     error = outcome.error
     if isinstance(error, DataLoss) and record.losses_at_end == 0:
         # (after a loss, a call made before its declaration may be refused: it is the

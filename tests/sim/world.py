@@ -207,6 +207,10 @@ class CallRecord:
     enqueue_eras: set[int] = field(default_factory=set)
     #: the step its caller was told
     ended_at: int = -1
+    #: its pickup window, and the virtual time its flow began (a call's and a send's; -1: not
+    #: begun)
+    pickup_s: float = 0.0
+    started_t: float = -1.0
     #: a send's shared state (prq.facade.send.SendState, as its handle keeps it), whether
     #: its enqueue answered, what its callbacks were given (in order), and the outcome its
     #: task came to while a withdraw decided (SendHandle._run waits for the verdict then)
@@ -701,6 +705,8 @@ class World:
             task.on_done(value, error)
 
     def _resume(self, task: Task) -> None:
+        if task.phase == "start" and task.call is not None:
+            task.call.started_t = self.clock.monotonic()  # (its flow reads its clock now)
         if task.phase == "offload":
             effect = task.effect
             assert isinstance(effect, Offload)
@@ -931,7 +937,7 @@ class World:
 
     def _start_call(self, node: SimNode) -> None:
         request, pickup = self._new_request()
-        record = CallRecord(request, node.name)
+        record = CallRecord(request, node.name, pickup_s=pickup)
         self.calls[request.id] = record
 
         def done(value: Any, error: BaseException | None) -> None:
@@ -961,7 +967,7 @@ class World:
         """AsyncQueue.send: the call runs in a task of its own; its outcome fires one
         callback (SendHandle._run)."""
         request, pickup = self._new_request()
-        record = CallRecord(request, node.name, kind="send")
+        record = CallRecord(request, node.name, kind="send", pickup_s=pickup)
         record.send = self.send_state_class(
             request, record.callbacks.append, record.callbacks.append
         )
