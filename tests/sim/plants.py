@@ -30,9 +30,9 @@ STAMP_HUNT = dataclasses.replace(
 )
 
 #: Bounds for the three races of docs/design.md ("What it found"): each is found at a seed
-#: below its bound (2026-12-07, with sends, withdraws, bulk writers and handlers that take
-#: time among the operations: seeds 1, 2 and 3; 2026-12-03: 1, 29 and 6), with room for
-#: changes to the schedules.
+#: below its bound (2026-12-07, with sends, withdraws, bulk writers, handlers that take time
+#: and the quiet steps: seeds 3, 2 and 4; 2026-12-03: 1, 29 and 6), with room for changes to
+#: the schedules.
 BOUND_SKIPPED = 10
 BOUND_CLOSING = 60
 BOUND_CUT_SHORT = 25
@@ -131,7 +131,7 @@ PLANTS: list[tuple[Plant, int, Knobs | None]] = [
         # a send whose outcome fires its callback after withdraw() said it was withdrawn (a
         # close, a loss or an expiry came before its call saw the withdrawal: found so,
         # 2026-12-07, at seeds 9 and 10 of the ordinary schedules, in prq's own claim; the
-        # plant at seed 2)
+        # plant at seed 4)
         Plant(
             "a withdrawn send still fires its callback",
             code=(("SendState.claim", "if self.fired or self.withdrawn:", "if self.fired:"),),
