@@ -170,7 +170,10 @@ class SenderHalf(NodeCore):
         sequence number, or the id known already: nothing enqueued); then `then` is called."""
         if outcome.counter is not None:
             metrics.ENQUEUED.labels(mark.endpoint).inc()
-        self._watch.enqueued(mark, outcome.counter, outcome.before)
+        self._watch.enqueued(
+            mark, outcome.counter, outcome.before, outcome.stamp, outcome.went_back,
+            outcome.refused,
+        )  # fmt: skip
         if then is not None:
             then()
 

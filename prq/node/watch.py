@@ -26,7 +26,7 @@ from typing import Any
 from prq.core.errors import PrqError
 from prq.core.lifecycle import PendingRequest
 from prq.node.data_loss.checks import Check
-from prq.node.data_loss.counters import CallMark
+from prq.node.data_loss.counters import CallMark, CallStamps, Floor
 from prq.node.data_loss.scopes import Layout, Loss
 from prq.node.data_loss.watch import DataLossWatch
 from prq.node.heartbeats import Lease, Liveness
@@ -88,6 +88,10 @@ class NodeWatch:
 
     def survives(self, mark: CallMark) -> bool:
         return self.data_loss.survives(mark)
+
+    def stamps(self, mark: CallMark) -> CallStamps:
+        """The node's stamp on the endpoint of the call of `mark`, as its enqueue carries it."""
+        return CallStamps(self.data_loss, mark)
 
     def plan(self, now: float, *, check_only: bool = False) -> WatchPlan:
         """What is due now; with `check_only`, just a data-loss check (whether due or not)."""
@@ -165,9 +169,26 @@ class NodeWatch:
         if lease is not None:
             self._ended(lease, reason or "cancelled")
 
-    def enqueued(self, mark: CallMark, number: int | None, before: int) -> None:
+    def enqueued(
+        self,
+        mark: CallMark,
+        number: int | None,
+        before: int,
+        stamp: int = 0,
+        went_back: int | None = None,
+        refused: bool = False,
+    ) -> None:
         """The enqueue of the call of `mark` answered: its request got `number` (None: the id
-        was known, nothing enqueued) and the endpoint's last number before was `before`."""
+        was known, nothing enqueued) and the endpoint's last number before was `before`; the
+        node's stamp is `stamp` after it, and `went_back` what the stamp held when that was
+        below the one the enqueue carried (a loss is declared); `refused`: it wrote nothing
+        (sent again, it found the stamp low: the call fails)."""
+        if stamp or went_back is not None:
+            loss = self.data_loss.sent_judged(mark.endpoint, mark.floor, stamp, went_back)
+            if loss is not None:
+                self.declare_data_loss(loss)
+        if refused:
+            return
         if number is None:
             mark.number = 0  # (the record's number is not known: a declaration fails the call)
             return
@@ -178,6 +199,17 @@ class NodeWatch:
             self.wake()
         if loss is not None:
             self.declare_data_loss(loss)
+
+    def judge_stamp(self, endpoint: str, floor: Floor, stamp: int, went_back: int | None) -> bool:
+        """A step sent when `floor` was had answered the node's `stamp` on `endpoint` (take.lua,
+        enqueue.lua) and, when it found it below `floor.stamp`, what it held (`went_back`):
+        declares the loss that shows (DataLossWatch.stamped). Whether it declared one."""
+        loss = self.data_loss.stamped(endpoint, floor, stamp, went_back)
+        if loss is None:
+            return False
+        self.declare_data_loss(loss)
+        self.data_loss.declared_by_stamp(endpoint)
+        return True
 
     def declare_data_loss(self, loss: Loss) -> None:
         """Data was lost in `loss.slots` (None: everywhere): the requests held there that are

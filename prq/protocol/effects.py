@@ -5,8 +5,8 @@ the flows build on it, never the other way round."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
 from pydantic import JsonValue
@@ -24,10 +24,40 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One Redis command, ready to send. `script` is set for EVALSHA calls."""
+    """One Redis command, ready to send. `script` is set for EVALSHA calls; `resend`, for a
+    call that must be sent as another on every attempt after its first (`attempt_calls`)."""
 
     args: tuple[str | int | bytes, ...]
     script: Script | None = None
+    resend: Resend | None = field(default=None, compare=False)
+
+
+@dataclass(eq=False, slots=True)
+class Resend:
+    """What a call is sent as once it was sent: `call`, on every later attempt of its step (a
+    retry after a lost reply, whichever sender makes it). For a script that must know an
+    earlier attempt may have run: an enqueue sent again after Redis lost data may be a
+    replay of one whose record the loss took (enqueue.lua)."""
+
+    call: Call
+    sent: bool = False
+
+
+def attempt_calls(calls: Iterable[Call]) -> list[Call]:
+    """The calls to send on an attempt of `calls` (every sender of a step's attempts calls
+    this once per attempt): a call with a `resend` is itself the first time, its resend from
+    then on."""
+    out: list[Call] = []
+    for call in calls:
+        again = call.resend
+        if again is None:
+            out.append(call)
+        elif again.sent:
+            out.append(again.call)
+        else:
+            again.sent = True
+            out.append(call)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from tenacity import RetryCallState, before_sleep_log, retry_if_exception_type
 
 from prq.core.errors import PrqError
 from prq.core.jitter import wait_jittered_exponential
-from prq.protocol.effects import Call, Reply
+from prq.protocol.effects import Call, Reply, attempt_calls
 from prq.transport.batches import Outcome, _split
 from prq.transport.translate import RedisUnavailable, _unavailable
 
@@ -93,8 +93,9 @@ class StepBudgets:
         )
 
     def calls(self) -> list[Call]:
-        """The calls of the steps still tried, for the next attempt."""
-        return [call for i in self.live for call in self.steps[i]]
+        """The calls of the steps still tried, for the next attempt (a call sent before goes
+        as its resend: prq.protocol.effects.attempt_calls)."""
+        return attempt_calls(call for i in self.live for call in self.steps[i])
 
     def answered(self, replies: list[Reply]) -> None:
         """Settle the steps still tried with their share of an attempt's replies. A step with

@@ -303,6 +303,8 @@ def _send_violations(request_id: str, record: CallRecord) -> list[str]:
     state = record.send
     assert state is not None and record.outcome is not None
     fired = record.callbacks
+    if isinstance(record.outcome.error, CallerCrashed):
+        return []  # (its node crashed: nothing runs a callback, nor a deferred one)
     if record.deferred is not None:
         return [f"send {request_id}: its outcome waited for a withdraw that never decided"]
     if state.withdrawn:
@@ -366,10 +368,12 @@ def _liveness_violations(world: World, request_id: str, record: CallRecord) -> l
         + settings.poll_interval_s
     )
     told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
-    # (a receiver's lease begins at its take: a fault before that excuses no silence after it)
+    # (a receiver's lease begins at its take: a fault before that excuses no silence after it;
+    # from when the take was sent, as it may have run on Redis at an earlier attempt than its
+    # last, its replies lost meanwhile)
     since = told - window
     if isinstance(error, ReceiverLost):
-        since = max(since, world.step_times[min(runs[-1][2], len(world.step_times) - 1)])
+        since = max(since, world.step_times[min(runs[-1][1], len(world.step_times) - 1)])
     if any(since <= t <= told for t in world.fault_times):
         return []
     alive = {node.name: node.alive and not node.closed for node in world.nodes}
@@ -402,6 +406,24 @@ def _pickup_violations(world: World, request_id: str, record: CallRecord) -> lis
     return []
 
 
+def _answer_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
+    """A call or a send told its outcome later than a poll and a second after its request's
+    answer was accepted, with no fault between (its pulse lost, the poll reads the answer):
+    a call that outlived its bound once it had its answer. (Before the answer a call waits as
+    long as its receiver beats and it has no call timeout: the liveness rule judges that.)"""
+    answered = world.answered_t.get(request_id)
+    if answered is None or record.kind not in ("call", "send") or record.ended_at < 0:
+        return []
+    told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
+    late = answered + world.settings.poll_interval_s + 1.0
+    if told > late and not any(answered <= t <= told for t in world.fault_times):
+        return [
+            f"{request_id}: its caller was told at t={told:.3f}, its answer was accepted at "
+            f"t={answered:.3f}, with no fault between"
+        ]
+    return []
+
+
 def _call_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
     """What one call's (or one-way message's) history breaks."""
     problems: list[str] = []
@@ -410,13 +432,18 @@ def _call_violations(world: World, request_id: str, record: CallRecord) -> list[
     if outcome is None:
         problems.append(f"call {request_id} never ended")
         return problems
-    if record.request.delivery == "at_most_once" and len(record.enqueue_eras) < 2:
+    # (a message or a bulk request whose enqueue ran again after a loss, its first reply lost,
+    # may run twice: the documented limit of enqueue_many.lua; a call's or a send's enqueue
+    # carries its node's stamp, and a replay of it after a loss finds it low)
+    sent_again = record.kind in ("notify", "bulk") and len(record.enqueue_eras) > 1
+    if record.request.delivery == "at_most_once" and not sent_again:
         problems += _ran_again(world, request_id)
     if record.kind == "send":
         problems += _send_violations(request_id, record)
     problems += _read_violations(world, request_id, record)
     problems += _liveness_violations(world, request_id, record)
     problems += _pickup_violations(world, request_id, record)
+    problems += _answer_violations(world, request_id, record)
     error = outcome.error
     if isinstance(error, DataLoss) and record.losses_at_end == 0:
         # (after a loss, a call made before its declaration may be refused: it is the

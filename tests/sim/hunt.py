@@ -18,7 +18,7 @@ import time
 import redis
 
 from prq.embedded import EmbeddedRedis
-from tests.sim.plants import plant_named
+from tests.sim.plants import REPLAY_HUNT, plant_named
 from tests.sim.run import shortest_failing_prefix, simulate
 from tests.sim.world import ROLLBACKS, Knobs
 
@@ -32,6 +32,11 @@ def main() -> None:
     parser.add_argument(
         "--rollbacks", action="store_true", help="schedules heavy with rollbacks (ROLLBACKS)"
     )
+    parser.add_argument(
+        "--replays",
+        action="store_true",
+        help="schedules heavy with lost enqueue replies and flushes (plants.REPLAY_HUNT)",
+    )
     parser.add_argument("--log", action="store_true", help="print the failing run's steps")
     parser.add_argument("--all", action="store_true", help="go on after a failure")
     parser.add_argument(
@@ -41,6 +46,8 @@ def main() -> None:
     parser.add_argument("--knob", action="append", default=[], help="name=value (world.Knobs)")
     args = parser.parse_args()
     plant, knobs = None, ROLLBACKS if args.rollbacks else None
+    if args.replays:
+        knobs = REPLAY_HUNT
     if args.plant:
         plant, _bound, planted_knobs = plant_named(args.plant)
         knobs = knobs or planted_knobs

@@ -29,6 +29,25 @@ STAMP_HUNT = dataclasses.replace(
     handler_s=(0.0,),
 )
 
+#: Schedules where an enqueue's reply is often lost and Redis often flushed, receivers take
+#: eagerly and nothing else cuts a call short (no cancels, closes, crashes, restarts or links
+#: giving up): the enqueue's plant needs its first attempt taken and run, a flush, and then its
+#: retry (2026-12-08: found at seed 5; with the ordinary knobs not in 200 schedules, with
+#: flushes and lost replies alone raised not in 150).
+REPLAY_HUNT = dataclasses.replace(
+    Knobs(),
+    flush=1.0,
+    lose_reply=4.0,
+    arrive=3.0,
+    dequeue=8.0,
+    cancel_task=0,
+    cancel_call=0,
+    give_up=0,
+    close=0,
+    crash=0,
+    restart=0,
+)
+
 #: Bounds for the three races of docs/design.md ("What it found"): each is found at a seed
 #: below its bound (2026-12-07, with sends, withdraws, bulk writers, handlers that take time
 #: and the quiet steps: seeds 3, 2 and 4; 2026-12-03: 1, 29 and 6), with room for changes to
@@ -158,6 +177,17 @@ PLANTS: list[tuple[Plant, int, Knobs | None]] = [
         ),
         35,
         STAMP_HUNT,
+    ),
+    (
+        # an enqueue that does not judge its node's stamp: sent again after a flush (its first
+        # reply lost, its request taken and run before the loss), it queues the request
+        # afresh, numbered after the loss, and it runs twice
+        Plant(
+            "enqueue ignores its stamp",
+            (("if known_stamp > 0 and held < known_stamp then", "if false then"),),
+        ),
+        30,
+        REPLAY_HUNT,
     ),
 ]
 

@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import redis
 
-from prq.core.errors import QueueUnavailable
+from prq.core.errors import DataLoss, QueueUnavailable
 from prq.protocol.effects import Exec
 from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY, TAKE
 from tests.sim.clock import SimClock, seeded_randomness, virtual_time
@@ -101,12 +101,6 @@ def test_a_take_whose_give_back_fails_is_collected_by_the_next_take_of_its_node(
     assert not isinstance(outcome.error, asyncio.CancelledError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a known limit (docs/design.md, data-loss Limits): an enqueue sent again after a "
-    "flush, its first reply lost, queues its request afresh, numbered after the loss, so no "
-    "fence refuses it",
-)
 def test_an_enqueue_sent_again_after_a_flush_does_not_run_a_request_twice(world: World) -> None:
     sender, receiver = world.nodes
     # Given an at_most_once call whose enqueue ran, its reply lost on the way back
@@ -125,5 +119,43 @@ def test_an_enqueue_sent_again_after_a_flush_does_not_run_a_request_twice(world:
     other = world.add_node("r-other", receiver=True)
     world._start_dequeue(other)
     world.play(world.tasks[-1], lambda: False)
-    # Then the request ran once
+    # Then the request ran once: the enqueue found its node's stamp gone, wrote nothing, and
+    # its caller is told the request may have run
+    assert world.runs[request_id] == ["r0"]
+    outcome = world.calls[request_id].outcome
+    assert outcome is not None and isinstance(outcome.error, DataLoss)
+    assert outcome.error.maybe_executed and outcome.error.request_id == request_id
+
+
+def test_an_enqueue_sent_again_after_its_node_declared_the_loss_and_stamped_afresh_is_refused(
+    world: World,
+) -> None:
+    # (found by the simulation: with one stamp key per node, the fresh stamp its next call
+    # wrote after the declaration let the retry of an older enqueue through)
+    sender, receiver = world.nodes
+    # Given an at_most_once call whose enqueue ran, its reply lost, and a receiver running it
+    world._start_call(sender)
+    first = world.tasks[-1]
+    request_id = list(world.calls)[-1]
+    world.play(first, lambda: _sending_its_enqueue(first))
+    world._lose(first, ran=True)
+    world._start_dequeue(receiver)
+    world.play(world.tasks[-1], lambda: request_id in world.runs)
+    # When Redis is flushed, another call of the node finds its stamp gone (and is queued: it
+    # was made after the loss), the node declares the loss, and a third call stamps afresh
+    world._lose_data(restart=False)
+    for _ in range(2):
+        world._start_call(sender)
+        later = world.tasks[-1]
+        world.play(later, lambda: later.phase == "wait")  # noqa: B023
+    assert sender._watch.epoch == 1
+    # and the first call's enqueue is then sent again
+    world.play(first, lambda: first.phase == "wait")
+    # Then it wrote nothing, and its caller is told the request may have run
+    outcome = world.calls[request_id].outcome
+    assert outcome is not None and isinstance(outcome.error, DataLoss)
+    # and a receiver gets the two later calls' requests only
+    other = world.add_node("r-other", receiver=True)
+    world._start_dequeue(other)
+    world.play(world.tasks[-1], lambda: False)
     assert world.runs[request_id] == ["r0"]

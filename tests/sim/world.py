@@ -63,7 +63,7 @@ from prq.facade.send import SendState
 from prq.node.base import QueueBase
 from prq.node.guard import CheckDataLoss, guarded
 from prq.node.watch import NodeWatch
-from prq.protocol.effects import Call, Effect, Exec, Offload, Reply, Wait
+from prq.protocol.effects import Call, Effect, Exec, Offload, Reply, Wait, attempt_calls
 from prq.protocol.flows.call import call_flow
 from prq.protocol.flows.cancel import cancel_flow, withdraw_own_flow
 from prq.protocol.flows.status import status_flow
@@ -415,6 +415,8 @@ class World:
         #: keep a live node from being heard (FAULTS, a failed watch turn)
         self.step_times: list[float] = [self.clock.monotonic()]
         self.fault_times: list[float] = []
+        #: when each request's answer was first accepted (virtual time)
+        self.answered_t: dict[str, float] = {}
         self.wipes = 0  # flushes and restarts so far (Redis left empty)
         self.wipe_steps: list[int] = []  # the step of each
         #: the bulk writers (`_start_bulk`), at most Knobs.bulk_jobs
@@ -528,7 +530,8 @@ class World:
         ):
             for record in [task.call] if task.call is not None else task.calls:
                 record.enqueue_eras.add(self.losses)
-        return self.run_calls(effect.calls)
+        # (an attempt after the first sends a call's resend, as the transports do)
+        return self.run_calls(attempt_calls(effect.calls))
 
     def _drain_pubsub(self) -> None:
         """Collect what Redis published so far: a PING on the subscriber link comes back after
@@ -1326,6 +1329,7 @@ def call_op(
                 partial(node._redelivered, request.endpoint),
                 register=node._first_use(request.endpoint),
                 layout=node._check_layout_flow(request.endpoint),
+                stamps=node._watch.stamps(mark),
             )
             response: Response = yield from drive(node, flow, mark)
     except BaseException as exc:
@@ -1421,6 +1425,9 @@ def _answer(node: SimNode, pending: PendingRequest) -> Generator[Effect, Any, No
     except PrqError as exc:
         node._unanswered(pending.id, exc)
         return
+    if outcome in ("ok", "replay"):
+        # (when its answer was accepted: its caller is told within a bound from now, checks.py)
+        node.world.answered_t.setdefault(pending.id, node.world.clock.monotonic())
     clean_up = node._after_respond(pending.id, outcome, body)
     if clean_up is not None:
         clean_up()

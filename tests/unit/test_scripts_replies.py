@@ -23,12 +23,37 @@ def test_every_script_documents_keys_argv_reply_and_invariants() -> None:
 
 
 def test_parse_enqueue() -> None:
-    assert (parse_enqueue([b"new", 7, 3]).counter, parse_enqueue([b"new", 7, 3]).before) == (7, 3)
-    assert parse_enqueue([b"handed", 8, 0]).handed
-    known = parse_enqueue([b"known", b"done", b'{"id":"a"}', b""]).known
-    assert known is not None
-    assert known.state == "done"
-    assert known.response == b'{"id":"a"}'
+    new = parse_enqueue([b"new", 7, 3, 90, -1])
+    assert (new.counter, new.before, new.stamp, new.went_back) == (7, 3, 90, None)
+    assert not new.refused
+    assert parse_enqueue([b"handed", 8, 0, 91, -1]).handed
+    known = parse_enqueue([b"known", b"done", b'{"id":"a"}', b"", 92, -1])
+    assert known.known is not None and known.stamp == 92
+    assert known.known.state == "done"
+    assert known.known.response == b'{"id":"a"}'
+    # (a first attempt that found the node's stamp low, or gone: queued, the loss told)
+    low = parse_enqueue([b"new", 7, 3, 12, 12])
+    assert (low.counter, low.went_back, low.refused) == (7, 12, False)
+    assert parse_enqueue([b"new", 7, 3, 0, 0]).went_back == 0
+    # (sent again, and found it low: nothing was written)
+    back = parse_enqueue([b"back", 12])
+    assert (back.counter, back.known, back.went_back, back.refused) == (None, None, 12, True)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        [b"new", 7, 3],  # no stamp (an older script's)
+        [b"new", 7, 3, 90],
+        [b"known", b"done", b"", b"", 5],
+        [b"back"],
+        [b"new", 7, 3, b"x", -1],
+        b"OK",
+    ],
+)
+def test_parse_enqueue_refuses_a_reply_of_another_shape(reply: object) -> None:
+    with pytest.raises(SerializationError):
+        parse_enqueue(reply)  # type: ignore[arg-type]
 
 
 def test_parse_enqueue_many() -> None:

@@ -96,6 +96,7 @@ class AsyncSender(AsyncDriver):
                     partial(self._redelivered, request.endpoint),
                     register=self._first_use(request.endpoint),
                     layout=self._check_layout_flow(request.endpoint),
+                    stamps=self._watch.stamps(mark),
                 )
                 response = await self._run(flow, mark)
         except BaseException as exc:

@@ -13,14 +13,16 @@ counter written again reads above it, and a rollback after the counter was gone 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from prq.node.data_loss.scopes import Loss, LossScopes
 
-__all__ = ["STAMP_TRUST_SHARE", "CallMark", "EnqueueCounters", "Floor"]
+__all__ = ["STAMP_TRUST_SHARE", "CallMark", "CallStamps", "EnqueueCounters", "Floor"]
 
-#: A take carries the receiver's stamp only within this share of a list TTL (the stamp's TTL)
-#: after the take that read it: later, the stamp may have expired, which says nothing.
+#: A take (an enqueue) carries the node's receiver (sender) stamp only within this share of a
+#: list TTL (the stamp's TTL) after the step that read it: later, the stamp may have expired,
+#: which says nothing.
 STAMP_TRUST_SHARE = 0.5
 
 
@@ -69,6 +71,31 @@ class _Counter:
     #: The endpoint's epoch when the node learned `stamp`: a declaration since may be of the
     #: loss the stamp shows next (another sign of it came first).
     stamp_epoch: int = 0
+    #: This node's stamp as a sender here (enqueue.lua, stamp.lua: the server's clock at its
+    #: last enqueue, µs), the epoch whose key holds it, and when the step that read it was sent
+    #: (monotonic). A declaration moves the node to another key: the stamp of an older epoch
+    #: is not carried.
+    sent: int = 0
+    sent_epoch: int = 0
+    sent_at: float = 0.0
+
+
+@dataclass(slots=True)
+class CallStamps:
+    """The node's stamp on a call's endpoint as the call's enqueue carries it
+    (prq.protocol.flows.call.Stamps): the floor it is sent with becomes the call's mark's, so
+    that its reply is judged against it (NodeWatch.enqueued)."""
+
+    counters: EnqueueCounters
+    mark: CallMark
+
+    def sending(self) -> tuple[int, int]:
+        floor = self.counters.sent_floor(self.mark.endpoint, time.monotonic())
+        self.mark.floor = floor
+        return floor.stamp_epoch, floor.stamp
+
+    def learned(self, stamp: int) -> None:
+        self.counters.sent_learned(self.mark.endpoint, self.mark.floor, stamp)
 
 
 class EnqueueCounters(LossScopes):
@@ -129,6 +156,52 @@ class EnqueueCounters(LossScopes):
         if stamp > counter.stamp:
             counter.stamp, counter.stamped, counter.stamp_epoch = stamp, floor.at, epoch
         return epoch
+
+    def sent_floor(self, endpoint: str, now: float) -> Floor:
+        """The floor an enqueue sent now is judged against, with the node's sender stamp there
+        it carries (`stamp`; 0 when it knows none in this epoch, or the stamp may have expired
+        since) and that epoch (`stamp_epoch`: the stamp's key); a use of the endpoint."""
+        with self._lock:
+            counter = self._counter(endpoint, now)
+            epoch = self.epoch_of(endpoint)
+            fresh = now - counter.sent_at < self.ctx.settings.list_ttl_s * STAMP_TRUST_SHARE
+            stamp = counter.sent if fresh and counter.sent_epoch == epoch else 0
+            return Floor(counter.floor, epoch, stamp, now, epoch)
+
+    def sent_learned(self, endpoint: str, floor: Floor, stamp: int) -> None:
+        """An enqueue (or stamp.lua) sent when `floor` was had wrote the sender `stamp`, and
+        found none below: the node's enqueues sent from now carry it, while that epoch lasts."""
+        with self._lock:
+            self._learn_sent(self._counter(endpoint, floor.at), endpoint, floor, stamp)
+
+    def _learn_sent(self, counter: _Counter, endpoint: str, floor: Floor, stamp: int) -> None:
+        if floor.stamp_epoch != self.epoch_of(endpoint):
+            return  # (written to the key of an epoch that has ended)
+        if counter.sent_epoch != floor.stamp_epoch or stamp > counter.sent:
+            counter.sent, counter.sent_epoch, counter.sent_at = stamp, floor.stamp_epoch, floor.at
+
+    def sent_judged(
+        self, endpoint: str, floor: Floor, stamp: int, went_back: int | None
+    ) -> Loss | None:
+        """An enqueue sent when `floor` was had answered the sender `stamp` and, when it found
+        it below `floor.stamp`, what it held (`went_back`; 0: gone): Redis lost or rolled back
+        the data since this node's enqueue that read `floor.stamp`, a server time before the
+        loss (the fence). The sign of a loss, or None: none, or one declared since that enqueue
+        was sent (the epoch moved on: its key is not the node's any more), or with that fence
+        or a higher one."""
+        with self._lock:
+            counter = self._counter(endpoint, floor.at)
+            if went_back is None:
+                self._learn_sent(counter, endpoint, floor, stamp)
+                return None
+            if floor.stamp_epoch != self.epoch_of(endpoint):
+                return None
+            counter.sent = 0
+            if floor.stamp <= self.fence_of(endpoint):
+                return None
+        what = "is gone" if went_back == 0 else f"went back to {went_back}"
+        reason = f"this node's sender stamp on {endpoint!r} was {floor.stamp} and {what}"
+        return Loss(reason, self.scope_of(endpoint), floor.stamp)
 
     def mark(self, endpoint: str, now: float) -> CallMark:
         """A call on `endpoint` begins now."""

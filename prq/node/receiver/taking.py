@@ -376,14 +376,11 @@ class Taker(HeldSignatures):
         sent, or the endpoint's last sequence number below the floor, says Redis went back in
         time, and data loss is declared (what the take got is then judged against the new
         fence); no number where it read one, a check is due at once."""
-        watch = self._watch.data_loss
-        loss = watch.stamped(endpoint, floor, result.stamp, result.went_back)
-        if loss is not None:
-            self._watch.declare_data_loss(loss)
-            watch.declared_by_stamp(endpoint)
+        if self._watch.judge_stamp(endpoint, floor, result.stamp, result.went_back):
             return
+        loss = None
         if result.counter is not None:
-            loss = watch.read(endpoint, floor, result.counter, time.monotonic())
+            loss = self._watch.data_loss.read(endpoint, floor, result.counter, time.monotonic())
         if loss is not None:
             self._watch.declare_data_loss(loss)
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from prq.core import bodies
-from prq.core.errors import PrqError, QueueUnavailable, SerializationError
+from prq.core.errors import DataLoss, PrqError, QueueUnavailable, SerializationError
 from prq.core.lifecycle import RequestState
 from prq.core.models import Request, Response, decode_response
 from prq.protocol.effects import Exec, Flow, Offload, Waitable, first_reply
@@ -27,12 +28,18 @@ from prq.protocol.flows.cancel import cancel_step, withdraw_flow
 from prq.protocol.flows.context import Context, exec_calls, to_ms, wait_for
 from prq.protocol.flows.registry import locator_calls, registry_calls
 from prq.protocol.outcomes import missing_error, open_response, resolve, response_of
-from prq.protocol.scripts.enqueue import EnqueueOutcome, enqueue_call, parse_enqueue
+from prq.protocol.scripts.enqueue import (
+    EnqueueOutcome,
+    enqueue_call,
+    parse_enqueue,
+    parse_stamp,
+    stamp_call,
+)
 from prq.protocol.scripts.redelivery import Redelivery
 from prq.protocol.scripts.replies import HANDED, RequestSnapshot
 from prq.protocol.scripts.request_state import parse_snapshots, read_response_call
 
-__all__ = ["call_flow"]
+__all__ = ["Stamps", "call_flow"]
 
 
 def call_flow(
@@ -46,6 +53,7 @@ def call_flow(
     on_redelivered: Callable[[str], None] | None = None,
     register: bool = False,
     layout: Flow[None] | None = None,
+    stamps: Stamps | None = None,
 ) -> Flow[Response]:
     """Enqueue `request` and wait for its outcome (see the module docstring).
 
@@ -57,7 +65,12 @@ def call_flow(
     number the endpoint gave before);
     `on_redelivered` gets the request's new state when this call's poll handed it out again
     ("queued") or dead-lettered it ("cancelled") because its receiver went silent
-    (at_least_once)."""
+    (at_least_once).
+    `stamps`: the node's stamp on the endpoint, which the enqueue carries (a node that knows
+    none writes one first): an enqueue sent again that finds it low wrote nothing, since Redis
+    lost data after this node's last step there and it may be a replay of one that ran before
+    the loss; the call then fails with DataLoss (`on_enqueue` saw the outcome first, and
+    declared the loss)."""
     started = ctx.monotonic()
     clock = _CallClock(
         pickup_deadline=started + pickup_timeout_s,
@@ -70,12 +83,13 @@ def call_flow(
     seen = signal.generation
     if layout is not None:
         yield from layout
+    stamp = (0, 0) if stamps is None else (yield from _known_stamp(ctx, request, stamps))
     try:
         return (
             yield from _await_outcome(
                 ctx,
                 request,
-                _enqueue_calls(ctx, request, body, pickup_timeout_s, register),
+                _enqueue_calls(ctx, request, body, pickup_timeout_s, register, stamp),
                 signal,
                 seen,
                 pickup_timeout_s,
@@ -91,6 +105,33 @@ def call_flow(
             "with the same request id is safe (it is never enqueued twice).",
             maybe_executed=True,
         ) from exc
+
+
+class Stamps(Protocol):
+    """The node's sender stamp on a call's endpoint, as its enqueue carries it
+    (prq.node.data_loss.counters.CallStamps)."""
+
+    def sending(self) -> tuple[int, int]:
+        """The node's data-loss epoch there (its stamp's key) and the stamp an enqueue sent
+        now carries (0: none the node can rely on)."""
+        ...
+
+    def learned(self, stamp: int) -> None:
+        """A step sent when `sending` was last called wrote `stamp`."""
+        ...
+
+
+def _known_stamp(ctx: Context, request: Request, stamps: Stamps) -> Flow[tuple[int, int]]:
+    """The epoch and stamp the enqueue carries: the node's, or, when it knows none it can rely
+    on, one written first (stamp.lua), so that a replay of the enqueue after a loss finds it
+    gone."""
+    epoch, known = stamps.sending()
+    if known:
+        return epoch, known
+    keys = ctx.keys.endpoint(request.endpoint)
+    call = stamp_call(keys, ctx.node_id, epoch, to_ms(ctx.settings.list_ttl_s))
+    stamps.learned(parse_stamp(first_reply((yield exec_calls(call)))))
+    return stamps.sending()
 
 
 @dataclass(slots=True)
@@ -141,7 +182,12 @@ class _CallClock:
 
 
 def _enqueue_calls(
-    ctx: Context, request: Request, body: bytes, pickup_timeout_s: float, register: bool
+    ctx: Context,
+    request: Request,
+    body: bytes,
+    pickup_timeout_s: float,
+    register: bool,
+    stamp: tuple[int, int] = (0, 0),
 ) -> Exec:
     """The enqueue script, for one round trip with what goes beside it: the endpoint's entry
     in the registry when `register` (the node's first use of it: status and cancel by id from
@@ -173,12 +219,39 @@ def _enqueue_calls(
             request.priority,
             request.producer or ctx.node_id,
             attempts,
+            known_stamp=stamp[1],
+            stamp_epoch=stamp[0],
         )
     ]
     if register:
         calls += registry_calls(ctx.keys, settings, [request.endpoint], now_ms)
     calls += locator_calls(ctx.keys, settings, request.id, request.endpoint, pickup_timeout_s)
     return exec_calls(*calls)
+
+
+def _enqueued(
+    ctx: Context,
+    request: Request,
+    enqueue: Exec,
+    clock: _CallClock,
+    on_enqueue: Callable[[EnqueueOutcome], None] | None,
+) -> Flow[EnqueueOutcome]:
+    """The enqueue step, told to `on_enqueue`; DataLoss when it was sent again and refused."""
+    replies = yield enqueue
+    outcome = parse_enqueue(first_reply(replies), request.endpoint)
+    clock.saw(outcome.handed, ctx.monotonic(), ctx.settings.handoff_confirm_s)
+    if on_enqueue is not None:
+        on_enqueue(outcome)
+    if outcome.refused:
+        raise DataLoss(
+            f"Redis lost or rolled back its data since this node's last step on endpoint "
+            f"{request.endpoint!r}; the enqueue of request {request.id} was sent again after "
+            "that and wrote nothing, but its earlier attempt may have queued the request before "
+            "the loss, and it may have run. Retry if it is safe (the same request id is "
+            "fine).",
+            request_id=request.id,
+        )
+    return outcome
 
 
 def _await_outcome(
@@ -194,11 +267,7 @@ def _await_outcome(
     on_redelivered: Callable[[str], None] | None,
 ) -> Flow[Response]:
     keys = ctx.keys.endpoint(request.endpoint)
-    replies = yield enqueue
-    outcome = parse_enqueue(first_reply(replies), request.endpoint)
-    clock.saw(outcome.handed, ctx.monotonic(), ctx.settings.handoff_confirm_s)
-    if on_enqueue is not None:
-        on_enqueue(outcome)
+    outcome = yield from _enqueued(ctx, request, enqueue, clock, on_enqueue)
     if outcome.known is not None:
         known = yield from _outcome(ctx, outcome.known, request, clock)
         if known is not None:

@@ -2,7 +2,7 @@
 One call enqueues one request or many: a node's enqueues to one endpoint that go out together
 are merged into one call (prq.protocol.scripts.merging.merge_enqueues), each judged as if it came alone, in order.
 
-KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[13..] the others')
+KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[14..] the others')
 KEYS[2]  queued levels         prq:{e}:pri      (see _queue.lua)
 KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
@@ -14,7 +14,9 @@ KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queu
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
 KEYS[12] sequence numbers      prq:{e}:sq       (the last one given; _sequence.lua)
-ARGV[1..16] the first request's values, ARGV[17..32] the second's, and so on:
+KEYS[13] the sender's stamp    prq:{e}:ss:<node>:<epoch> (the server's clock at its last
+         enqueue there in its data-loss epoch, µs; stamp.lua writes it afresh)
+ARGV[1..18] the first request's values, ARGV[19..36] the second's, and so on:
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
 ARGV[3]  sender node id (its channel gets the response pulse)
@@ -32,22 +34,46 @@ ARGV[14] producer (the fairness lane within the priority)
 ARGV[15] max attempts: 0 for at_most_once; else the request is at_least_once (_redeliver.lua)
 ARGV[16] pickup window, ms: the pickup deadline "pd" is this much after now by server time
          (TIME), the clock every take judges it by
+ARGV[17] the highest stamp the sender was answered on the endpoint (0: none it can rely on)
+ARGV[18] '1' when this enqueue was sent before (a retry of its step: an earlier attempt may
+         have run; prq.protocol.effects.Resend), else '0'
 
-Reply, for one request (a call of several answers a list of these, one per request, in order):
-  {"new", sq, before}                   queued (and the endpoint pulsed if a receiver is
+Reply, for one request (a call of several answers a list of these, one per request, in order;
+each but "back" ends with the sender's stamp after the call and `low`: what the stamp held when
+it was below ARGV[17] (0: gone), else -1):
+  {"new", sq, before, stamp, low}       queued (and the endpoint pulsed if a receiver is
                                         parked); sq = its sequence number, before = the last
                                         number the endpoint gave before this call (0: none)
-  {"handed", sq, before}                handed to a parked receiver (_handoff.lua): "handed" to
+  {"handed", sq, before, stamp, low}    handed to a parked receiver (_handoff.lua): "handed" to
                                         its token, listed in its receipt, and its node pulsed
                                         "t|<token>|<id>"; not picked up until the receiver
                                         confirms it
-  {"known", state, response, reason}    the id is known (not withdrawn); nothing was enqueued, the
+  {"known", state, response, reason, stamp, low}
+                                        the id is known (not withdrawn); nothing was enqueued, the
                                         sender was only added as a watcher of the outcome; a
                                         "handed" request reads "queued" (not picked up)
-  {"full", depth, max_pending}          the endpoint already holds max_pending queued requests;
+  {"full", depth, max_pending, stamp, low}
+                                        the endpoint already holds max_pending queued requests;
                                         nothing was written
+  {"back", held}                        sent before (ARGV[18]), and the sender's stamp holds
+                                        less than ARGV[17] (0: it is gone): Redis lost or
+                                        rolled back data since the sender's last step there,
+                                        so this may be a replay of an enqueue that ran before
+                                        the loss (its record lost with it, and its request
+                                        perhaps run already): nothing was written
 
 Invariants:
+- the sender's stamp is max(what it held + 1, the clock, ARGV[17] + 1) after a call in which
+  no request found it low; one that did leaves it as found, so that the sender declares the
+  loss and its other steps on their way, carrying the same stamp, find it low too. On one
+  server's data it only grows, so it holds less than one the sender was answered only after
+  Redis lost or rolled back data
+- an enqueue sent before that finds the stamp low writes nothing: sent again after a flush
+  took the record its first attempt wrote, it would queue the request afresh, numbered after
+  the loss where no fence refuses it, and run it twice if a receiver took it before the loss.
+  A first attempt that finds it low is judged as usual (nothing of it can have been written
+  before the loss): it is queued after the loss. The sender always carries a stamp (a node
+  that knows none fresh writes one first, stamp.lua)
 - a known id (queued, taken, answered or cancelled, until its hash expires) is never enqueued
   again, so a replay of this script after a lost reply changes nothing; a withdrawn id (it never
   ran) is enqueued afresh, so a caller may retry a PickupTimeout with the same id, but not by
@@ -79,7 +105,7 @@ Invariants:
 -- include: _queue
 -- include: _handoff
 -- include: _sequence
-local GROUP = 16
+local GROUP = 18
 -- what every request of the call shares, read once: the limits, the server's clock, whether a
 -- receiver is parked (read again after a hand-off, which takes or drops parks)
 local limits, now, parked = nil, nil, nil
@@ -91,6 +117,12 @@ local numbered, reserved, before = 0, 0, 0
 -- ids to push to one lane (priority, producer) not pushed yet: consecutive requests of one
 -- lane go in one push, made before anything reads the queue and at the end of the call
 local lane = {ids = {}}
+-- the sender's stamp as the call found it; whether a request of the call found it low (then
+-- it is left as it is), and the highest stamp the call's requests carried
+local held = tonumber(redis.call('GET', KEYS[13]) or '0') or 0
+local went_back, carried = false, 0
+-- the requests (by the offset of their values) that found the stamp low
+local low = {}
 
 local function flush()
   if #lane.ids > 0 then
@@ -115,6 +147,12 @@ end
 
 -- enqueue the request whose record is `key` and whose values start after ARGV[a]
 local function enqueue_one(key, a)
+  local known_stamp = tonumber(ARGV[a + 17]) or 0
+  if known_stamp > 0 and held < known_stamp then
+    went_back, low[a] = true, true
+    if ARGV[a + 18] == '1' then return {'back', held} end
+  end
+  carried = math.max(carried, known_stamp)
   -- (the hash form: a watcher may join below)
   local known = record_hmget(key, {'st', 'snd', 'w', 'rsp', 'why', 'ct'})
   local state = known[1]
@@ -199,9 +237,21 @@ end
 local n = #ARGV / GROUP
 local replies = {}
 for j = 1, n do
-  replies[j] = enqueue_one(j == 1 and KEYS[1] or KEYS[11 + j], (j - 1) * GROUP)
+  replies[j] = enqueue_one(j == 1 and KEYS[1] or KEYS[12 + j], (j - 1) * GROUP)
 end
 flush()
+local stamp = held
+if not went_back then
+  stamp = math.max(held + 1, clock_us(), carried + 1)
+  redis.call('SET', KEYS[13], number_text(stamp), 'PX', ARGV[7])
+end
+for j = 1, n do
+  local reply = replies[j]
+  if reply[1] ~= 'back' then
+    reply[#reply + 1] = stamp
+    reply[#reply + 1] = low[(j - 1) * GROUP] and held or -1
+  end
+end
 -- only a parked receiver waits for the pulse: one that is not parked is taking or handling,
 -- and takes again before it parks (a take parks only while nothing is queued); one pulse for
 -- the call

@@ -8,13 +8,13 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from prq.core.errors import QueueFull, SerializationError
 from prq.core.keys import EndpointKeys
-from prq.protocol.effects import Call, Reply
-from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY
+from prq.protocol.effects import Call, Reply, Resend
+from prq.protocol.scripts.loading import ENQUEUE, ENQUEUE_MANY, STAMP
 from prq.protocol.scripts.replies import RequestSnapshot, as_array, as_text, snapshot_of
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "enqueue_many_call",
     "parse_enqueue",
     "parse_enqueue_many",
+    "parse_stamp",
+    "stamp_call",
 ]
 
 
@@ -41,6 +43,15 @@ class EnqueueOutcome:
     known: RequestSnapshot | None
     handed: bool = False
     before: int = 0
+    #: The sender's stamp on the endpoint after the enqueue (enqueue.lua; what it held, when
+    #: it went back).
+    stamp: int = 0
+    #: What the stamp held when that was below the one the enqueue carried (0: gone): Redis
+    #: lost or rolled back data since the sender's last step there (None: it was not).
+    went_back: int | None = None
+    #: Sent before and found the stamp low: it may be a replay of an enqueue that ran before
+    #: the loss, whose record the loss took; nothing was written.
+    refused: bool = False
 
 
 def enqueue_call(
@@ -59,44 +70,75 @@ def enqueue_call(
     priority: int = 0,
     producer: str = "",
     max_attempts: int = 0,
+    known_stamp: int = 0,
+    stamp_epoch: int = 0,
 ) -> Call:
     """`max_attempts` 0: at_most_once; else at_least_once, handed out at most that often.
     `now_ms` is the sender's clock (kept as when the request was created); the pickup deadline
-    is `pickup_window_ms` after now by Redis's clock."""
-    return ENQUEUE.call(
-        (keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
-         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
-         keys.handoffs, keys.numbers),
-        (request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
-         keys.pulse_channel, keys.node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
-         receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms),
+    is `pickup_window_ms` after now by Redis's clock. `known_stamp`: the highest stamp `sender`
+    was answered on the endpoint in its data-loss epoch `stamp_epoch` (stamp_call, or an
+    earlier enqueue), 0 when it knows none it can rely on: a stamp below it says Redis lost
+    data since. The call is sent as its
+    twin that says so (prq.protocol.effects.Resend) on every attempt after its first: found
+    the stamp low, that writes nothing, as it may be a replay of an enqueue the loss undid."""
+    keys_of = (
+        keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
+        keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
+        keys.handoffs, keys.numbers, keys.sent_stamp(sender, stamp_epoch),
     )  # fmt: skip
+    args = (
+        request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
+        keys.pulse_channel, keys.node_channel_prefix, in_flight_ttl_ms, receipt_ttl_ms,
+        receiver_timeout_ms, priority, producer, max_attempts, pickup_window_ms, known_stamp,
+    )  # fmt: skip
+    first = ENQUEUE.call(keys_of, (*args, 0))
+    return replace(first, resend=Resend(ENQUEUE.call(keys_of, (*args, 1))))
 
 
 #: Values per request in an enqueue call; the keys shared by a merged call's requests.
-ENQUEUE_ARGS: Final = 16
-ENQUEUE_KEYS: Final = 12
+ENQUEUE_ARGS: Final = 18
+ENQUEUE_KEYS: Final = 13
+
+
+def stamp_call(keys: EndpointKeys, node_id: str, epoch: int, list_ttl_ms: int) -> Call:
+    """Write `node_id`'s sender stamp on the endpoint in its data-loss epoch `epoch` (stamp.lua),
+    for a node that knows none there it can rely on, before it enqueues; the reply is the
+    stamp (parse_stamp)."""
+    return STAMP.call((keys.sent_stamp(node_id, epoch),), (list_ttl_ms,))
+
+
+def parse_stamp(reply: Reply) -> int:
+    if not isinstance(reply, int) or reply <= 0:
+        raise SerializationError(f"unexpected stamp reply from Redis: {reply!r:.200}")
+    return reply
 
 
 def parse_enqueue(reply: Reply, endpoint: str = "") -> EnqueueOutcome:
-    """Raises QueueFull when the endpoint is at its max_pending."""
+    """Raises QueueFull when the endpoint is at its max_pending (the stamp the reply carries
+    is then not learned: that enqueue judged it and found it whole, so nothing is missed)."""
     items = as_array(reply, "enqueue")
+    kind = as_text(items[0]) if items else ""
+    if kind == "back" and len(items) == 2 and isinstance(items[1], int):
+        return EnqueueOutcome(None, None, stamp=items[1], went_back=items[1], refused=True)
+    stamp, low = items[-2:] if len(items) > 2 else (None, None)
+    if not isinstance(stamp, int) or not isinstance(low, int):
+        raise SerializationError(f"unexpected enqueue reply from Redis: {reply!r:.200}")
+    went_back = None if low < 0 else low
     if (
-        len(items) == 3
-        and as_text(items[0]) in ("new", "handed")
+        len(items) == 5
+        and kind in ("new", "handed")
         and isinstance(items[1], int)
         and isinstance(items[2], int)
     ):
-        handed = as_text(items[0]) == "handed"
-        return EnqueueOutcome(items[1], None, handed, items[2])
-    if len(items) == 3 and as_text(items[0]) == "full":
+        return EnqueueOutcome(items[1], None, kind == "handed", items[2], stamp, went_back)
+    if len(items) == 5 and kind == "full":
         raise QueueFull(
             f"endpoint {endpoint or '?'} holds {as_text(items[1])} queued requests, its "
             f"max_pending is {as_text(items[2])}: nothing was enqueued; try again later (or "
             "raise the limit)"
         )
-    if items and as_text(items[0]) == "known" and len(items) == 4:
-        return EnqueueOutcome(counter=None, known=snapshot_of(items[1:]))
+    if kind == "known" and len(items) == 6:
+        return EnqueueOutcome(None, snapshot_of(items[1:4]), stamp=stamp, went_back=went_back)
     raise SerializationError(f"unexpected enqueue reply from Redis: {reply!r:.200}")
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "PURGE_DEAD",
     "READ_RESPONSE",
     "REPLAY_DEAD",
+    "STAMP",
     "TAKE",
     "UNPARK",
     "WITHDRAW",
@@ -97,9 +98,10 @@ REPLAY_DEAD: Final = load_script("replay_dead")
 PURGE_DEAD: Final = load_script("purge_dead")
 HAND_BACK: Final = load_script("hand_back")
 UNPARK: Final = load_script("unpark")
+STAMP: Final = load_script("stamp")
 ALL_SCRIPTS: Final = (
     ENQUEUE, TAKE, APPLY_RESPONSE, WITHDRAW, READ_RESPONSE, BEAT, CANCEL, CANARY, PRESENCE,
-    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD, HAND_BACK, UNPARK,
+    ENQUEUE_MANY, DEAD_LETTER, REPLAY_DEAD, PURGE_DEAD, HAND_BACK, UNPARK, STAMP,
 )  # fmt: skip
 
 
