@@ -42,8 +42,8 @@ Layout, for prefix `prq` and an endpoint encoded as `<e>`:
                                      (scripts/_sequence.lua; data loss)
     prq:{<e>}:ts:<node>      string  a receiver's stamp: the server's       TTL 1 day, refreshed
                                      clock (µs) at its last take here
-    prq:{<e>}:ss:<node>:<n>  string  a sender's stamp in its data-loss      TTL 1 day, refreshed
-                                     epoch n: the clock at its last enqueue
+    prq:{<e>}:ss:<node>:<n>  string  a sender's stamp of generation n: the  TTL 1 day, refreshed
+                                     clock at its last enqueue carrying it
     prq:{<e>}:run            zset    in-flight ids -> last contact, srv ms  TTL 1 day, refreshed
     prq:{<e>}:alo            zset    the at_least_once ones among them      TTL 1 day, refreshed
     prq:{<e>}:ho             zset    handed ids -> confirm deadline, srv ms TTL 1 day, refreshed
@@ -212,12 +212,13 @@ class EndpointKeys:
         take.lua), which tells it at its next take whether Redis went back since."""
         return f"{self.tag}:ts:{node_id}"
 
-    def sent_stamp(self, node_id: str, epoch: int) -> str:
-        """Sender `node_id`'s stamp here in its data-loss epoch `epoch` (scripts/stamp.lua,
-        enqueue.lua): the server's clock at its last enqueue here, which tells an enqueue sent
-        again whether Redis lost data since. A new epoch (a loss declared) writes another key,
-        so a retry still on its way from before finds its own gone."""
-        return f"{self.tag}:ss:{node_id}:{epoch}"
+    def sent_stamp(self, node_id: str, generation: int) -> str:
+        """Sender `node_id`'s stamp here, of one `generation` (scripts/stamp.lua, enqueue.lua):
+        the server's clock at its last enqueue carrying it, which tells an enqueue sent again
+        whether Redis lost data since. A stamp written afresh (a node's first enqueue here, one
+        after a loss it declared or after a long idle time) is of a new generation, so that an
+        enqueue still on its way with an older one finds its own as the loss left it."""
+        return f"{self.tag}:ss:{node_id}:{generation}"
 
     @property
     def take_receipt_prefix(self) -> str:

@@ -12,7 +12,7 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 from tenacity import Retrying
 
 from prq.core.errors import PrqError, QueueUnavailable
-from prq.protocol.effects import Call, Reply
+from prq.protocol.effects import Call, Reply, Resend
 from prq.transport.budgets import DEFAULT_RETRY_MAX_S, StepBudgets
 from prq.transport.translate import RedisUnavailable, translate_errors
 
@@ -203,3 +203,16 @@ def test_a_redirection_raised_by_the_client_is_retried_not_taken_for_a_refusal(
     # ...while a refusal stays one
     with pytest.raises(PrqError, match="refused"), translate_errors():
         raise redis.ResponseError("ERR unknown command")
+
+
+def test_a_call_with_a_resend_goes_as_it_is_first_then_as_its_resend_on_every_attempt() -> None:
+    # (an enqueue sent again may be a replay of one a data loss undid: enqueue.lua is told so)
+    again = Call(("EVAL", "again"))
+    first = Call(("EVAL", "first"), resend=Resend(again))
+    plain = Call(("PING",))
+    budgets = StepBudgets([[first], [plain]], [0.0, 0.0], 5.0, lambda i, r: None)
+    assert budgets.calls() == [first, plain]
+    assert budgets.calls() == [again, plain]
+    # (a step handed over to another sender keeps what it was: the resend lives on the call)
+    handed_over = StepBudgets([[first]], [0.0], 5.0, lambda i, r: None)
+    assert handed_over.calls() == [again]

@@ -13,6 +13,7 @@ counter written again reads above it, and a rollback after the counter was gone 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ class Floor:
     at: float = 0.0
     #: The epoch the endpoint was in when the node learned `stamp`.
     stamp_epoch: int = 0
+    #: For an enqueue: the generation of the sender stamp it carries (its key's name).
+    key: int = 0
 
 
 @dataclass(slots=True)
@@ -72,12 +75,15 @@ class _Counter:
     #: loss the stamp shows next (another sign of it came first).
     stamp_epoch: int = 0
     #: This node's stamp as a sender here (enqueue.lua, stamp.lua: the server's clock at its
-    #: last enqueue, µs), the epoch whose key holds it, and when the step that read it was sent
-    #: (monotonic). A declaration moves the node to another key: the stamp of an older epoch
-    #: is not carried.
+    #: last enqueue, µs), its generation (the key holding it), the epoch it was learned in,
+    #: and when the step that read it was sent (monotonic); the last generation drawn. A stamp
+    #: written afresh goes to a key of a new generation, so that no enqueue on its way with an
+    #: older one finds it there; one learned before a declaration is not carried.
     sent: int = 0
+    sent_key: int = 0
     sent_epoch: int = 0
     sent_at: float = 0.0
+    generations: int = 0
 
 
 @dataclass(slots=True)
@@ -92,9 +98,10 @@ class CallStamps:
     def sending(self) -> tuple[int, int]:
         floor = self.counters.sent_floor(self.mark.endpoint, time.monotonic())
         self.mark.floor = floor
-        return floor.stamp_epoch, floor.stamp
+        return floor.key, floor.stamp
 
     def learned(self, stamp: int) -> None:
+        self.mark.floor = dataclasses.replace(self.mark.floor, stamp=stamp)
         self.counters.sent_learned(self.mark.endpoint, self.mark.floor, stamp)
 
 
@@ -159,14 +166,17 @@ class EnqueueCounters(LossScopes):
 
     def sent_floor(self, endpoint: str, now: float) -> Floor:
         """The floor an enqueue sent now is judged against, with the node's sender stamp there
-        it carries (`stamp`; 0 when it knows none in this epoch, or the stamp may have expired
-        since) and that epoch (`stamp_epoch`: the stamp's key); a use of the endpoint."""
+        it carries (`stamp`) and its generation (`key`); when the node knows none it can rely
+        on (none learned in this epoch, or it may have expired since), `stamp` is 0 and `key`
+        a new generation, for the stamp to write afresh (stamp.lua). A use of the endpoint."""
         with self._lock:
             counter = self._counter(endpoint, now)
             epoch = self.epoch_of(endpoint)
             fresh = now - counter.sent_at < self.ctx.settings.list_ttl_s * STAMP_TRUST_SHARE
-            stamp = counter.sent if fresh and counter.sent_epoch == epoch else 0
-            return Floor(counter.floor, epoch, stamp, now, epoch)
+            if counter.sent and fresh and counter.sent_epoch == epoch:
+                return Floor(counter.floor, epoch, counter.sent, now, epoch, counter.sent_key)
+            counter.generations += 1
+            return Floor(counter.floor, epoch, 0, now, epoch, counter.generations)
 
     def sent_learned(self, endpoint: str, floor: Floor, stamp: int) -> None:
         """An enqueue (or stamp.lua) sent when `floor` was had wrote the sender `stamp`, and
@@ -176,9 +186,11 @@ class EnqueueCounters(LossScopes):
 
     def _learn_sent(self, counter: _Counter, endpoint: str, floor: Floor, stamp: int) -> None:
         if floor.stamp_epoch != self.epoch_of(endpoint):
-            return  # (written to the key of an epoch that has ended)
-        if counter.sent_epoch != floor.stamp_epoch or stamp > counter.sent:
-            counter.sent, counter.sent_epoch, counter.sent_at = stamp, floor.stamp_epoch, floor.at
+            return  # (learned in an epoch that has ended)
+        newer = (floor.key, stamp) > (counter.sent_key, counter.sent)
+        if counter.sent_epoch != floor.stamp_epoch or newer:
+            counter.sent, counter.sent_key = stamp, floor.key
+            counter.sent_epoch, counter.sent_at = floor.stamp_epoch, floor.at
 
     def sent_judged(
         self, endpoint: str, floor: Floor, stamp: int, went_back: int | None
@@ -194,10 +206,11 @@ class EnqueueCounters(LossScopes):
             if went_back is None:
                 self._learn_sent(counter, endpoint, floor, stamp)
                 return None
-            if floor.stamp_epoch != self.epoch_of(endpoint):
-                return None
-            counter.sent = 0
-            if floor.stamp <= self.fence_of(endpoint):
+            # (a loss declared now: the node's next enqueue writes a stamp afresh, to a key of
+            # a new generation)
+            if floor.stamp_epoch != self.epoch_of(endpoint) or floor.stamp <= self.fence_of(
+                endpoint
+            ):
                 return None
         what = "is gone" if went_back == 0 else f"went back to {went_back}"
         reason = f"this node's sender stamp on {endpoint!r} was {floor.stamp} and {what}"

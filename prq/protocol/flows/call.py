@@ -112,26 +112,30 @@ class Stamps(Protocol):
     (prq.node.data_loss.counters.CallStamps)."""
 
     def sending(self) -> tuple[int, int]:
-        """The node's data-loss epoch there (its stamp's key) and the stamp an enqueue sent
-        now carries (0: none the node can rely on)."""
+        """The generation (its key) and the stamp an enqueue sent now carries (0: none the
+        node can rely on; the generation is then a new one, to write it to)."""
         ...
 
     def learned(self, stamp: int) -> None:
-        """A step sent when `sending` was last called wrote `stamp`."""
+        """The stamp step sent when `sending` was last called wrote `stamp`: the call's
+        enqueue carries it."""
         ...
 
 
 def _known_stamp(ctx: Context, request: Request, stamps: Stamps) -> Flow[tuple[int, int]]:
-    """The epoch and stamp the enqueue carries: the node's, or, when it knows none it can rely
-    on, one written first (stamp.lua), so that a replay of the enqueue after a loss finds it
-    gone."""
-    epoch, known = stamps.sending()
+    """The generation and stamp the enqueue carries: the node's, or, when it knows none it can
+    rely on, one written first to a key of a new generation (stamp.lua), so that a replay of
+    the enqueue after a loss finds it gone."""
+    generation, known = stamps.sending()
     if known:
-        return epoch, known
+        return generation, known
     keys = ctx.keys.endpoint(request.endpoint)
-    call = stamp_call(keys, ctx.node_id, epoch, to_ms(ctx.settings.list_ttl_s))
-    stamps.learned(parse_stamp(first_reply((yield exec_calls(call)))))
-    return stamps.sending()
+    call = stamp_call(keys, ctx.node_id, generation, to_ms(ctx.settings.list_ttl_s))
+    stamp = parse_stamp(first_reply((yield exec_calls(call))))
+    stamps.learned(stamp)
+    # (carried under the key it was written to, though a declaration came meanwhile: an
+    # enqueue carrying none could not tell its retry after a loss from a first attempt)
+    return generation, stamp
 
 
 @dataclass(slots=True)
@@ -220,7 +224,7 @@ def _enqueue_calls(
             request.producer or ctx.node_id,
             attempts,
             known_stamp=stamp[1],
-            stamp_epoch=stamp[0],
+            stamp_generation=stamp[0],
         )
     ]
     if register:

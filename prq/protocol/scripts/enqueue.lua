@@ -14,8 +14,8 @@ KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queu
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
 KEYS[12] sequence numbers      prq:{e}:sq       (the last one given; _sequence.lua)
-KEYS[13] the sender's stamp    prq:{e}:ss:<node>:<epoch> (the server's clock at its last
-         enqueue there in its data-loss epoch, µs; stamp.lua writes it afresh)
+KEYS[13] the sender's stamp    prq:{e}:ss:<node>:<n> (of generation n: the server's clock at
+         its last enqueue carrying it, µs; stamp.lua writes it afresh)
 ARGV[1..18] the first request's values, ARGV[19..36] the second's, and so on:
 ARGV[1]  request id
 ARGV[2]  request body (JSON)

@@ -71,20 +71,20 @@ def enqueue_call(
     producer: str = "",
     max_attempts: int = 0,
     known_stamp: int = 0,
-    stamp_epoch: int = 0,
+    stamp_generation: int = 0,
 ) -> Call:
     """`max_attempts` 0: at_most_once; else at_least_once, handed out at most that often.
     `now_ms` is the sender's clock (kept as when the request was created); the pickup deadline
     is `pickup_window_ms` after now by Redis's clock. `known_stamp`: the highest stamp `sender`
-    was answered on the endpoint in its data-loss epoch `stamp_epoch` (stamp_call, or an
-    earlier enqueue), 0 when it knows none it can rely on: a stamp below it says Redis lost
+    was answered on the endpoint, of generation `stamp_generation` (stamp_call, or an earlier
+    enqueue), 0 when it knows none it can rely on: a stamp below it says Redis lost
     data since. The call is sent as its
     twin that says so (prq.protocol.effects.Resend) on every attempt after its first: found
     the stamp low, that writes nothing, as it may be a replay of an enqueue the loss undid."""
     keys_of = (
         keys.request(request_id), keys.levels, keys.sequence, keys.parked, keys.parks,
         keys.take_receipt_prefix, keys.running, keys.limits, keys.level_prefix, keys.lease,
-        keys.handoffs, keys.numbers, keys.sent_stamp(sender, stamp_epoch),
+        keys.handoffs, keys.numbers, keys.sent_stamp(sender, stamp_generation),
     )  # fmt: skip
     args = (
         request_id, body, sender, now_ms, handoff_confirm_ms, request_ttl_ms, list_ttl_ms,
@@ -100,11 +100,11 @@ ENQUEUE_ARGS: Final = 18
 ENQUEUE_KEYS: Final = 13
 
 
-def stamp_call(keys: EndpointKeys, node_id: str, epoch: int, list_ttl_ms: int) -> Call:
-    """Write `node_id`'s sender stamp on the endpoint in its data-loss epoch `epoch` (stamp.lua),
+def stamp_call(keys: EndpointKeys, node_id: str, generation: int, list_ttl_ms: int) -> Call:
+    """Write `node_id`'s sender stamp on the endpoint afresh, of a new `generation` (stamp.lua),
     for a node that knows none there it can rely on, before it enqueues; the reply is the
     stamp (parse_stamp)."""
-    return STAMP.call((keys.sent_stamp(node_id, epoch),), (list_ttl_ms,))
+    return STAMP.call((keys.sent_stamp(node_id, generation),), (list_ttl_ms,))
 
 
 def parse_stamp(reply: Reply) -> int:

@@ -1,11 +1,11 @@
 --[[ stamp: write a sender's stamp on an endpoint, for a node that knows none there it can rely
-on (its first enqueue there in its data-loss epoch, or one idle past half a list TTL), before
-it enqueues: an enqueue carries the stamp so that a replay of it after a loss finds it low
-(enqueue.lua), which a stamp written by the enqueue itself could not tell. Each epoch (a loss
-the node declared) has a key of its own: a replay still on its way from before, carrying the
-stamp of the old key, finds that key as the loss left it, not as a write since made it.
+on (its first enqueue there, one after a loss it declared, or one idle past half a list TTL),
+before it enqueues: an enqueue carries the stamp so that a replay of it after a loss finds it
+low (enqueue.lua), which a stamp written by the enqueue itself could not tell. Each stamp
+written here goes to a key of a new generation: an enqueue still on its way with an older
+stamp finds its own key as the loss left it, not as a write since made it.
 
-KEYS[1]  the sender's stamp  prq:{e}:ss:<node>:<epoch> (the server's clock at its last enqueue
+KEYS[1]  the sender's stamp  prq:{e}:ss:<node>:<n> (the server's clock at its last enqueue
          there, µs)
 ARGV[1]  its TTL, ms (the list TTL)
 
