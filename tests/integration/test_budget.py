@@ -166,7 +166,8 @@ async def test_calls_queued_and_served_together_stay_within_the_batch_budget(
         # with 64 calling threads)
         pytest.skip("batching of the blocking facade is measured by bench/rpc.py")
     # Given a sender and a receiver node that used the endpoint before (scripts loaded, the
-    # endpoint registered, its layout checked), with no node upkeep due during the test
+    # endpoint registered, its layout checked, the sender's stamp there written), with no node
+    # upkeep due during the test
     upkeep: dict[str, Any] = {
         "poll_interval_s": 30,
         "dequeue_timeout_s": 30,
@@ -175,10 +176,11 @@ async def test_calls_queued_and_served_together_stay_within_the_batch_budget(
     sender = make_own_queue(**upkeep)
     receiver = make_own_queue(**upkeep)
     endpoint = "poll://batched"
-    await sender.notify(endpoint, "m")
+    warming = asyncio.ensure_future(sender.call(endpoint, "m", None))
     warm = await receiver.dequeue(endpoint, timeout_s=10)
     assert warm is not None
     await receiver.apply_response(Response(id=warm.id, result=None))
+    assert await asyncio.wait_for(warming, 10) is None
     await settled(sender, receiver)
     sent_0 = sender.stats.redis_commands
 

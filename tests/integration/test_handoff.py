@@ -62,7 +62,12 @@ async def serve_child(
     command = [sys.executable, str(SERVE_CHILD), redis_url, prefix, endpoint, facade,
                str(concurrency)]  # fmt: skip
     child = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_interruptible,
     )
     try:
         assert child.stdout is not None
@@ -73,6 +78,13 @@ async def serve_child(
         if child.poll() is None:
             child.kill()
         await asyncio.to_thread(child.communicate, timeout=30)
+
+
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT delivered as a terminal's Ctrl-C is, whatever the
+    suite's own process inherited (a process started in the background of a shell without job
+    control starts with SIGINT ignored, and so would its children)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 async def stop_child(child: subprocess.Popen[str], how: str) -> int:

@@ -397,13 +397,19 @@ def _pickup_violations(world: World, request_id: str, record: CallRecord) -> lis
     deadline = record.started_t + record.pickup_s
     if told < deadline - 0.001:
         return [f"{request_id}: told PickupTimeout at t={told:.3f}, before its window ended"]
-    late = deadline + world.settings.poll_interval_s + 1.0
-    if told > late and not any(deadline <= t <= told for t in world.fault_times):
+    if _told_late(world, deadline, told):
         return [
             f"{request_id}: told PickupTimeout at t={told:.3f}, its window ended at "
             f"{deadline:.3f}, with no fault between"
         ]
     return []
+
+
+def _told_late(world: World, since: float, told: float) -> bool:
+    """Told more than a poll and a second after `since`, with no fault between that kept the
+    caller from being heard on time (a pulse lost costs a poll)."""
+    late = since + world.settings.poll_interval_s + 1.0
+    return told > late and not any(since <= t <= told for t in world.fault_times)
 
 
 def _answer_violations(world: World, request_id: str, record: CallRecord) -> list[str]:
@@ -415,8 +421,7 @@ def _answer_violations(world: World, request_id: str, record: CallRecord) -> lis
     if answered is None or record.kind not in ("call", "send") or record.ended_at < 0:
         return []
     told = world.step_times[min(record.ended_at, len(world.step_times) - 1)]
-    late = answered + world.settings.poll_interval_s + 1.0
-    if told > late and not any(answered <= t <= told for t in world.fault_times):
+    if _told_late(world, answered, told):
         return [
             f"{request_id}: its caller was told at t={told:.3f}, its answer was accepted at "
             f"t={answered:.3f}, with no fault between"

@@ -184,7 +184,7 @@ PLANTS: list[tuple[Plant, int, Knobs | None]] = [
         # afresh, numbered after the loss, and it runs twice
         Plant(
             "enqueue ignores its stamp",
-            (("if known_stamp > 0 and held < known_stamp then", "if false then"),),
+            (("if known_stamp > 0 and stamp.held < known_stamp then", "if false then"),),
         ),
         30,
         REPLAY_HUNT,

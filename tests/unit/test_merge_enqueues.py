@@ -32,15 +32,19 @@ def test_enqueues_to_one_endpoint_go_as_one_call_where_the_first_stood() -> None
     sent, spread = merge_enqueues(calls)
 
     # Then the three enqueues to poll://a are one call at the first one's place: the endpoint's
-    # keys once, each request's record key after them, each request's values in order
+    # keys once, each other request's record and stamp keys after them, each request's values
+    # in order
     assert [call.args[0] for call in sent] == ["EVALSHA", "GET", "EVALSHA"]
     merged = sent[0].args
     first = calls[0].args
-    assert merged[1] == first[1] and merged[2] == ENQUEUE_KEYS + 2
+    stamp = 3 + ENQUEUE_KEYS - 1
+    assert merged[1] == first[1] and merged[2] == ENQUEUE_KEYS + 4
     assert merged[3 : 3 + ENQUEUE_KEYS] == first[3 : 3 + ENQUEUE_KEYS]
     others = 3 + ENQUEUE_KEYS
-    assert merged[others : others + 2] == (calls[2].args[3], calls[4].args[3])
-    values = merged[others + 2 :]
+    assert merged[others : others + 4] == (
+        calls[2].args[3], calls[2].args[stamp], calls[4].args[3], calls[4].args[stamp],
+    )  # fmt: skip
+    values = merged[others + 4 :]
     assert len(values) == 3 * ENQUEUE_ARGS
     assert [values[i * ENQUEUE_ARGS] for i in range(3)] == ["1", "2", "4"]
     assert values[:ENQUEUE_ARGS] == first[3 + ENQUEUE_KEYS :]

@@ -2,7 +2,8 @@
 One call enqueues one request or many: a node's enqueues to one endpoint that go out together
 are merged into one call (prq.protocol.scripts.merging.merge_enqueues), each judged as if it came alone, in order.
 
-KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[14..] the others')
+KEYS[1]  request hash          prq:{e}:r:<id>   (of the first request; KEYS[14..] the others'
+         record and stamp keys, in pairs)
 KEYS[2]  queued levels         prq:{e}:pri      (see _queue.lua)
 KEYS[3]  enqueue counter       prq:{e}:seq
 KEYS[4]  parked tokens         prq:{e}:parked
@@ -14,8 +15,8 @@ KEYS[9]  level prefix          prq:{e}:l:       (the priority is appended; _queu
 KEYS[10] leased ids            prq:{e}:alo      (zset: at_least_once ids in flight -> last contact)
 KEYS[11] hand-offs             prq:{e}:ho       (zset: handed ids -> confirm deadline, server ms)
 KEYS[12] sequence numbers      prq:{e}:sq       (the last one given; _sequence.lua)
-KEYS[13] the sender's stamp    prq:{e}:ss:<node>:<n> (of generation n: the server's clock at
-         its last enqueue carrying it, µs; stamp.lua writes it afresh)
+KEYS[13] the sender's stamp    prq:{e}:ss:<node>:<n> (of the first request; of generation n:
+         the server's clock at its last enqueue carrying it, µs; stamp.lua writes it afresh)
 ARGV[1..18] the first request's values, ARGV[19..36] the second's, and so on:
 ARGV[1]  request id
 ARGV[2]  request body (JSON)
@@ -63,8 +64,8 @@ it was below ARGV[17] (0: gone), else -1):
                                         perhaps run already): nothing was written
 
 Invariants:
-- the sender's stamp is max(what it held + 1, the clock, ARGV[17] + 1) after a call in which
-  no request found it low; one that did leaves it as found, so that the sender declares the
+- a sender's stamp is max(what it held + 1, the clock, the highest stamp carried + 1) after a
+  call in which no request carrying it found it low; one that did leaves it as found, so that the sender declares the
   loss and its other steps on their way, carrying the same stamp, find it low too. On one
   server's data it only grows, so it holds less than one the sender was answered only after
   Redis lost or rolled back data
@@ -119,9 +120,11 @@ local numbered, reserved, before = 0, 0, 0
 local lane = {ids = {}}
 -- the sender's stamp as the call found it; whether a request of the call found it low (then
 -- it is left as it is), and the highest stamp the call's requests carried
-local held = tonumber(redis.call('GET', KEYS[13]) or '0') or 0
-local went_back, carried = false, 0
--- the requests (by the offset of their values) that found the stamp low
+-- the sender stamps the call's requests carry (most often one), by key: what each held, whether
+-- a request found it low (it is then left as it is), and the highest stamp carried; in the
+-- order first met
+local stamps, stamp_keys = {}, {}
+-- the requests (by the offset of their values) that found their stamp low
 local low = {}
 
 local function flush()
@@ -146,13 +149,19 @@ local function next_number(a)
 end
 
 -- enqueue the request whose record is `key` and whose values start after ARGV[a]
-local function enqueue_one(key, a)
-  local known_stamp = tonumber(ARGV[a + 17]) or 0
-  if known_stamp > 0 and held < known_stamp then
-    went_back, low[a] = true, true
-    if ARGV[a + 18] == '1' then return {'back', held} end
+local function enqueue_one(key, stamp_key, a)
+  local stamp = stamps[stamp_key]
+  if not stamp then
+    stamp = {held = tonumber(redis.call('GET', stamp_key) or '0') or 0, low = false, carried = 0}
+    stamps[stamp_key] = stamp
+    stamp_keys[#stamp_keys + 1] = stamp_key
   end
-  carried = math.max(carried, known_stamp)
+  local known_stamp = tonumber(ARGV[a + 17]) or 0
+  if known_stamp > 0 and stamp.held < known_stamp then
+    stamp.low, low[a] = true, true
+    if ARGV[a + 18] == '1' then return {'back', stamp.held} end
+  end
+  stamp.carried = math.max(stamp.carried, known_stamp)
   -- (the hash form: a watcher may join below)
   local known = record_hmget(key, {'st', 'snd', 'w', 'rsp', 'why', 'ct'})
   local state = known[1]
@@ -237,19 +246,29 @@ end
 local n = #ARGV / GROUP
 local replies = {}
 for j = 1, n do
-  replies[j] = enqueue_one(j == 1 and KEYS[1] or KEYS[12 + j], (j - 1) * GROUP)
+  if j == 1 then
+    replies[j] = enqueue_one(KEYS[1], KEYS[13], 0)
+  else
+    replies[j] = enqueue_one(KEYS[10 + 2 * j], KEYS[11 + 2 * j], (j - 1) * GROUP)
+  end
 end
 flush()
-local stamp = held
-if not went_back then
-  stamp = math.max(held + 1, clock_us(), carried + 1)
-  redis.call('SET', KEYS[13], number_text(stamp), 'PX', ARGV[7])
+local clock = nil
+for _, stamp_key in ipairs(stamp_keys) do
+  local stamp = stamps[stamp_key]
+  stamp.now = stamp.held
+  if not stamp.low then
+    clock = clock or clock_us()
+    stamp.now = math.max(stamp.held + 1, clock, stamp.carried + 1)
+    redis.call('SET', stamp_key, number_text(stamp.now), 'PX', ARGV[7])
+  end
 end
 for j = 1, n do
   local reply = replies[j]
   if reply[1] ~= 'back' then
-    reply[#reply + 1] = stamp
-    reply[#reply + 1] = low[(j - 1) * GROUP] and held or -1
+    local stamp = stamps[j == 1 and KEYS[13] or KEYS[11 + 2 * j]]
+    reply[#reply + 1] = stamp.now
+    reply[#reply + 1] = low[(j - 1) * GROUP] and stamp.held or -1
   end
 end
 -- only a parked receiver waits for the pulse: one that is not parked is taking or handling,

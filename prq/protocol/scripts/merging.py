@@ -40,13 +40,21 @@ def _enqueues(call: Call) -> int:
     return (len(call.args) - 3 - int(call.args[2])) // ENQUEUE_ARGS
 
 
+#: Where an enqueue call's keys stand in its args: its record's, the endpoint's shared by a
+#: merged call's requests, and its sender stamp's (enqueue.lua: KEYS[1], KEYS[2..12], KEYS[13]).
+_RECORD = 3
+_SHARED = slice(4, 3 + ENQUEUE_KEYS - 1)
+_STAMP = 3 + ENQUEUE_KEYS - 1
+
+
 def merge_enqueues(
     calls: Sequence[Call],
 ) -> tuple[list[Call], Callable[[list[Reply]], list[Reply]]]:
     """Merge the enqueue calls of `calls` for one endpoint into one call each (at most
     MAX_MERGED_ENQUEUES requests), where the first of them stood: Redis then runs one script
     for many requests, judged in order as if each came alone (enqueue.lua), and shares what
-    they read alike (the limits, the clock, the parks, the pulse). Returns the calls to send
+    they read alike (the limits, the clock, the parks, the pulse); each request brings its
+    record's key and its sender stamp's (most often the same for all). Returns the calls to send
     and the function that turns their replies back into one reply per call of `calls` (a
     merged call's error reply goes to each call it merged). As in merge_answers, the calls
     are independent steps, so a request may go earlier than a call queued before it."""
@@ -60,10 +68,10 @@ def merge_enqueues(
     open_for: dict[tuple[object, ...], int] = {}  # the endpoint's keys -> the call to join
     for i, call in enumerate(calls):
         if call.script is ENQUEUE and _enqueues(call) == 1:
-            shared = call.args[4 : 3 + ENQUEUE_KEYS]
+            shared = call.args[_SHARED]
             at = open_for.get(shared)
             if at is not None and len(carries[at]) < MAX_MERGED_ENQUEUES:
-                keys_of[at].append(call.args[3])
+                keys_of[at] += (call.args[_RECORD], call.args[_STAMP])
                 args_of[at].extend(call.args[3 + ENQUEUE_KEYS :])
                 carries[at].append(i)
                 continue
